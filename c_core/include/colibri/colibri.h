@@ -1,0 +1,170 @@
+/* colibri — a C99 inference engine for Mixture-of-Experts language models.
+ *
+ * Data flow:  model (mapped weights, validated at load)
+ *               -> session (one arena: activations, KV cache, router and sampling buffers)
+ *               -> forward (embed -> [norm -> attention -> norm -> router -> experts -> aggregate] x L -> norm -> lm_head)
+ *               -> sample.
+ *
+ * Lifetimes:
+ *   - A colibri_model owns its metadata block and (when opened from a directory) the
+ *     mapping of weights.bin.  Weights are used in place and never copied.
+ *   - A colibri_session borrows its model: close the model only after destroying every
+ *     session made from it.  The session lives entirely inside its arena — either one
+ *     the library maps (colibri_session_options.arena == NULL) or one the caller owns.
+ *   - After colibri_session_create returns, no call on that session allocates memory.
+ *
+ * Every fallible call returns a status and fills the optional colibri_error. */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COLIBRI_VERSION_STRING "0.1.0"
+#define COLIBRI_FORMAT_VERSION 1
+#define COLIBRI_ALIGNMENT 64            /* tensor offsets in weights.bin, arena blocks */
+#define COLIBRI_MAX_NAME 48             /* tensor names, including the NUL */
+
+typedef enum colibri_dtype {
+    COLIBRI_DTYPE_F32 = 0,
+    COLIBRI_DTYPE_F16 = 1,
+    COLIBRI_DTYPE_BF16 = 2,
+    COLIBRI_DTYPE_COUNT
+} colibri_dtype;
+
+typedef struct colibri_model colibri_model;
+typedef struct colibri_session colibri_session;
+
+/* The hyper-parameters of a loaded model, as validated. */
+typedef struct colibri_hparams {
+    int32_t vocab_size;
+    int32_t hidden_size;
+    int32_t intermediate_size;      /* per expert */
+    int32_t n_layers;
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t max_position_embeddings;
+    int32_t sliding_window;         /* 0: full causal attention */
+    int32_t n_experts;
+    int32_t top_k;
+    int32_t bos_token_id;           /* -1: none */
+    int32_t eos_token_id;           /* -1: none */
+    int32_t tie_word_embeddings;    /* lm_head is tok_embeddings */
+    int32_t normalize_topk;         /* renormalise the top-k gate weights to sum 1 */
+    float rope_theta;
+    float rms_norm_eps;
+} colibri_hparams;
+
+/* One tensor of the model, as described in colibri_model.json. */
+typedef struct colibri_tensor_info {
+    const char *name;
+    colibri_dtype dtype;
+    int32_t n_dims;
+    int64_t shape[4];
+    uint64_t file_offset;
+    uint64_t file_size;
+    uint32_t crc32;
+    const void *data;               /* inside the mapped weights */
+} colibri_tensor_info;
+
+/* ---- model ------------------------------------------------------------ */
+
+enum {
+    COLIBRI_LOAD_VERIFY = 1u << 0   /* also check every tensor's CRC-32 and that all values are finite */
+};
+
+/* Opens a model directory (colibri_model.json + weights.bin) on a hosted platform. */
+colibri_status colibri_model_open(const char *dir, unsigned flags,
+                                  colibri_model **model, colibri_error *err);
+
+/* Platform-free loading from memory, for bare metal: `json` and `weights` must outlive
+ * the model; `meta` (colibri_model_meta_bytes long) holds the model's tables. */
+colibri_status colibri_model_meta_bytes(const char *json, size_t json_len,
+                                        size_t *meta_bytes, colibri_error *err);
+colibri_status colibri_model_load(const char *json, size_t json_len,
+                                  const void *weights, size_t weights_len, unsigned flags,
+                                  void *meta, size_t meta_bytes,
+                                  colibri_model **model, colibri_error *err);
+
+void colibri_model_close(colibri_model *model);
+
+const colibri_hparams *colibri_model_hparams(const colibri_model *model);
+const char *colibri_model_architecture(const colibri_model *model);
+int32_t colibri_model_tensor_count(const colibri_model *model);
+colibri_status colibri_model_tensor(const colibri_model *model, int32_t index,
+                                    colibri_tensor_info *info);
+uint64_t colibri_model_weight_bytes(const colibri_model *model);   /* sum of tensor sizes */
+
+/* ---- session ---------------------------------------------------------- */
+
+typedef struct colibri_session_options {
+    int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings */
+    int32_t n_batch;        /* tokens computed together in one forward chunk; 0: 64 */
+    void *arena;            /* NULL: the library maps one; else a caller buffer (16-byte aligned) */
+    size_t arena_size;
+} colibri_session_options;
+
+/* Exactly how many arena bytes a session with these options needs (no allocation). */
+colibri_status colibri_session_plan(const colibri_model *model,
+                                    const colibri_session_options *options,
+                                    size_t *arena_bytes, colibri_error *err);
+
+colibri_status colibri_session_create(const colibri_model *model,
+                                      const colibri_session_options *options,
+                                      colibri_session **session, colibri_error *err);
+void colibri_session_destroy(colibri_session *session);
+
+void colibri_session_reset(colibri_session *session);          /* empties the KV cache */
+int32_t colibri_session_position(const colibri_session *session);
+int32_t colibri_session_n_ctx(const colibri_session *session);
+
+/* Appends `n` tokens to the KV cache and computes their logits.
+ * logits (n, vocab): every position's logits, or NULL to keep only the last one,
+ * which colibri_session_logits returns either way. */
+colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
+                               float *logits, colibri_error *err);
+const float *colibri_session_logits(const colibri_session *session);   /* (vocab) */
+
+/* ---- sampling --------------------------------------------------------- */
+
+typedef struct colibri_sampling {
+    float temperature;      /* <= 0: greedy (argmax, lowest id on ties) */
+    int32_t top_k;          /* <= 0: no limit */
+    float top_p;            /* >= 1: no limit */
+} colibri_sampling;
+
+/* Draws the next token from the session's last logits.  `rng` is the caller's
+ * state (seed it with any value); the same state and logits give the same token. */
+colibri_status colibri_sample(colibri_session *session, const colibri_sampling *params,
+                              uint64_t *rng, int32_t *token, colibri_error *err);
+
+/* ---- memory report ---------------------------------------------------- */
+
+/* Writes the memory tree (weights by tensor, arena by group and buffer, metadata) as
+ * text into `buf` (truncated to `cap`, always NUL-terminated when cap > 0); `len`
+ * receives the full length.  Call with cap 0 to size the buffer. */
+colibri_status colibri_memdump(const colibri_session *session, char *buf, size_t cap,
+                               size_t *len);
+
+typedef struct colibri_memory_totals {
+    size_t weights;         /* tensor bytes in weights.bin, mapped */
+    size_t metadata;        /* the model's tables */
+    size_t arena_reserved;  /* bytes the arena holds */
+    size_t arena_used;      /* bytes handed out: the high-water mark */
+    size_t kv_cache;
+    size_t activations;
+} colibri_memory_totals;
+
+colibri_status colibri_memory(const colibri_session *session, colibri_memory_totals *totals);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

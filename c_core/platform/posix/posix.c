@@ -1,0 +1,159 @@
+/* The POSIX platform: model directories read and mapped from files, session arenas
+ * mapped anonymously (huge pages first, normal pages when the system has none). */
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../src/model/model.h"
+#include "../../src/platform.h"
+#include "../../src/util.h"
+
+#define HUGE_PAGE (2u << 20)
+
+colibri_status colibri_platform_map_arena(size_t size, void **base, size_t *mapped, int *hugepages,
+                                          colibri_error *err)
+{
+    void *p = MAP_FAILED;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+#ifdef MAP_HUGETLB
+    if (size >= HUGE_PAGE) {
+        size_t huge = colibri_align_up(size, HUGE_PAGE);
+        p = mmap(NULL, huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+        if (p != MAP_FAILED) { *base = p; *mapped = huge; *hugepages = 1; return COLIBRI_OK; }
+    }
+#endif
+    size = colibri_align_up(size, page);
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return colibri_fail(err, COLIBRI_E_NOMEM, "cannot map a %zu-byte arena: %s", size, strerror(errno));
+    *base = p; *mapped = size; *hugepages = 0;
+    return COLIBRI_OK;
+}
+
+void colibri_platform_unmap_arena(void *base, size_t mapped)
+{
+    munmap(base, mapped);
+}
+
+/* What a model opened from a directory owns besides its metadata block. */
+typedef struct posix_model {
+    char *json;
+    void *weights;
+    size_t weights_len;
+} posix_model;
+
+static void release_posix_model(colibri_model *m)
+{
+    posix_model *pm = (posix_model *)m->platform;
+    if (pm->weights && pm->weights_len) munmap(pm->weights, pm->weights_len);
+    free(pm->json);
+    free(pm);
+    free(m);
+}
+
+static colibri_status path_join(char *out, size_t cap, const char *dir, const char *file, colibri_error *err)
+{
+    if (colibri_format(out, cap, "%s/%s", dir, file) >= cap)
+        return colibri_fail(err, COLIBRI_E_ARG, "model path too long: %s", dir);
+    return COLIBRI_OK;
+}
+
+/* Reads colibri_model.json whole (bounded by the JSON size limit). */
+static colibri_status read_json(const char *path, char **text, size_t *len, colibri_error *err)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY);
+    size_t got = 0;
+    if (fd < 0) return colibri_fail(err, COLIBRI_E_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return colibri_fail(err, COLIBRI_E_IO, "%s is not a regular file", path);
+    }
+    if ((unsigned long long)st.st_size > (16ull << 20)) {
+        close(fd);
+        return colibri_fail(err, COLIBRI_E_LIMIT, "%s is %lld bytes (limit 16 MiB)", path, (long long)st.st_size);
+    }
+    *text = malloc((size_t)st.st_size + 1);
+    if (!*text) { close(fd); return colibri_fail(err, COLIBRI_E_NOMEM, "cannot allocate %lld bytes", (long long)st.st_size); }
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, *text + got, (size_t)st.st_size - got);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR) continue;
+            break;
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    if (got != (size_t)st.st_size) {
+        free(*text); *text = NULL;
+        return colibri_fail(err, COLIBRI_E_IO, "short read on %s", path);
+    }
+    (*text)[got] = '\0';
+    *len = got;
+    return COLIBRI_OK;
+}
+
+static colibri_status map_weights(const char *path, void **data, size_t *len, colibri_error *err)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return colibri_fail(err, COLIBRI_E_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return colibri_fail(err, COLIBRI_E_IO, "%s is not a regular file", path);
+    }
+    *len = (size_t)st.st_size;
+    *data = NULL;
+    if (*len) {
+        void *p = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            return colibri_fail(err, COLIBRI_E_IO, "cannot map %s: %s", path, strerror(errno));
+        }
+        *data = p;
+    }
+    close(fd);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model **out, colibri_error *err)
+{
+    char path[4096];
+    posix_model *pm;
+    size_t json_len = 0, meta_bytes;
+    void *meta = NULL;
+    colibri_status st;
+
+    if (!dir || !out) return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_open: NULL argument");
+    *out = NULL;
+    pm = calloc(1, sizeof *pm);
+    if (!pm) return colibri_fail(err, COLIBRI_E_NOMEM, "out of memory");
+
+    st = path_join(path, sizeof path, dir, "colibri_model.json", err);
+    if (!st) st = read_json(path, &pm->json, &json_len, err);
+    if (!st) st = colibri_model_meta_bytes(pm->json, json_len, &meta_bytes, err);
+    if (!st) st = path_join(path, sizeof path, dir, "weights.bin", err);
+    if (!st) st = map_weights(path, &pm->weights, &pm->weights_len, err);
+    if (!st) {
+        meta = malloc(meta_bytes);   /* malloc aligns to 16 on every POSIX ABI we target */
+        if (!meta) st = colibri_fail(err, COLIBRI_E_NOMEM, "cannot allocate %zu bytes of model metadata", meta_bytes);
+    }
+    if (!st) st = colibri_model_load(pm->json, json_len, pm->weights, pm->weights_len, flags, meta, meta_bytes, out, err);
+    if (st) {
+        if (pm->weights && pm->weights_len) munmap(pm->weights, pm->weights_len);
+        free(pm->json);
+        free(pm);
+        free(meta);
+        return st;
+    }
+    (*out)->platform = pm;
+    (*out)->release = release_posix_model;
+    return COLIBRI_OK;
+}

@@ -1,0 +1,42 @@
+/* The session arena: one block, carved front to back at session creation and never
+ * grown.  Every carve is recorded (group, name, layer, offset, size) so the memory
+ * report shows exactly what the arena holds.  With base == NULL the arena only
+ * measures: running the same carving sequence twice, first measuring, then for
+ * real, is what makes colibri_session_plan exact. */
+#ifndef COLIBRI_ARENA_H
+#define COLIBRI_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum colibri_arena_group {
+    ARENA_SESSION, ARENA_ACTIVATIONS, ARENA_KV_CACHE, ARENA_ROPE, ARENA_ROUTER, ARENA_EXPERTS,
+    ARENA_OUTPUT, ARENA_SAMPLING, ARENA_GROUP_COUNT
+} colibri_arena_group;
+
+typedef struct colibri_arena_record {
+    const char *name;       /* static string */
+    int32_t group;          /* colibri_arena_group */
+    int32_t layer;          /* -1: not per layer */
+    size_t offset;
+    size_t size;
+    const char *shape;      /* static string, for the report, e.g. "(n_batch, dim) f32" */
+} colibri_arena_record;
+
+typedef struct colibri_arena {
+    uint8_t *base;          /* NULL while measuring */
+    size_t capacity;
+    size_t used;            /* high-water mark: nothing is ever released */
+    colibri_arena_record *records;
+    int32_t n_records;
+    int32_t max_records;
+} colibri_arena;
+
+const char *colibri_arena_group_name(int32_t group);
+
+/* Carves `size` bytes aligned to 64 and records them; NULL when measuring or out of room
+ * (out of room is detected by the caller comparing used with capacity). */
+void *colibri_arena_carve(colibri_arena *arena, size_t size, int32_t group, const char *name,
+                          int32_t layer, const char *shape);
+
+#endif

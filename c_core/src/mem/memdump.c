@@ -1,0 +1,142 @@
+/* The memory report: weights by tensor, the arena by group and buffer, the model's
+ * tables, and the totals — available as soon as a session exists, before any token. */
+#include <string.h>
+
+#include "../runtime/session.h"
+#include "../util.h"
+
+typedef struct report { char *buf; size_t cap; size_t len; } report;
+
+static void emit(report *r, const char *fmt, ...)
+{
+    va_list ap;
+    char *at = r->len < r->cap ? r->buf + r->len : NULL;
+    size_t room = r->len < r->cap ? r->cap - r->len : 0;
+    va_start(ap, fmt);
+    r->len += colibri_vformat(at, room, fmt, ap);
+    va_end(ap);
+}
+
+/* 1234567 -> "1,234,567" */
+static const char *grouped(char out[32], size_t v)
+{
+    char digits[24];
+    int n = 0, o = 0;
+    do { digits[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    while (n) {
+        out[o++] = digits[--n];
+        if (n && n % 3 == 0) out[o++] = ',';
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* Appends spaces to `text` until it spans `width` columns (UTF-8 characters, not bytes). */
+static size_t pad_to(char *text, size_t len, size_t cap, size_t width)
+{
+    size_t cols = 0, i;
+    for (i = 0; i < len; i++)
+        if (((unsigned char)text[i] & 0xc0u) != 0x80u) cols++;
+    while (cols++ < width && len + 1 < cap) text[len++] = ' ';
+    text[len] = '\0';
+    return len;
+}
+
+/* One buffer: name, shape, bytes and address in aligned columns. */
+static void line(report *r, const char *branch, const char *name, int32_t layer, const char *shape,
+                 size_t bytes, const void *addr)
+{
+    char text[256], num[32];
+    size_t n = colibri_format(text, sizeof text, "%s", branch);
+    if (layer >= 0) n += colibri_format(text + n, sizeof text - n, "layers.%d.%s", layer, name);
+    else n += colibri_format(text + n, sizeof text - n, "%s", name);
+    n = pad_to(text, n, sizeof text, 36);
+    n += colibri_format(text + n, sizeof text - n, "%s", shape ? shape : "");
+    n = pad_to(text, n, sizeof text, 78);
+    n += colibri_format(text + n, sizeof text - n, "%s B", grouped(num, bytes));
+    pad_to(text, n, sizeof text, 94);
+    emit(r, "%s@%p\n", text, addr);
+}
+
+static size_t group_bytes(const colibri_arena *a, int32_t g)
+{
+    size_t total = 0;
+    int32_t i;
+    for (i = 0; i < a->n_records; i++)
+        if (a->records[i].group == g) total += a->records[i].size;
+    return total;
+}
+
+colibri_status colibri_memory(const colibri_session *s, colibri_memory_totals *t)
+{
+    if (!s || !t) return COLIBRI_E_ARG;
+    t->weights = (size_t)colibri_model_weight_bytes(s->model);
+    t->metadata = s->model->meta_bytes;
+    t->arena_reserved = s->arena.capacity;
+    t->arena_used = s->arena.used;
+    t->kv_cache = group_bytes(&s->arena, ARENA_KV_CACHE);
+    t->activations = group_bytes(&s->arena, ARENA_ACTIVATIONS);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, size_t *len)
+{
+    const colibri_model *m;
+    const colibri_hparams *hp;
+    const colibri_arena *a;
+    report r;
+    char n1[32], n2[32], n3[32], n4[32];
+    int32_t i, g;
+    size_t weights, padding = 0;
+
+    if (!s || (!buf && cap)) return COLIBRI_E_ARG;
+    m = s->model; hp = &m->hp; a = &s->arena;
+    r.buf = buf; r.cap = cap; r.len = 0;
+    weights = (size_t)colibri_model_weight_bytes(m);
+
+    emit(&r, "colibri memory report: %s, %d layers, %d experts (top-%d), dim %d, vocab %d\n",
+         m->architecture, hp->n_layers, hp->n_experts, hp->top_k, hp->hidden_size, hp->vocab_size);
+    emit(&r, "session: n_ctx %d, n_batch %d, kernels %s\n\n", s->n_ctx, s->n_batch, s->kernels->name);
+
+    emit(&r, "weights (weights.bin, mapped read-only, used in place)  %s B  @%p\n", grouped(n1, weights), (const void *)m->weights);
+    for (i = 0; i < m->n_tensors; i++) {
+        const colibri_tensor *t = &m->tensors[i];
+        char shape[64];
+        size_t sl = colibri_format(shape, sizeof shape, "%s [", colibri_dtype_name(t->dtype));
+        int32_t d;
+        for (d = 0; d < t->n_dims && sl < sizeof shape; d++)
+            sl += colibri_format(shape + sl, sizeof shape - sl, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+        if (sl < sizeof shape) colibri_format(shape + sl, sizeof shape - sl, "]");
+        line(&r, i + 1 < m->n_tensors ? "├── " : "└── ", t->name, -1, shape, (size_t)t->file_size,
+             m->weights + t->file_offset);
+    }
+
+    for (i = 0; i < a->n_records; i++) padding += a->records[i].size;
+    padding = a->used - padding;
+    emit(&r, "\narena (%s%s)  reserved %s B  @%p  high-water %s B\n",
+         s->arena_owned ? "mmap" : "caller buffer",
+         s->arena_owned ? (s->arena_hugepages ? ", huge pages" : ", normal pages") : "",
+         grouped(n1, a->capacity), (void *)a->base, grouped(n2, a->used));
+    for (g = 0; g < ARENA_GROUP_COUNT; g++) {
+        int32_t last = -1;
+        const char *stem = g + 1 < ARENA_GROUP_COUNT ? "│   " : "    ";
+        for (i = 0; i < a->n_records; i++) if (a->records[i].group == g) last = i;
+        emit(&r, "%s%s", g + 1 < ARENA_GROUP_COUNT ? "├── " : "└── ", colibri_arena_group_name(g));
+        emit(&r, "  %s B\n", grouped(n1, group_bytes(a, g)));
+        for (i = 0; i < a->n_records; i++) {
+            const colibri_arena_record *rec = &a->records[i];
+            char branch[32];
+            if (rec->group != g) continue;
+            colibri_format(branch, sizeof branch, "%s%s", stem, i == last ? "└── " : "├── ");
+            line(&r, branch, rec->name, rec->layer, rec->shape, rec->size, a->base + rec->offset);
+        }
+    }
+    emit(&r, "    (alignment padding %s B)\n", grouped(n1, padding));
+    emit(&r, "\nmetadata (model tables, JSON tokens)  %s B  @%p\n", grouped(n1, m->meta_bytes), (const void *)m);
+    emit(&r, "\ntotal: weights %s B + arena %s B + metadata %s B = %s B\n",
+         grouped(n1, weights), grouped(n2, a->used), grouped(n3, m->meta_bytes),
+         grouped(n4, weights + a->used + m->meta_bytes));
+    if (cap) buf[r.len < cap ? r.len : cap - 1] = '\0';
+    if (len) *len = r.len;
+    return COLIBRI_OK;
+}

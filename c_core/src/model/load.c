@@ -1,0 +1,667 @@
+/* Loading and validation of colibri_model.json against weights.bin.
+ *
+ * Everything the forward pass trusts is checked here, once: field types and ranges,
+ * every tensor's presence, dtype, shape, size, alignment, bounds and overlap (and, in
+ * verify mode, checksum and finiteness).  The hot path only checks token ids. */
+#include <math.h>
+#include <string.h>
+
+#include "json.h"
+#include "model.h"
+#include "../util.h"
+
+/* Limits on hyper-parameters: far above any released MoE, low enough that sizes never overflow. */
+#define MAX_VOCAB        (1 << 24)
+#define MAX_HIDDEN       (1 << 16)
+#define MAX_FFN          (1 << 20)
+#define MAX_LAYERS       1024
+#define MAX_HEADS        1024
+#define MAX_HEAD_DIM     1024
+#define MAX_EXPERTS      4096
+#define MAX_TOP_K        64
+#define MAX_POSITIONS    (1 << 24)
+
+/* ---- dtypes ---- */
+
+static const char *const dtype_names[COLIBRI_DTYPE_COUNT] = { "f32", "f16", "bf16" };
+static const size_t dtype_sizes[COLIBRI_DTYPE_COUNT] = { 4, 2, 2 };
+
+size_t colibri_dtype_size(colibri_dtype dtype) { return dtype_sizes[dtype]; }
+const char *colibri_dtype_name(colibri_dtype dtype)
+{
+    return (unsigned)dtype < COLIBRI_DTYPE_COUNT ? dtype_names[dtype] : "?";
+}
+
+/* ---- the tensors an architecture needs ---- */
+
+/* Per-layer tensors of mixtral, in the order docs/FORMAT.md lists them. */
+enum {
+    T_ATTN_NORM, T_WQ, T_WK, T_WV, T_WO, T_FFN_NORM, T_ROUTER, T_W1, T_W3, T_W2, T_PER_LAYER
+};
+static const char *const layer_tensor_names[T_PER_LAYER] = {
+    "attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn_norm", "router",
+    "experts.w1", "experts.w3", "experts.w2",
+};
+enum { G_TOK_EMBEDDINGS, G_NORM, G_LM_HEAD, T_GLOBAL };
+static const char *const global_tensor_names[T_GLOBAL] = { "tok_embeddings", "norm", "lm_head" };
+
+/* Slot of a tensor name: global slots first, then layer * T_PER_LAYER + kind; -1 unknown. */
+static int64_t tensor_slot(const char *text, const json_token *t, int32_t n_layers)
+{
+    const char *s = text + t->start;
+    uint32_t n = t->len, i = 7;
+    int64_t layer = 0;
+    int k;
+    for (k = 0; k < T_GLOBAL; k++)
+        if (json_string_equals(text, t, global_tensor_names[k])) return k;
+    if (n < 9 || memcmp(s, "layers.", 7) != 0) return -1;
+    if (s[i] < '0' || s[i] > '9' || (s[i] == '0' && s[i + 1] != '.')) return -1;
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+        layer = layer * 10 + (s[i] - '0');
+        if (layer >= n_layers) return -1;
+    }
+    if (i >= n || s[i] != '.') return -1;
+    i++;
+    for (k = 0; k < T_PER_LAYER; k++) {
+        size_t m = strlen(layer_tensor_names[k]);
+        if (n - i == m && memcmp(s + i, layer_tensor_names[k], m) == 0)
+            return T_GLOBAL + layer * T_PER_LAYER + k;
+    }
+    return -1;
+}
+
+static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape[4])
+{
+    int64_t d = hp->hidden_size, f = hp->intermediate_size, e = hp->n_experts;
+    int64_t q = (int64_t)hp->n_heads * hp->head_dim, kv = (int64_t)hp->n_kv_heads * hp->head_dim;
+    if (slot < T_GLOBAL) {
+        if (slot == G_NORM) { shape[0] = d; return 1; }
+        shape[0] = hp->vocab_size; shape[1] = d; return 2;
+    }
+    switch ((slot - T_GLOBAL) % T_PER_LAYER) {
+    case T_ATTN_NORM: case T_FFN_NORM: shape[0] = d; return 1;
+    case T_WQ: shape[0] = q; shape[1] = d; return 2;
+    case T_WK: case T_WV: shape[0] = kv; shape[1] = d; return 2;
+    case T_WO: shape[0] = d; shape[1] = q; return 2;
+    case T_ROUTER: shape[0] = e; shape[1] = d; return 2;
+    case T_W1: case T_W3: shape[0] = e; shape[1] = f; shape[2] = d; return 3;
+    default: shape[0] = e; shape[1] = d; shape[2] = f; return 3;   /* T_W2 */
+    }
+}
+
+/* ---- reading fields ---- */
+
+typedef struct loader {
+    const char *text;
+    const json_token *tok;
+    colibri_error *err;
+} loader;
+
+static void copy_token_text(char *dst, size_t cap, const char *text, const json_token *t)
+{
+    size_t n = t->len < cap - 1 ? t->len : cap - 1;
+    memcpy(dst, text + t->start, n);
+    dst[n] = '\0';
+}
+
+/* Every key of the object must be in `allowed` (NULL-terminated) and appear once. */
+static colibri_status check_keys(loader *L, int32_t obj, const char *where, const char *const *allowed)
+{
+    uint32_t k;
+    for (k = 0; k < L->tok[obj].n_children; k++) {
+        const json_token *key = &L->tok[json_child(L->tok, obj, k)];
+        const char *const *a;
+        uint32_t j;
+        for (a = allowed; *a; a++)
+            if (json_string_equals(L->text, key, *a)) break;
+        if (!*a) {
+            char name[40];
+            copy_token_text(name, sizeof name, L->text, key);
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: unknown field \"%s\"", where, name);
+        }
+        for (j = 0; j < k; j++) {
+            if (json_string_equals(L->text, &L->tok[json_child(L->tok, obj, j)], *a))
+                return colibri_fail(L->err, COLIBRI_E_JSON, "%s: field \"%s\" appears twice", where, *a);
+        }
+    }
+    return COLIBRI_OK;
+}
+
+static colibri_status get_field(loader *L, int32_t obj, const char *where, const char *key,
+                                json_type type, int32_t *index)
+{
+    static const char *const type_names[] = { "an object", "an array", "a string", "a number",
+                                              "a boolean", "a boolean", "null" };
+    int32_t i = json_object_get(L->text, L->tok, obj, key);
+    *index = 0;
+    if (i < 0) return colibri_fail(L->err, COLIBRI_E_MISSING, "%s.%s is missing", where, key);
+    if (L->tok[i].type != type && !(type == JSON_TRUE && L->tok[i].type == JSON_FALSE))
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s.%s must be %s", where, key, type_names[type]);
+    *index = i;
+    return COLIBRI_OK;
+}
+
+static colibri_status get_int(loader *L, int32_t obj, const char *where, const char *key,
+                              int64_t lo, int64_t hi, int32_t *value)
+{
+    int32_t i = 0;
+    int64_t v;
+    colibri_status st = get_field(L, obj, where, key, JSON_NUMBER, &i);
+    if (st) return st;
+    if (!json_as_int64(L->text, &L->tok[i], &v)) {
+        char text[32];
+        copy_token_text(text, sizeof text, L->text, &L->tok[i]);
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s.%s must be an integer, not %s", where, key, text);
+    }
+    if (v < lo || v > hi)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s = %lld is outside [%lld, %lld]",
+                            where, key, (long long)v, (long long)lo, (long long)hi);
+    *value = (int32_t)v;
+    return COLIBRI_OK;
+}
+
+static colibri_status get_float(loader *L, int32_t obj, const char *where, const char *key,
+                                double lo, double hi, float *value)
+{
+    int32_t i = 0;
+    double v;
+    colibri_status st = get_field(L, obj, where, key, JSON_NUMBER, &i);
+    if (st) return st;
+    json_as_double(L->text, &L->tok[i], &v);
+    if (!(v > lo && v <= hi)) {
+        char text[32];
+        copy_token_text(text, sizeof text, L->text, &L->tok[i]);
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s = %s is out of range", where, key, text);
+    }
+    *value = (float)v;
+    return COLIBRI_OK;
+}
+
+static colibri_status get_bool(loader *L, int32_t obj, const char *where, const char *key, int32_t *value)
+{
+    int32_t i = 0;
+    colibri_status st = get_field(L, obj, where, key, JSON_TRUE, &i);
+    if (st) return st;
+    *value = L->tok[i].type == JSON_TRUE;
+    return COLIBRI_OK;
+}
+
+/* A string field that must be one of `choices`. */
+static colibri_status get_choice(loader *L, int32_t obj, const char *where, const char *key,
+                                 const char *const *choices, int *choice)
+{
+    int32_t i = 0;
+    int c;
+    char text[40];
+    colibri_status st = get_field(L, obj, where, key, JSON_STRING, &i);
+    if (st) return st;
+    for (c = 0; choices[c]; c++) {
+        if (json_string_equals(L->text, &L->tok[i], choices[c])) { *choice = c; return COLIBRI_OK; }
+    }
+    copy_token_text(text, sizeof text, L->text, &L->tok[i]);
+    return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s: unsupported value \"%s\"", where, key, text);
+}
+
+/* ---- sections ---- */
+
+static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
+{
+    static const char *const top_keys[] = { "format", "version", "architecture", "hparams", "routing",
+                                            "experts", "tokenizer", "metadata", "tensors", NULL };
+    static const char *const formats[] = { "colibri", NULL };
+    static const char *const architectures[] = { "mixtral", NULL };
+    int32_t i = 0;
+    int choice;
+    colibri_status st;
+
+    if (L->tok[root].type != JSON_OBJECT)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "colibri_model.json must hold a JSON object");
+    st = get_choice(L, root, "model", "format", formats, &choice);
+    if (st == COLIBRI_E_VALUE)
+        return colibri_fail(L->err, COLIBRI_E_VERSION, "model.format must be \"colibri\"");
+    if (st) return st;
+    st = get_field(L, root, "model", "version", JSON_NUMBER, &i);
+    if (st) return st;
+    {
+        int64_t v;
+        if (!json_as_int64(L->text, &L->tok[i], &v) || v != COLIBRI_FORMAT_VERSION) {
+            char text[32];
+            copy_token_text(text, sizeof text, L->text, &L->tok[i]);
+            return colibri_fail(L->err, COLIBRI_E_VERSION,
+                                "model.version %s is not supported (this build reads version %d)",
+                                text, COLIBRI_FORMAT_VERSION);
+        }
+    }
+    st = check_keys(L, root, "model", top_keys);
+    if (st) return st;
+    st = get_choice(L, root, "model", "architecture", architectures, &choice);
+    if (st) return st;
+    strcpy(m->architecture, architectures[choice]);
+    i = json_object_get(L->text, L->tok, root, "tokenizer");
+    if (i >= 0 && L->tok[i].type != JSON_STRING)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "model.tokenizer must be a string");
+    i = json_object_get(L->text, L->tok, root, "metadata");
+    if (i >= 0 && L->tok[i].type != JSON_OBJECT)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "model.metadata must be an object");
+    return COLIBRI_OK;
+}
+
+static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
+{
+    static const char *const keys[] = { "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                        "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings",
+                                        "rope_theta", "rms_norm_eps", "sliding_window",
+                                        "tie_word_embeddings", "bos_token_id", "eos_token_id", NULL };
+    static const char *const routing_keys[] = { "type", "top_k", "normalize", NULL };
+    static const char *const routing_types[] = { "topk_softmax", NULL };
+    static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", NULL };
+    static const char *const layouts[] = { "stacked", NULL };
+    static const char *const quantizations[] = { "none", NULL };
+    static const char *const activations[] = { "silu", NULL };
+    const char *w = "hparams";
+    int32_t h = 0, r = 0, e = 0;
+    int choice;
+    colibri_status st;
+
+#define TRY(call) do { st = (call); if (st) return st; } while (0)
+    TRY(get_field(L, root, "model", "hparams", JSON_OBJECT, &h));
+    TRY(check_keys(L, h, w, keys));
+    TRY(get_int(L, h, w, "vocab_size", 1, MAX_VOCAB, &hp->vocab_size));
+    TRY(get_int(L, h, w, "hidden_size", 1, MAX_HIDDEN, &hp->hidden_size));
+    TRY(get_int(L, h, w, "intermediate_size", 1, MAX_FFN, &hp->intermediate_size));
+    TRY(get_int(L, h, w, "num_layers", 1, MAX_LAYERS, &hp->n_layers));
+    TRY(get_int(L, h, w, "num_heads", 1, MAX_HEADS, &hp->n_heads));
+    TRY(get_int(L, h, w, "num_kv_heads", 1, MAX_HEADS, &hp->n_kv_heads));
+    TRY(get_int(L, h, w, "head_dim", 2, MAX_HEAD_DIM, &hp->head_dim));
+    TRY(get_int(L, h, w, "max_position_embeddings", 1, MAX_POSITIONS, &hp->max_position_embeddings));
+    TRY(get_float(L, h, w, "rope_theta", 0.0, 1e12, &hp->rope_theta));
+    TRY(get_float(L, h, w, "rms_norm_eps", 0.0, 1.0, &hp->rms_norm_eps));
+    TRY(get_int(L, h, w, "sliding_window", 0, MAX_POSITIONS, &hp->sliding_window));
+    TRY(get_bool(L, h, w, "tie_word_embeddings", &hp->tie_word_embeddings));
+    TRY(get_int(L, h, w, "bos_token_id", -1, hp->vocab_size - 1, &hp->bos_token_id));
+    TRY(get_int(L, h, w, "eos_token_id", -1, hp->vocab_size - 1, &hp->eos_token_id));
+    if (hp->n_heads % hp->n_kv_heads != 0)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.num_heads = %d is not a multiple of num_kv_heads = %d",
+                            hp->n_heads, hp->n_kv_heads);
+    if (hp->head_dim % 2 != 0)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.head_dim = %d must be even for RoPE", hp->head_dim);
+    if ((int64_t)hp->n_heads * hp->head_dim > MAX_FFN)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.num_heads * head_dim exceeds %d", MAX_FFN);
+
+    TRY(get_field(L, root, "model", "routing", JSON_OBJECT, &r));
+    TRY(check_keys(L, r, "routing", routing_keys));
+    TRY(get_choice(L, r, "routing", "type", routing_types, &choice));
+    TRY(get_field(L, root, "model", "experts", JSON_OBJECT, &e));
+    TRY(check_keys(L, e, "experts", expert_keys));
+    TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
+    TRY(get_choice(L, e, "experts", "weight_layout", layouts, &choice));
+    TRY(get_choice(L, e, "experts", "quantization", quantizations, &choice));
+    TRY(get_choice(L, e, "experts", "activation", activations, &choice));
+    TRY(get_int(L, r, "routing", "top_k", 1, MAX_TOP_K, &hp->top_k));
+    if (hp->top_k > hp->n_experts)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d exceeds experts.count = %d",
+                            hp->top_k, hp->n_experts);
+    hp->normalize_topk = 1;
+    if (json_object_get(L->text, L->tok, r, "normalize") >= 0)
+        TRY(get_bool(L, r, "routing", "normalize", &hp->normalize_topk));
+#undef TRY
+    return COLIBRI_OK;
+}
+
+static int is_hex_digit(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+/* One entry of "tensors": fills t and returns its slot. */
+static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const colibri_hparams *hp,
+                                  colibri_tensor *t, int64_t *slot)
+{
+    static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum", NULL };
+    static const char *const dtypes[] = { "f32", "f16", "bf16", NULL };
+    char where[64];
+    int32_t i = 0, shape_tok = 0;
+    int64_t expected[4], v;
+    int n_expected, choice, overflow = 0;
+    uint64_t elements = 1;
+    uint32_t d;
+    colibri_status st;
+
+    colibri_format(where, sizeof where, "tensors[%u]", index);
+    if (L->tok[obj].type != JSON_OBJECT)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s must be an object", where);
+    st = get_field(L, obj, where, "name", JSON_STRING, &i);
+    if (st) return st;
+    copy_token_text(t->name, sizeof t->name, L->text, &L->tok[i]);
+    *slot = tensor_slot(L->text, &L->tok[i], hp->n_layers);
+    if (*slot < 0 || (*slot == G_LM_HEAD && hp->tie_word_embeddings))
+        return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `%s` is not part of a %s model with %d layers%s",
+                            t->name, "mixtral", hp->n_layers,
+                            *slot == G_LM_HEAD ? " and tied embeddings" : "");
+    colibri_format(where, sizeof where, "tensor `%s`", t->name);
+    st = check_keys(L, obj, where, keys);
+    if (st) return st;
+
+    st = get_field(L, obj, where, "dtype", JSON_STRING, &i);
+    if (st) return st;
+    for (choice = 0; dtypes[choice]; choice++)
+        if (json_string_equals(L->text, &L->tok[i], dtypes[choice])) break;
+    if (!dtypes[choice]) {
+        char text[24];
+        copy_token_text(text, sizeof text, L->text, &L->tok[i]);
+        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (f32, f16, bf16)", where, text);
+    }
+    t->dtype = (colibri_dtype)choice;
+
+    st = get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);
+    if (st) return st;
+    n_expected = expected_shape(hp, *slot, expected);
+    t->n_dims = (int32_t)L->tok[shape_tok].n_children;
+    {
+        int ok = t->n_dims == n_expected;
+        char got[96], want[96];
+        size_t gl = 0, wl = 0;
+        for (d = 0; d < L->tok[shape_tok].n_children; d++) {
+            const json_token *dim = &L->tok[json_child(L->tok, shape_tok, d)];
+            if (!json_as_int64(L->text, dim, &v) || v < 0)
+                return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: shape[%u] must be a non-negative integer", where, d);
+            if (d < 4) t->shape[d] = v;
+            if ((int)d >= n_expected || v != expected[d]) ok = 0;
+            elements = colibri_mul_u64(elements, (uint64_t)v, &overflow);
+            if (gl < sizeof got) gl += colibri_format(got + gl, sizeof got - gl, d ? ",%lld" : "%lld", (long long)v);
+        }
+        if (!ok) {
+            int k;
+            for (k = 0; k < n_expected; k++)
+                wl += colibri_format(want + wl, sizeof want - wl, k ? ",%lld" : "%lld", (long long)expected[k]);
+            if (L->tok[shape_tok].n_children == 0) got[0] = '\0';
+            return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape [%s] != expected [%s]", where, got, want);
+        }
+    }
+
+    st = get_field(L, obj, where, "file_offset", JSON_NUMBER, &i);
+    if (st) return st;
+    if (!json_as_int64(L->text, &L->tok[i], &v) || v < 0)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_offset must be a non-negative integer", where);
+    t->file_offset = (uint64_t)v;
+    st = get_field(L, obj, where, "file_size", JSON_NUMBER, &i);
+    if (st) return st;
+    if (!json_as_int64(L->text, &L->tok[i], &v) || v < 0)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_size must be a non-negative integer", where);
+    t->file_size = (uint64_t)v;
+    {
+        uint64_t need = colibri_mul_u64(elements, colibri_dtype_size(t->dtype), &overflow);
+        if (overflow || need != t->file_size)
+            return colibri_fail(L->err, COLIBRI_E_SIZE, "%s: file_size %llu != %llu bytes of %s",
+                                where, (unsigned long long)t->file_size, (unsigned long long)need,
+                                colibri_dtype_name(t->dtype));
+    }
+
+    st = get_field(L, obj, where, "checksum", JSON_STRING, &i);
+    if (st) return st;
+    {
+        const json_token *c = &L->tok[i];
+        const char *s = L->text + c->start;
+        uint32_t crc = 0, k;
+        if (c->len != 14 || memcmp(s, "crc32:", 6) != 0)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
+        for (k = 6; k < 14; k++) {
+            if (!is_hex_digit(s[k]))
+                return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
+            crc = crc << 4 | (uint32_t)(s[k] <= '9' ? s[k] - '0' : s[k] - 'a' + 10);
+        }
+        t->crc32 = crc;
+    }
+    return COLIBRI_OK;
+}
+
+/* Tensors sorted by offset, to find overlaps in one pass: a heap sort, no allocation. */
+static int offset_less(const colibri_tensor *ts, int32_t a, int32_t b)
+{
+    return ts[a].file_offset < ts[b].file_offset ||
+           (ts[a].file_offset == ts[b].file_offset && a < b);
+}
+
+static void sift_down(const colibri_tensor *ts, int32_t *order, int32_t root, int32_t n)
+{
+    for (;;) {
+        int32_t child = 2 * root + 1, tmp;
+        if (child >= n) return;
+        if (child + 1 < n && offset_less(ts, order[child], order[child + 1])) child++;
+        if (!offset_less(ts, order[root], order[child])) return;
+        tmp = order[root]; order[root] = order[child]; order[child] = tmp;
+        root = child;
+    }
+}
+
+static colibri_status check_overlaps(const colibri_model *m, int32_t *order, colibri_error *err)
+{
+    int32_t n = m->n_tensors, i;
+    for (i = 0; i < n; i++) order[i] = i;
+    for (i = n / 2; i-- > 0;) sift_down(m->tensors, order, i, n);
+    for (i = n - 1; i > 0; i--) {
+        int32_t tmp = order[0]; order[0] = order[i]; order[i] = tmp;
+        sift_down(m->tensors, order, 0, i);
+    }
+    for (i = 1; i < n; i++) {
+        const colibri_tensor *a = &m->tensors[order[i - 1]], *b = &m->tensors[order[i]];
+        if (a->file_offset + a->file_size > b->file_offset && a->file_size && b->file_size)
+            return colibri_fail(err, COLIBRI_E_OVERLAP, "tensor `%s` [%llu, %llu) overlaps tensor `%s` at %llu",
+                                a->name, (unsigned long long)a->file_offset,
+                                (unsigned long long)(a->file_offset + a->file_size), b->name,
+                                (unsigned long long)b->file_offset);
+    }
+    return COLIBRI_OK;
+}
+
+/* Verify mode: the bytes match their CRC and hold no NaN or infinity. */
+static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor *t, colibri_error *err)
+{
+    const uint8_t *p = m->weights + t->file_offset;
+    uint64_t i, n = t->file_size / colibri_dtype_size(t->dtype);
+    uint32_t crc = colibri_crc32(0, p, (size_t)t->file_size);
+    if (crc != t->crc32)
+        return colibri_fail(err, COLIBRI_E_CHECKSUM, "tensor `%s`: crc32 %x != %x in colibri_model.json",
+                            t->name, crc, t->crc32);
+    for (i = 0; i < n; i++) {
+        int finite;
+        if (t->dtype == COLIBRI_DTYPE_F32) {
+            uint32_t bits;
+            memcpy(&bits, p + 4 * i, 4);
+            finite = (bits & 0x7f800000u) != 0x7f800000u;
+        } else {
+            uint16_t bits;
+            memcpy(&bits, p + 2 * i, 2);
+            finite = t->dtype == COLIBRI_DTYPE_F16 ? (bits & 0x7c00u) != 0x7c00u
+                                                    : (bits & 0x7f80u) != 0x7f80u;
+        }
+        if (!finite)
+            return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: element %llu is not finite",
+                                t->name, (unsigned long long)i);
+    }
+    return COLIBRI_OK;
+}
+
+/* ---- the metadata block: model struct, tensor table, layer table, JSON tokens ---- */
+
+typedef struct meta_layout {
+    size_t tensors, layers, order, tokens, total;
+} meta_layout;
+
+static meta_layout layout_for(uint32_t n_tokens)
+{
+    /* Each tensor entry needs at least 14 tokens and each layer at least 10 tensors, so
+     * n_tokens / 14 bounds both tables without reading the JSON first. */
+    uint32_t max_tensors = n_tokens / 14 + 1;
+    meta_layout l;
+    l.tensors = colibri_align_up(sizeof(colibri_model), 16);
+    l.layers = l.tensors + colibri_align_up(max_tensors * sizeof(colibri_tensor), 16);
+    l.order = l.layers + colibri_align_up((max_tensors / T_PER_LAYER + 1) * sizeof(colibri_layer_weights), 16);
+    /* order: the overlap sort, and before it one byte per tensor slot (<= max_tensors + 13) */
+    l.tokens = l.order + colibri_align_up((max_tensors + 16) * sizeof(int32_t), 16);
+    l.total = l.tokens + (size_t)n_tokens * sizeof(json_token);
+    return l;
+}
+
+colibri_status colibri_model_meta_bytes(const char *json, size_t json_len, size_t *meta_bytes,
+                                        colibri_error *err)
+{
+    uint32_t n_tokens;
+    colibri_status st;
+    if (!json || !meta_bytes) return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_meta_bytes: NULL argument");
+    st = json_parse(json, json_len, NULL, 0, &n_tokens, err);
+    if (st) return st;
+    *meta_bytes = layout_for(n_tokens).total;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_model_load(const char *json, size_t json_len, const void *weights, size_t weights_len,
+                                  unsigned flags, void *meta, size_t meta_bytes, colibri_model **out,
+                                  colibri_error *err)
+{
+    uint32_t n_tokens, k, n_tensors;
+    meta_layout lay;
+    colibri_model *m;
+    json_token *tokens;
+    int32_t *order;
+    loader L;
+    int32_t tensors_tok = 0;
+    colibri_hparams *hp;
+    colibri_status st;
+    int64_t n_slots;
+    uint8_t *seen;
+
+    if (!json || !meta || !out || (!weights && weights_len))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_load: NULL argument");
+    *out = NULL;
+    if ((uintptr_t)meta % 16 != 0)
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_load: meta buffer must be 16-byte aligned");
+    st = json_parse(json, json_len, NULL, 0, &n_tokens, err);
+    if (st) return st;
+    lay = layout_for(n_tokens);
+    if (meta_bytes < lay.total)
+        return colibri_fail(err, COLIBRI_E_NOMEM, "model metadata needs %zu bytes, %zu given", lay.total, meta_bytes);
+    memset(meta, 0, lay.total);
+    m = (colibri_model *)meta;
+    tokens = (json_token *)((uint8_t *)meta + lay.tokens);
+    order = (int32_t *)((uint8_t *)meta + lay.order);
+    st = json_parse(json, json_len, tokens, n_tokens, &n_tokens, err);
+    if (st) return st;
+
+    L.text = json; L.tok = tokens; L.err = err;
+    hp = &m->hp;
+    st = read_header(&L, 0, m);
+    if (st) return st;
+    st = read_hparams(&L, 0, hp);
+    if (st) return st;
+
+    st = get_field(&L, 0, "model", "tensors", JSON_ARRAY, &tensors_tok);
+    if (st) return st;
+    n_tensors = tokens[tensors_tok].n_children;
+    n_slots = T_GLOBAL + (int64_t)hp->n_layers * T_PER_LAYER;
+    if ((int64_t)n_tensors > n_slots)
+        return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u tensors; a %d-layer %s model has %lld",
+                            n_tensors, hp->n_layers, m->architecture, (long long)n_slots);
+    if ((int64_t)hp->n_layers > (int64_t)(lay.order - lay.layers) / (int64_t)sizeof(colibri_layer_weights))
+        return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u tensors; a %d-layer %s model has %lld",
+                            n_tensors, hp->n_layers, m->architecture, (long long)n_slots);
+    m->tensors = (colibri_tensor *)((uint8_t *)meta + lay.tensors);
+    m->layers = (colibri_layer_weights *)((uint8_t *)meta + lay.layers);
+    m->n_tensors = (int32_t)n_tensors;
+    m->weights = (const uint8_t *)weights;
+    m->weights_len = weights_len;
+    m->meta_bytes = lay.total;
+
+    seen = (uint8_t *)order;   /* one byte per slot; the overlap sort reuses the room later */
+    memset(seen, 0, (size_t)n_slots);
+
+    for (k = 0; k < n_tensors; k++) {
+        colibri_tensor *t = &m->tensors[k];
+        int64_t slot = 0;
+        colibri_weight w;
+        st = read_tensor(&L, json_child(tokens, tensors_tok, k), k, hp, t, &slot);
+        if (st) return st;
+        if (seen[slot])
+            return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is listed twice", t->name);
+        seen[slot] = 1;
+        if (t->file_offset % COLIBRI_ALIGNMENT != 0)
+            return colibri_fail(err, COLIBRI_E_ALIGN, "tensor `%s`: file_offset %llu is not a multiple of %d",
+                                t->name, (unsigned long long)t->file_offset, COLIBRI_ALIGNMENT);
+        if (t->file_offset > weights_len || t->file_size > weights_len - t->file_offset)
+            return colibri_fail(err, COLIBRI_E_BOUNDS, "tensor `%s`: bytes [%llu, %llu) lie past the end of weights.bin (%zu bytes)",
+                                t->name, (unsigned long long)t->file_offset,
+                                (unsigned long long)(t->file_offset + t->file_size), weights_len);
+        w.data = m->weights + t->file_offset;
+        w.dtype = t->dtype;
+        if (slot == G_TOK_EMBEDDINGS) m->tok_embeddings = w;
+        else if (slot == G_NORM) m->norm = w;
+        else if (slot == G_LM_HEAD) m->lm_head = w;
+        else {
+            colibri_layer_weights *lw = &m->layers[(slot - T_GLOBAL) / T_PER_LAYER];
+            colibri_weight *fields[T_PER_LAYER];
+            fields[T_ATTN_NORM] = &lw->attn_norm; fields[T_WQ] = &lw->wq; fields[T_WK] = &lw->wk;
+            fields[T_WV] = &lw->wv; fields[T_WO] = &lw->wo; fields[T_FFN_NORM] = &lw->ffn_norm;
+            fields[T_ROUTER] = &lw->router; fields[T_W1] = &lw->w1; fields[T_W3] = &lw->w3; fields[T_W2] = &lw->w2;
+            *fields[(slot - T_GLOBAL) % T_PER_LAYER] = w;
+        }
+    }
+    {
+        int64_t s;
+        for (s = 0; s < n_slots; s++) {
+            if (seen[s] || (s == G_LM_HEAD && hp->tie_word_embeddings)) continue;
+            if (s < T_GLOBAL)
+                return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is missing", global_tensor_names[s]);
+            return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `layers.%lld.%s` is missing",
+                                (long long)((s - T_GLOBAL) / T_PER_LAYER),
+                                layer_tensor_names[(s - T_GLOBAL) % T_PER_LAYER]);
+        }
+    }
+    if (hp->tie_word_embeddings) m->lm_head = m->tok_embeddings;
+
+    st = check_overlaps(m, order, err);
+    if (st) return st;
+    if (flags & COLIBRI_LOAD_VERIFY) {
+        for (k = 0; k < n_tensors; k++) {
+            st = verify_tensor(m, &m->tensors[k], err);
+            if (st) return st;
+        }
+    }
+    *out = m;
+    return COLIBRI_OK;
+}
+
+/* ---- accessors ---- */
+
+const colibri_hparams *colibri_model_hparams(const colibri_model *model) { return &model->hp; }
+const char *colibri_model_architecture(const colibri_model *model) { return model->architecture; }
+int32_t colibri_model_tensor_count(const colibri_model *model) { return model->n_tensors; }
+
+uint64_t colibri_model_weight_bytes(const colibri_model *model)
+{
+    uint64_t total = 0;
+    int32_t i = 0;
+    for (i = 0; i < model->n_tensors; i++) total += model->tensors[i].file_size;
+    return total;
+}
+
+colibri_status colibri_model_tensor(const colibri_model *model, int32_t index, colibri_tensor_info *info)
+{
+    const colibri_tensor *t;
+    int d;
+    if (!model || !info || index < 0 || index >= model->n_tensors) return COLIBRI_E_ARG;
+    t = &model->tensors[index];
+    info->name = t->name;
+    info->dtype = t->dtype;
+    info->n_dims = t->n_dims;
+    for (d = 0; d < 4; d++) info->shape[d] = d < t->n_dims ? t->shape[d] : 1;
+    info->file_offset = t->file_offset;
+    info->file_size = t->file_size;
+    info->crc32 = t->crc32;
+    info->data = model->weights + t->file_offset;
+    return COLIBRI_OK;
+}
+
+void colibri_model_close(colibri_model *model)
+{
+    if (model && model->release) model->release(model);
+}

@@ -1,0 +1,62 @@
+/* The MoE triad: Router -> Experts -> Aggregator, each behind a small interface so a
+ * new MoE family plugs in a component instead of rewriting the forward pass.
+ *
+ *   router      logits (n, E)            -> ids (n, k), gates (n, k)
+ *   expert      x (m, dim) of one expert -> y (m, dim)
+ *   aggregator  y (m, dim), gates        -> out (n, dim) += gate * y, per routed token */
+#ifndef COLIBRI_MOE_H
+#define COLIBRI_MOE_H
+
+#include "../model/model.h"
+#include "../ops/ops.h"
+
+typedef struct colibri_router {
+    const char *name;
+    void (*route)(const colibri_hparams *hp, const float *logits, int32_t n,
+                  int32_t *ids, float *gates);
+} colibri_router;
+
+/* Scratch an expert may use: h1, h3 (m, ffn). */
+typedef struct colibri_expert {
+    const char *name;
+    void (*forward)(const colibri_kernels *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
+                    int32_t expert, const float *x, int32_t m, float *h1, float *h3, float *y);
+} colibri_expert;
+
+typedef struct colibri_aggregator {
+    const char *name;
+    /* out (n, dim) += gates[i] * y (i, :) for i < m, into row rows[i] */
+    void (*combine)(float *out, const float *y, const int32_t *rows, const float *gates,
+                    int32_t m, int32_t dim);
+} colibri_aggregator;
+
+extern const colibri_router colibri_router_topk_softmax;
+extern const colibri_expert colibri_expert_swiglu;
+extern const colibri_aggregator colibri_aggregator_weighted;
+
+/* Buffers of one MoE block, carved from the session arena. */
+typedef struct colibri_moe_buffers {
+    float *router_logits;   /* (n_batch, n_experts) */
+    int32_t *ids;           /* (n_batch, top_k) */
+    float *gates;           /* (n_batch, top_k) */
+    int32_t *expert_start;  /* (n_experts + 1): routed pairs grouped by expert */
+    int32_t *pair_token;    /* (n_batch * top_k) */
+    float *pair_gate;       /* (n_batch * top_k) */
+    float *xe;              /* (n_batch, dim): tokens gathered for one expert */
+    float *h1;              /* (n_batch, ffn) */
+    float *h3;              /* (n_batch, ffn) */
+    float *ye;              /* (n_batch, dim) */
+} colibri_moe_buffers;
+
+typedef struct colibri_moe {
+    const colibri_router *router;
+    const colibri_expert *expert;
+    const colibri_aggregator *aggregator;
+} colibri_moe;
+
+/* out (n, dim) = MoE(x (n, dim)) for one layer. */
+void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const colibri_hparams *hp,
+                         const colibri_layer_weights *lw, const colibri_moe_buffers *b,
+                         const float *x, int32_t n, float *out);
+
+#endif

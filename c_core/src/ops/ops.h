@@ -1,0 +1,37 @@
+/* The kernels a forward pass calls.
+ *
+ * Each has a plain reference implementation (ops/reference.c): the oracle that faster
+ * variants are tested against.  colibri_kernels is the one place where an optimised
+ * variant is plugged in; the forward pass calls only through it. */
+#ifndef COLIBRI_OPS_H
+#define COLIBRI_OPS_H
+
+#include <stdint.h>
+
+#include "colibri/colibri.h"
+
+typedef struct colibri_kernels {
+    const char *name;
+    /* y (n, rows) = x (n, cols) @ W (rows, cols)^T, W stored in `dtype` */
+    void (*matmul)(float *y, const float *x, const void *w, colibri_dtype dtype,
+                   int32_t n, int32_t cols, int32_t rows);
+    /* y (dim) = x / sqrt(mean(x^2) + eps) * w */
+    void (*rmsnorm)(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
+} colibri_kernels;
+
+const colibri_kernels *colibri_kernels_reference(void);
+
+/* Scalar element conversions, exact. */
+float colibri_f16_to_f32(uint16_t h);
+float colibri_bf16_to_f32(uint16_t b);
+float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);
+
+/* x (n) <- softmax(x) */
+void colibri_softmax(float *x, int32_t n);
+/* g (n) <- silu(g) * u */
+void colibri_silu_mul(float *g, const float *u, int32_t n);
+/* Rotates each head of v (n_heads, head_dim) by the angle table of one position:
+ * pair (j, j + head_dim/2), cos/sin (head_dim/2). */
+void colibri_rope(float *v, int32_t n_heads, int32_t head_dim, const float *cos_t, const float *sin_t);
+
+#endif

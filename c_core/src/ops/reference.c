@@ -1,0 +1,100 @@
+/* Reference kernels: plain C, one obvious loop each, never "optimised". */
+#include <math.h>
+#include <string.h>
+
+#include "ops.h"
+
+float colibri_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    uint32_t bits;
+    float f;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);           /* inf, nan */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;                                             /* +-0 */
+    } else {                                                     /* subnormal: renormalise */
+        exponent = 113;
+        while (!(mantissa & 0x400u)) { mantissa <<= 1; exponent--; }
+        bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+float colibri_bf16_to_f32(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i)
+{
+    uint16_t h;
+    if (dtype == COLIBRI_DTYPE_F32) return ((const float *)w)[i];
+    memcpy(&h, (const uint8_t *)w + 2 * i, 2);
+    return dtype == COLIBRI_DTYPE_F16 ? colibri_f16_to_f32(h) : colibri_bf16_to_f32(h);
+}
+
+/* y (n, rows) = x (n, cols) @ W (rows, cols)^T */
+static void ref_matmul(float *y, const float *x, const void *w, colibri_dtype dtype,
+                       int32_t n, int32_t cols, int32_t rows)
+{
+    size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
+    int32_t r, t, c;
+    for (r = 0; r < rows; r++) {
+        const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+        for (t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * cols;
+            float acc = 0.0f;
+            for (c = 0; c < cols; c++) acc += colibri_load_f32(wr, dtype, (size_t)c) * xt[c];
+            y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+/* y (dim) = x / sqrt(mean(x^2) + eps) * w */
+static void ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
+{
+    float ss = 0.0f, scale;
+    int32_t i;
+    for (i = 0; i < dim; i++) ss += x[i] * x[i];
+    scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (i = 0; i < dim; i++) y[i] = colibri_load_f32(w, dtype, (size_t)i) * (x[i] * scale);
+}
+
+static const colibri_kernels reference_kernels = { "reference", ref_matmul, ref_rmsnorm };
+
+const colibri_kernels *colibri_kernels_reference(void) { return &reference_kernels; }
+
+void colibri_softmax(float *x, int32_t n)
+{
+    float max = x[0], sum = 0.0f;
+    int32_t i;
+    for (i = 1; i < n; i++) if (x[i] > max) max = x[i];
+    for (i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    for (i = 0; i < n; i++) x[i] /= sum;
+}
+
+void colibri_silu_mul(float *g, const float *u, int32_t n)
+{
+    int32_t i;
+    for (i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void colibri_rope(float *v, int32_t n_heads, int32_t head_dim, const float *cos_t, const float *sin_t)
+{
+    int32_t h, j, half = head_dim / 2;
+    for (h = 0; h < n_heads; h++) {
+        float *vh = v + (size_t)h * head_dim;
+        for (j = 0; j < half; j++) {
+            float a = vh[j], b = vh[j + half];
+            vh[j] = a * cos_t[j] - b * sin_t[j];
+            vh[j + half] = b * cos_t[j] + a * sin_t[j];
+        }
+    }
+}

@@ -1,0 +1,330 @@
+/* Sessions and the forward pass of the mixtral architecture.
+ *
+ *   x = embed(tokens)                                        (n, dim)
+ *   for each layer:
+ *       x += wo @ attention(rope(wq @ norm(x)), KV cache)     grouped-query heads
+ *       x += aggregate(experts(router(norm(x))))              the MoE triad
+ *   logits = lm_head @ norm(x)                               (n, vocab)
+ */
+#include <math.h>
+#include <string.h>
+
+#include "session.h"
+#include "../platform.h"
+#include "../util.h"
+
+#define DEFAULT_BATCH 64
+
+/* Carves every buffer of a session from `a`.  Run once measuring (a->base == NULL) and
+ * once for real: the same sequence, so the plan is exact. */
+static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hparams *hp,
+                          int32_t n_ctx, int32_t n_batch)
+{
+    size_t B = (size_t)n_batch, C = (size_t)n_ctx, D = (size_t)hp->hidden_size;
+    size_t Q = (size_t)hp->n_heads * hp->head_dim, KV = (size_t)hp->n_kv_heads * hp->head_dim;
+    size_t E = (size_t)hp->n_experts, K = (size_t)hp->top_k, F = (size_t)hp->intermediate_size;
+    size_t V = (size_t)hp->vocab_size, half = (size_t)hp->head_dim / 2, f = sizeof(float);
+    int32_t l;
+
+    s->x = colibri_arena_carve(a, B * D * f, ARENA_ACTIVATIONS, "x", -1, "(n_batch, dim) f32");
+    s->xn = colibri_arena_carve(a, B * D * f, ARENA_ACTIVATIONS, "x_normed", -1, "(n_batch, dim) f32");
+    s->q = colibri_arena_carve(a, B * Q * f, ARENA_ACTIVATIONS, "q", -1, "(n_batch, n_heads * head_dim) f32");
+    s->attn = colibri_arena_carve(a, B * Q * f, ARENA_ACTIVATIONS, "attention_out", -1, "(n_batch, n_heads * head_dim) f32");
+    s->scores = colibri_arena_carve(a, C * f, ARENA_ACTIVATIONS, "attention_scores", -1, "(n_ctx) f32");
+    s->block_out = colibri_arena_carve(a, B * D * f, ARENA_ACTIVATIONS, "block_out", -1, "(n_batch, dim) f32");
+
+    s->k_cache = colibri_arena_carve(a, (size_t)hp->n_layers * sizeof(float *), ARENA_KV_CACHE, "layer_table", -1, "(n_layers, 2) pointers");
+    s->v_cache = s->k_cache ? s->k_cache + hp->n_layers : NULL;
+    for (l = 0; l < hp->n_layers; l++) {
+        float *k = colibri_arena_carve(a, C * KV * f, ARENA_KV_CACHE, "k", l, "(n_ctx, n_kv_heads * head_dim) f32");
+        float *v = colibri_arena_carve(a, C * KV * f, ARENA_KV_CACHE, "v", l, "(n_ctx, n_kv_heads * head_dim) f32");
+        if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
+    }
+    s->rope_cos = colibri_arena_carve(a, C * half * f, ARENA_ROPE, "cos", -1, "(n_ctx, head_dim / 2) f32");
+    s->rope_sin = colibri_arena_carve(a, C * half * f, ARENA_ROPE, "sin", -1, "(n_ctx, head_dim / 2) f32");
+
+    s->moe_buf.router_logits = colibri_arena_carve(a, B * E * f, ARENA_ROUTER, "router_logits", -1, "(n_batch, n_experts) f32");
+    s->moe_buf.ids = colibri_arena_carve(a, B * K * sizeof(int32_t), ARENA_ROUTER, "expert_ids", -1, "(n_batch, top_k) i32");
+    s->moe_buf.gates = colibri_arena_carve(a, B * K * f, ARENA_ROUTER, "gates", -1, "(n_batch, top_k) f32");
+    s->moe_buf.expert_start = colibri_arena_carve(a, (E + 1) * sizeof(int32_t), ARENA_ROUTER, "expert_start", -1, "(n_experts + 1) i32");
+    s->moe_buf.pair_token = colibri_arena_carve(a, B * K * sizeof(int32_t), ARENA_ROUTER, "pair_token", -1, "(n_batch * top_k) i32");
+    s->moe_buf.pair_gate = colibri_arena_carve(a, B * K * f, ARENA_ROUTER, "pair_gate", -1, "(n_batch * top_k) f32");
+    s->moe_buf.xe = colibri_arena_carve(a, B * D * f, ARENA_EXPERTS, "expert_in", -1, "(n_batch, dim) f32");
+    s->moe_buf.h1 = colibri_arena_carve(a, B * F * f, ARENA_EXPERTS, "gate_act", -1, "(n_batch, ffn) f32");
+    s->moe_buf.h3 = colibri_arena_carve(a, B * F * f, ARENA_EXPERTS, "up_act", -1, "(n_batch, ffn) f32");
+    s->moe_buf.ye = colibri_arena_carve(a, B * D * f, ARENA_EXPERTS, "expert_out", -1, "(n_batch, dim) f32");
+
+    s->logits = colibri_arena_carve(a, V * f, ARENA_OUTPUT, "logits", -1, "(vocab) f32");
+    s->probs = colibri_arena_carve(a, V * f, ARENA_SAMPLING, "probs", -1, "(vocab) f32");
+    s->candidates = colibri_arena_carve(a, V * sizeof(int32_t), ARENA_SAMPLING, "candidates", -1, "(vocab) i32");
+}
+
+/* Carves: the session struct, the record table, then carve_session's 22 + 2 per layer. */
+static int32_t record_count(const colibri_hparams *hp) { return 24 + 2 * hp->n_layers; }
+
+static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
+                                      int32_t *n_ctx, int32_t *n_batch, colibri_error *err)
+{
+    const colibri_hparams *hp = &m->hp;
+    *n_ctx = o && o->n_ctx ? o->n_ctx : hp->max_position_embeddings;
+    *n_batch = o && o->n_batch ? o->n_batch : DEFAULT_BATCH;
+    if (*n_ctx < 1 || *n_ctx > hp->max_position_embeddings)
+        return colibri_fail(err, COLIBRI_E_ARG, "n_ctx = %d must lie in [1, %d] (max_position_embeddings)",
+                            *n_ctx, hp->max_position_embeddings);
+    if (*n_batch < 1 || *n_batch > 4096)
+        return colibri_fail(err, COLIBRI_E_ARG, "n_batch = %d must lie in [1, 4096]", *n_batch);
+    if (*n_batch > *n_ctx) *n_batch = *n_ctx;
+    return COLIBRI_OK;
+}
+
+/* Lays the session out in `a`: the struct first, then its record table, then the buffers.
+ * While measuring, the carves land in `scratch`; returns the session, or NULL then. */
+static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t n_ctx, int32_t n_batch,
+                               colibri_session *scratch)
+{
+    int32_t n_records = record_count(&m->hp);
+    colibri_session *s = colibri_arena_carve(a, sizeof(colibri_session), ARENA_SESSION, "session", -1, "struct");
+    colibri_arena_record *records = colibri_arena_carve(a, (size_t)n_records * sizeof(colibri_arena_record),
+                                                        ARENA_SESSION, "memory_records", -1, "(records) struct");
+    if (s && records) {
+        /* the two carves above were made before the table existed: enter them by hand */
+        records[0].name = "session"; records[0].group = ARENA_SESSION; records[0].layer = -1;
+        records[0].offset = 0; records[0].size = sizeof(colibri_session); records[0].shape = "struct";
+        records[1].name = "memory_records"; records[1].group = ARENA_SESSION; records[1].layer = -1;
+        records[1].offset = colibri_align_up(sizeof(colibri_session), COLIBRI_ALIGNMENT);
+        records[1].size = (size_t)n_records * sizeof(colibri_arena_record); records[1].shape = "(records) struct";
+        a->records = records;
+        a->max_records = n_records;
+    } else {
+        if (!scratch) return NULL;   /* out of room */
+        s = scratch;
+    }
+    memset(s, 0, sizeof *s);
+    carve_session(s, a, &m->hp, n_ctx, n_batch);
+    return s == scratch ? NULL : s;
+}
+
+colibri_status colibri_session_plan(const colibri_model *model, const colibri_session_options *options,
+                                    size_t *arena_bytes, colibri_error *err)
+{
+    colibri_arena a;
+    colibri_session scratch;
+    int32_t n_ctx, n_batch;
+    colibri_status st;
+    if (!model || !arena_bytes) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_plan: NULL argument");
+    st = resolve_options(model, options, &n_ctx, &n_batch, err);
+    if (st) return st;
+    memset(&a, 0, sizeof a);
+    layout(&a, model, n_ctx, n_batch, &scratch);
+    *arena_bytes = a.used;
+    return COLIBRI_OK;
+}
+
+/* Angles as transformers computes them in float32: inv_freq = 1 / theta^(2j/d), angle = pos * inv_freq. */
+static void fill_rope_tables(colibri_session *s)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    int32_t half = hp->head_dim / 2, p, j;
+    for (j = 0; j < half; j++) {
+        float exponent = (float)(2 * j) / (float)hp->head_dim;
+        float inv_freq = 1.0f / (float)pow((double)hp->rope_theta, (double)exponent);
+        for (p = 0; p < s->n_ctx; p++) {
+            float angle = (float)p * inv_freq;
+            s->rope_cos[(size_t)p * half + j] = (float)cos((double)angle);
+            s->rope_sin[(size_t)p * half + j] = (float)sin((double)angle);
+        }
+    }
+}
+
+colibri_status colibri_session_create(const colibri_model *model, const colibri_session_options *options,
+                                      colibri_session **out, colibri_error *err)
+{
+    colibri_arena a;
+    colibri_session *s;
+    int32_t n_ctx, n_batch;
+    size_t need;
+    void *base;
+    size_t mapped = 0;
+    int hugepages = 0, owned = 0;
+    colibri_status st;
+
+    if (!model || !out) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_create: NULL argument");
+    *out = NULL;
+    st = colibri_session_plan(model, options, &need, err);
+    if (st) return st;
+    resolve_options(model, options, &n_ctx, &n_batch, err);
+
+    if (options && options->arena) {
+        if ((uintptr_t)options->arena % 16 != 0)
+            return colibri_fail(err, COLIBRI_E_ARG, "arena buffer must be 16-byte aligned");
+        if (options->arena_size < need + COLIBRI_ALIGNMENT)
+            return colibri_fail(err, COLIBRI_E_NOMEM, "arena of %zu bytes is too small: this model and context need %zu",
+                                options->arena_size, need + COLIBRI_ALIGNMENT);
+        base = options->arena;
+        mapped = options->arena_size;
+    } else {
+        st = colibri_platform_map_arena(need + COLIBRI_ALIGNMENT, &base, &mapped, &hugepages, err);
+        if (st) return st;
+        owned = 1;
+    }
+
+    /* Align the base to 64 bytes so carve offsets are addresses' alignment too. */
+    memset(&a, 0, sizeof a);
+    a.base = (uint8_t *)colibri_align_up((size_t)(uintptr_t)base, COLIBRI_ALIGNMENT);
+    a.capacity = mapped - (size_t)(a.base - (uint8_t *)base);
+    s = layout(&a, model, n_ctx, n_batch, NULL);
+    if (!s || a.used > a.capacity) {   /* cannot happen: the plan above sized it */
+        if (owned) colibri_platform_unmap_arena(base, mapped);
+        return colibri_fail(err, COLIBRI_E_NOMEM, "arena layout exceeded its plan");
+    }
+    s->arena = a;
+    s->arena_raw = base;
+    s->model = model;
+    s->kernels = colibri_kernels_reference();
+    s->moe.router = &colibri_router_topk_softmax;
+    s->moe.expert = &colibri_expert_swiglu;
+    s->moe.aggregator = &colibri_aggregator_weighted;
+    s->n_ctx = n_ctx;
+    s->n_batch = n_batch;
+    s->arena_owned = owned;
+    s->arena_hugepages = hugepages;
+    s->arena_mapped = mapped;
+    fill_rope_tables(s);
+    *out = s;
+    return COLIBRI_OK;
+}
+
+void colibri_session_destroy(colibri_session *s)
+{
+    if (s && s->arena_owned) colibri_platform_unmap_arena(s->arena_raw, s->arena_mapped);
+}
+
+void colibri_session_reset(colibri_session *s) { s->position = 0; }
+int32_t colibri_session_position(const colibri_session *s) { return s->position; }
+int32_t colibri_session_n_ctx(const colibri_session *s) { return s->n_ctx; }
+const float *colibri_session_logits(const colibri_session *s) { return s->logits; }
+
+/* ---- forward ---- */
+
+static void embed(const colibri_session *s, const int32_t *tokens, int32_t n)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    const colibri_weight *w = &s->model->tok_embeddings;
+    size_t d = (size_t)hp->hidden_size, i;
+    int32_t t;
+    for (t = 0; t < n; t++) {
+        size_t row = (size_t)tokens[t] * d;
+        for (i = 0; i < d; i++) s->x[(size_t)t * d + i] = colibri_load_f32(w->data, w->dtype, row + i);
+    }
+}
+
+/* x (n, dim) += wo @ attention(x_normed) for the n tokens at positions pos0 .. pos0 + n - 1. */
+static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    const colibri_layer_weights *lw = &s->model->layers[layer];
+    const colibri_kernels *k = s->kernels;
+    int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hd / 2;
+    int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd, group = H / hp->n_kv_heads;
+    float *k_rows = s->k_cache[layer] + (size_t)pos0 * kv_dim;     /* (n, kv_dim) */
+    float *v_rows = s->v_cache[layer] + (size_t)pos0 * kv_dim;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    int32_t t, h, j, i;
+
+    k->matmul(s->q, s->xn, lw->wq.data, lw->wq.dtype, n, d, q_dim);
+    k->matmul(k_rows, s->xn, lw->wk.data, lw->wk.dtype, n, d, kv_dim);
+    k->matmul(v_rows, s->xn, lw->wv.data, lw->wv.dtype, n, d, kv_dim);
+    for (t = 0; t < n; t++) {
+        const float *c = s->rope_cos + (size_t)(pos0 + t) * half, *sn = s->rope_sin + (size_t)(pos0 + t) * half;
+        colibri_rope(s->q + (size_t)t * q_dim, H, hd, c, sn);
+        colibri_rope(k_rows + (size_t)t * kv_dim, hp->n_kv_heads, hd, c, sn);
+    }
+
+    for (t = 0; t < n; t++) {
+        int32_t pos = pos0 + t;
+        int32_t first = hp->sliding_window > 0 && pos - hp->sliding_window + 1 > 0 ? pos - hp->sliding_window + 1 : 0;
+        for (h = 0; h < H; h++) {
+            const float *qh = s->q + (size_t)t * q_dim + (size_t)h * hd;
+            size_t kv_off = (size_t)(h / group) * hd;
+            float *out = s->attn + (size_t)t * q_dim + (size_t)h * hd;
+            int32_t span = pos - first + 1;
+            for (j = 0; j < span; j++) {
+                const float *kj = s->k_cache[layer] + (size_t)(first + j) * kv_dim + kv_off;
+                float dot = 0.0f;
+                for (i = 0; i < hd; i++) dot += qh[i] * kj[i];
+                s->scores[j] = dot * scale;
+            }
+            colibri_softmax(s->scores, span);
+            for (i = 0; i < hd; i++) out[i] = 0.0f;
+            for (j = 0; j < span; j++) {
+                const float *vj = s->v_cache[layer] + (size_t)(first + j) * kv_dim + kv_off;
+                for (i = 0; i < hd; i++) out[i] += s->scores[j] * vj[i];
+            }
+        }
+    }
+    k->matmul(s->block_out, s->attn, lw->wo.data, lw->wo.dtype, n, q_dim, d);
+}
+
+static void add_into(float *x, const float *y, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* One chunk of at most n_batch tokens; logits (n, vocab) or NULL for the last row only. */
+static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, float *logits)
+{
+    const colibri_model *m = s->model;
+    const colibri_hparams *hp = &m->hp;
+    const colibri_kernels *k = s->kernels;
+    int32_t d = hp->hidden_size, t, l;
+    size_t nd = (size_t)n * d;
+
+    embed(s, tokens, n);
+    for (l = 0; l < hp->n_layers; l++) {
+        const colibri_layer_weights *lw = &m->layers[l];
+        for (t = 0; t < n; t++)
+            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, lw->attn_norm.data, lw->attn_norm.dtype, d, hp->rms_norm_eps);
+        attention(s, l, s->position, n);
+        add_into(s->x, s->block_out, nd);
+
+        for (t = 0; t < n; t++)
+            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, lw->ffn_norm.data, lw->ffn_norm.dtype, d, hp->rms_norm_eps);
+        colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, s->xn, n, s->block_out);
+        add_into(s->x, s->block_out, nd);
+    }
+    s->position += n;
+
+    if (logits) {
+        for (t = 0; t < n; t++)
+            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, m->norm.data, m->norm.dtype, d, hp->rms_norm_eps);
+        k->matmul(logits, s->xn, m->lm_head.data, m->lm_head.dtype, n, d, hp->vocab_size);
+        memcpy(s->logits, logits + (size_t)(n - 1) * hp->vocab_size, (size_t)hp->vocab_size * sizeof(float));
+    } else {
+        k->rmsnorm(s->xn, s->x + (size_t)(n - 1) * d, m->norm.data, m->norm.dtype, d, hp->rms_norm_eps);
+        k->matmul(s->logits, s->xn, m->lm_head.data, m->lm_head.dtype, 1, d, hp->vocab_size);
+    }
+}
+
+colibri_status colibri_forward(colibri_session *s, const int32_t *tokens, size_t n, float *logits,
+                               colibri_error *err)
+{
+    const colibri_hparams *hp;
+    size_t i, done;
+    if (!s || (!tokens && n)) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: NULL argument");
+    hp = &s->model->hp;
+    if (n == 0) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: no tokens");
+    /* Check everything before touching the cache, so a failed call changes nothing. */
+    if (n > (size_t)(s->n_ctx - s->position))
+        return colibri_fail(err, COLIBRI_E_CONTEXT, "%zu tokens do not fit: %d of %d positions are used",
+                            n, s->position, s->n_ctx);
+    for (i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= hp->vocab_size)
+            return colibri_fail(err, COLIBRI_E_TOKEN, "token %zu is %d, outside [0, %d)", i, tokens[i], hp->vocab_size);
+    }
+    for (done = 0; done < n; done += (size_t)s->n_batch) {
+        int32_t chunk = (int32_t)(n - done < (size_t)s->n_batch ? n - done : (size_t)s->n_batch);
+        forward_chunk(s, tokens + done, chunk, logits ? logits + done * (size_t)hp->vocab_size : NULL);
+    }
+    return COLIBRI_OK;
+}

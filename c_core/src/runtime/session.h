@@ -1,0 +1,45 @@
+/* The run state of one sequence: everything lives inside the session's arena. */
+#ifndef COLIBRI_SESSION_H
+#define COLIBRI_SESSION_H
+
+#include "../mem/arena.h"
+#include "../model/model.h"
+#include "../moe/moe.h"
+#include "../ops/ops.h"
+
+struct colibri_session {
+    const colibri_model *model;
+    const colibri_kernels *kernels;
+    colibri_moe moe;
+    int32_t n_ctx;
+    int32_t n_batch;
+    int32_t position;           /* tokens in the KV cache */
+
+    colibri_arena arena;
+    void *arena_raw;            /* start of the mapping or caller buffer (before alignment) */
+    int arena_owned;            /* mapped by the platform: unmap on destroy */
+    int arena_hugepages;
+    size_t arena_mapped;        /* bytes mapped (rounded to pages) */
+
+    /* activations */
+    float *x;                   /* (n_batch, dim) residual stream */
+    float *xn;                  /* (n_batch, dim) normed input of a block */
+    float *q;                   /* (n_batch, n_heads * head_dim) */
+    float *attn;                /* (n_batch, n_heads * head_dim) attention output */
+    float *scores;              /* (n_ctx) one head's attention weights */
+    float *block_out;           /* (n_batch, dim) attention or MoE output before the residual add */
+    /* KV cache, per layer */
+    float **k_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) */
+    float **v_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) */
+    /* RoPE angle tables */
+    float *rope_cos;            /* (n_ctx, head_dim / 2) */
+    float *rope_sin;            /* (n_ctx, head_dim / 2) */
+    colibri_moe_buffers moe_buf;
+    /* output */
+    float *logits;              /* (vocab) the last position's logits */
+    /* sampling */
+    float *probs;               /* (vocab) */
+    int32_t *candidates;        /* (vocab) */
+};
+
+#endif

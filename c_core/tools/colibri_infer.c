@@ -1,0 +1,247 @@
+/* colibri-infer: run a colibri model from the command line, no Python.
+ *
+ *   colibri-infer --model DIR --tokens 1,415,2936 --max_tokens 16 [--temperature 0] [--verbose]
+ *   colibri-infer --model DIR --validate-model
+ *   colibri-infer --model DIR --memdump [--ctx 2048]
+ *
+ * Prints the generated token ids, comma-separated, as they are produced. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "colibri/colibri.h"
+
+#define MAX_PROMPT 65536
+
+typedef struct options {
+    const char *model;
+    const char *tokens;
+    long max_tokens;
+    long ctx;
+    long batch;
+    double temperature;
+    long top_k;
+    double top_p;
+    unsigned long long seed;
+    int verbose, validate, memdump, stop_at_eos;
+} options;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: colibri-infer --model DIR [--tokens ID,ID,...] [--max_tokens N]\n"
+        "                     [--temperature T] [--top_k K] [--top_p P] [--seed S]\n"
+        "                     [--ctx N] [--batch N] [--ignore_eos] [--verbose]\n"
+        "       colibri-infer --model DIR --validate-model\n"
+        "       colibri-infer --model DIR --memdump [--ctx N] [--batch N]\n"
+        "\n"
+        "  --model DIR        a colibri model directory (colibri_model.json + weights.bin)\n"
+        "  --tokens LIST      prompt token ids, comma-separated (default: the model's BOS)\n"
+        "  --max_tokens N     tokens to generate (default 16)\n"
+        "  --temperature T    0 means greedy (default 0.8)\n"
+        "  --top_k K          keep the K most likely tokens, 0 = all (default 40)\n"
+        "  --top_p P          nucleus sampling, 1 = off (default 0.95)\n"
+        "  --seed S           sampling seed (default 0)\n"
+        "  --ctx N            context length to reserve (default: the model's, at most 4096)\n"
+        "  --batch N          tokens per prefill chunk (default 64)\n"
+        "  --ignore_eos       do not stop at the end-of-sequence token\n"
+        "  --validate-model   run every load check plus checksums, then exit\n"
+        "  --memdump          print the memory report after creating the session, then exit\n"
+        "  --verbose          model summary and timings on stderr\n");
+}
+
+/* "--max-tokens" and "--max_tokens" are the same option. */
+static int option_is(const char *arg, const char *name)
+{
+    if (arg[0] != '-' || arg[1] != '-') return 0;
+    arg += 2;
+    for (; *arg && *name; arg++, name++) {
+        char a = *arg == '-' ? '_' : *arg, b = *name == '-' ? '_' : *name;
+        if (a != b) return 0;
+    }
+    return *arg == '\0' && *name == '\0';
+}
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "colibri-infer: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_double(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "colibri-infer: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_args(int argc, char **argv, options *o)
+{
+    int i;
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 16; o->temperature = 0.8; o->top_k = 40; o->top_p = 0.95; o->stop_at_eos = 1;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes_value = 1;
+        if (option_is(a, "help") || strcmp(a, "-h") == 0) { usage(stdout); exit(0); }
+        else if (option_is(a, "verbose")) { o->verbose = 1; takes_value = 0; }
+        else if (option_is(a, "validate_model")) { o->validate = 1; takes_value = 0; }
+        else if (option_is(a, "memdump")) { o->memdump = 1; takes_value = 0; }
+        else if (option_is(a, "ignore_eos")) { o->stop_at_eos = 0; takes_value = 0; }
+        else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
+        else if (option_is(a, "model")) o->model = v;
+        else if (option_is(a, "tokens")) o->tokens = v;
+        else if (option_is(a, "max_tokens")) { if (!parse_long(a, v, 0, 1 << 24, &o->max_tokens)) return 0; }
+        else if (option_is(a, "ctx")) { if (!parse_long(a, v, 1, 1 << 24, &o->ctx)) return 0; }
+        else if (option_is(a, "batch")) { if (!parse_long(a, v, 1, 4096, &o->batch)) return 0; }
+        else if (option_is(a, "top_k")) { if (!parse_long(a, v, 0, 1 << 24, &o->top_k)) return 0; }
+        else if (option_is(a, "temperature")) { if (!parse_double(a, v, 0.0, 100.0, &o->temperature)) return 0; }
+        else if (option_is(a, "top_p")) { if (!parse_double(a, v, 0.0, 1.0, &o->top_p)) return 0; }
+        else if (option_is(a, "seed")) { long s; if (!parse_long(a, v, 0, 2147483647L, &s)) return 0; o->seed = (unsigned long long)s; }
+        else { fprintf(stderr, "colibri-infer: unknown option %s (see --help)\n", a); return 0; }
+        if (takes_value) i++;
+    }
+    if (!o->model) { fprintf(stderr, "colibri-infer: --model is required (see --help)\n"); return 0; }
+    return 1;
+}
+
+static int parse_tokens(const char *s, int32_t *out, size_t cap, size_t *n)
+{
+    *n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > 2147483647L || *n >= cap) {
+            fprintf(stderr, "colibri-infer: --tokens expects comma-separated non-negative ids\n");
+            return 0;
+        }
+        out[(*n)++] = (int32_t)v;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) { fprintf(stderr, "colibri-infer: unexpected '%c' in --tokens\n", *s); return 0; }
+    }
+    return 1;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(const char *what, const colibri_error *err)
+{
+    fprintf(stderr, "colibri-infer: %s: %s (%s)\n", what, err->message, colibri_status_name(err->status));
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    colibri_model *model = NULL;
+    colibri_session *session = NULL;
+    colibri_session_options so;
+    colibri_sampling sp;
+    colibri_error err;
+    const colibri_hparams *hp;
+    static int32_t prompt[MAX_PROMPT];
+    size_t n_prompt = 0;
+    uint64_t rng;
+    double t0, t1, t2;
+    long generated = 0;
+    int32_t token;
+    int rc = 0;
+
+    if (!parse_args(argc, argv, &o)) return 2;
+    if (o.tokens && !parse_tokens(o.tokens, prompt, MAX_PROMPT, &n_prompt)) return 2;
+
+    t0 = now_seconds();
+    if (colibri_model_open(o.model, o.validate ? COLIBRI_LOAD_VERIFY : 0, &model, &err))
+        return fail(o.validate ? "validation failed" : "cannot load model", &err);
+    hp = colibri_model_hparams(model);
+    if (o.validate) {
+        printf("%s: valid %s model, %d tensors, %llu weight bytes, checksums match\n", o.model,
+               colibri_model_architecture(model), colibri_model_tensor_count(model),
+               (unsigned long long)colibri_model_weight_bytes(model));
+        colibri_model_close(model);
+        return 0;
+    }
+    if (o.verbose)
+        fprintf(stderr, "model: %s, %d layers, dim %d, %d experts (top-%d), vocab %d, %.1f MB of weights, loaded in %.1f ms\n",
+                colibri_model_architecture(model), hp->n_layers, hp->hidden_size, hp->n_experts, hp->top_k,
+                hp->vocab_size, (double)colibri_model_weight_bytes(model) / 1e6, 1e3 * (now_seconds() - t0));
+
+    memset(&so, 0, sizeof so);
+    so.n_ctx = (int32_t)(o.ctx ? o.ctx : (hp->max_position_embeddings < 4096 ? hp->max_position_embeddings : 4096));
+    so.n_batch = (int32_t)o.batch;
+    if (colibri_session_create(model, &so, &session, &err)) { rc = fail("cannot create session", &err); goto done; }
+    if (o.memdump || o.verbose) {
+        size_t len;
+        char *report;
+        colibri_memdump(session, NULL, 0, &len);
+        report = malloc(len + 1);
+        if (report) {
+            colibri_memdump(session, report, len + 1, NULL);
+            fputs(report, o.memdump ? stdout : stderr);
+            free(report);
+        }
+        if (o.memdump) goto done;
+    }
+
+    if (n_prompt == 0) {
+        if (hp->bos_token_id < 0) {
+            fprintf(stderr, "colibri-infer: the model has no BOS token: give a prompt with --tokens\n");
+            rc = 2;
+            goto done;
+        }
+        prompt[n_prompt++] = hp->bos_token_id;
+    }
+    sp.temperature = (float)o.temperature;
+    sp.top_k = (int32_t)o.top_k;
+    sp.top_p = (float)o.top_p;
+    rng = o.seed;
+
+    t1 = now_seconds();
+    if (colibri_forward(session, prompt, n_prompt, NULL, &err)) { rc = fail("prefill failed", &err); goto done; }
+    t2 = now_seconds();
+    if (o.verbose)
+        fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s)\n", n_prompt, 1e3 * (t2 - t1),
+                (double)n_prompt / (t2 - t1));
+    while (generated < o.max_tokens) {
+        if (colibri_sample(session, &sp, &rng, &token, &err)) { rc = fail("sampling failed", &err); break; }
+        printf(generated ? ",%d" : "%d", token);
+        fflush(stdout);
+        generated++;
+        if (o.stop_at_eos && token == hp->eos_token_id) break;
+        if (generated == o.max_tokens) break;
+        if (colibri_session_position(session) >= colibri_session_n_ctx(session)) {
+            fprintf(stderr, "\ncolibri-infer: context of %d tokens is full\n", colibri_session_n_ctx(session));
+            break;
+        }
+        if (colibri_forward(session, &token, 1, NULL, &err)) { rc = fail("decode failed", &err); break; }
+    }
+    printf("\n");
+    if (o.verbose && generated > 0)
+        fprintf(stderr, "decode: %ld tokens in %.1f ms (%.1f tok/s)\n", generated, 1e3 * (now_seconds() - t2),
+                (double)generated / (now_seconds() - t2));
+done:
+    colibri_session_destroy(session);
+    colibri_model_close(model);
+    return rc;
+}

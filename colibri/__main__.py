@@ -1,0 +1,3 @@
+from colibri.cli import main
+
+raise SystemExit(main())

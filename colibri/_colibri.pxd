@@ -1,0 +1,102 @@
+# Declarations of the C API (c_core/include/colibri/colibri.h); nothing else.
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+
+cdef extern from "colibri/colibri.h" nogil:
+    ctypedef enum colibri_status:
+        COLIBRI_OK
+
+    ctypedef struct colibri_error:
+        colibri_status status
+        char message[256]
+
+    const char *colibri_strerror(colibri_status status)
+    const char *colibri_status_name(colibri_status status)
+
+    ctypedef enum colibri_dtype:
+        COLIBRI_DTYPE_F32
+        COLIBRI_DTYPE_F16
+        COLIBRI_DTYPE_BF16
+
+    ctypedef struct colibri_model:
+        pass
+    ctypedef struct colibri_session:
+        pass
+
+    ctypedef struct colibri_hparams:
+        int32_t vocab_size
+        int32_t hidden_size
+        int32_t intermediate_size
+        int32_t n_layers
+        int32_t n_heads
+        int32_t n_kv_heads
+        int32_t head_dim
+        int32_t max_position_embeddings
+        int32_t sliding_window
+        int32_t n_experts
+        int32_t top_k
+        int32_t bos_token_id
+        int32_t eos_token_id
+        int32_t tie_word_embeddings
+        int32_t normalize_topk
+        float rope_theta
+        float rms_norm_eps
+
+    ctypedef struct colibri_tensor_info:
+        const char *name
+        colibri_dtype dtype
+        int32_t n_dims
+        int64_t shape[4]
+        uint64_t file_offset
+        uint64_t file_size
+        uint32_t crc32
+        const void *data
+
+    enum: COLIBRI_LOAD_VERIFY
+
+    colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model **model,
+                                      colibri_error *err)
+    void colibri_model_close(colibri_model *model)
+    const colibri_hparams *colibri_model_hparams(const colibri_model *model)
+    const char *colibri_model_architecture(const colibri_model *model)
+    int32_t colibri_model_tensor_count(const colibri_model *model)
+    colibri_status colibri_model_tensor(const colibri_model *model, int32_t index,
+                                        colibri_tensor_info *info)
+    uint64_t colibri_model_weight_bytes(const colibri_model *model)
+
+    ctypedef struct colibri_session_options:
+        int32_t n_ctx
+        int32_t n_batch
+        void *arena
+        size_t arena_size
+
+    colibri_status colibri_session_plan(const colibri_model *model, const colibri_session_options *options,
+                                        size_t *arena_bytes, colibri_error *err)
+    colibri_status colibri_session_create(const colibri_model *model, const colibri_session_options *options,
+                                          colibri_session **session, colibri_error *err)
+    void colibri_session_destroy(colibri_session *session)
+    void colibri_session_reset(colibri_session *session)
+    int32_t colibri_session_position(const colibri_session *session)
+    int32_t colibri_session_n_ctx(const colibri_session *session)
+    colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
+                                   float *logits, colibri_error *err)
+    const float *colibri_session_logits(const colibri_session *session)
+
+    ctypedef struct colibri_sampling:
+        float temperature
+        int32_t top_k
+        float top_p
+
+    colibri_status colibri_sample(colibri_session *session, const colibri_sampling *params,
+                                  uint64_t *rng, int32_t *token, colibri_error *err)
+
+    colibri_status colibri_memdump(const colibri_session *session, char *buf, size_t cap, size_t *len)
+
+    ctypedef struct colibri_memory_totals:
+        size_t weights
+        size_t metadata
+        size_t arena_reserved
+        size_t arena_used
+        size_t kv_cache
+        size_t activations
+
+    colibri_status colibri_memory(const colibri_session *session, colibri_memory_totals *totals)

@@ -1,0 +1,265 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Thin bindings to the C core: argument checks, memoryviews, nogil, status -> exception."""
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdint cimport int32_t, uint64_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
+
+cimport colibri._colibri as c
+
+import os
+
+import numpy as np
+
+_DTYPES = {c.COLIBRI_DTYPE_F32: "f32", c.COLIBRI_DTYPE_F16: "f16", c.COLIBRI_DTYPE_BF16: "bf16"}
+
+
+class Error(Exception):
+    """An error reported by the C core.
+
+    ``status`` is the C enumerator's name (e.g. ``"COLIBRI_E_SHAPE"``), ``code`` its value;
+    the message is the core's detail, naming the field, tensor or index at fault.
+    """
+
+    def __init__(self, status, code, message):
+        super().__init__(f"{message} [{status}]")
+        self.status = status
+        self.code = code
+        self.detail = message
+
+
+cdef raise_error(c.colibri_error *err):
+    raise Error(c.colibri_status_name(err.status).decode(), <int>err.status,
+                err.message.decode("utf-8", "replace"))
+
+
+cdef class Model:
+    """A colibri model directory (colibri_model.json + weights.bin), validated and mapped.
+
+    ``verify=True`` also checks every tensor's CRC-32 and that all weights are finite.
+    """
+    cdef c.colibri_model *_model
+    cdef readonly str path
+
+    def __cinit__(self, path, *, bint verify=False):
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        cdef unsigned flags = c.COLIBRI_LOAD_VERIFY if verify else 0
+        self.path = os.fspath(path)
+        cdef bytes bpath = os.fsencode(self.path)
+        cdef const char *cpath = bpath
+        with nogil:
+            st = c.colibri_model_open(cpath, flags, &self._model, &err)
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def __dealloc__(self):
+        if self._model is not NULL:
+            c.colibri_model_close(self._model)
+
+    @property
+    def architecture(self):
+        return c.colibri_model_architecture(self._model).decode()
+
+    @property
+    def config(self):
+        """The validated hyper-parameters."""
+        cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self._model)
+        return {
+            "vocab_size": hp.vocab_size, "hidden_size": hp.hidden_size,
+            "intermediate_size": hp.intermediate_size, "num_layers": hp.n_layers,
+            "num_heads": hp.n_heads, "num_kv_heads": hp.n_kv_heads, "head_dim": hp.head_dim,
+            "max_position_embeddings": hp.max_position_embeddings,
+            "sliding_window": hp.sliding_window, "num_experts": hp.n_experts, "top_k": hp.top_k,
+            "bos_token_id": hp.bos_token_id, "eos_token_id": hp.eos_token_id,
+            "tie_word_embeddings": bool(hp.tie_word_embeddings),
+            "normalize_topk": bool(hp.normalize_topk),
+            "rope_theta": hp.rope_theta, "rms_norm_eps": hp.rms_norm_eps,
+        }
+
+    @property
+    def vocab_size(self):
+        return c.colibri_model_hparams(self._model).vocab_size
+
+    @property
+    def weight_bytes(self):
+        return c.colibri_model_weight_bytes(self._model)
+
+    def tensors(self):
+        """The tensor table: name, dtype, shape, offset, size and CRC-32 of each tensor."""
+        cdef c.colibri_tensor_info info
+        out = []
+        for i in range(c.colibri_model_tensor_count(self._model)):
+            c.colibri_model_tensor(self._model, i, &info)
+            out.append({"name": info.name.decode(), "dtype": _DTYPES[info.dtype],
+                        "shape": tuple(info.shape[d] for d in range(info.n_dims)),
+                        "file_offset": info.file_offset, "file_size": info.file_size,
+                        "crc32": info.crc32})
+        return out
+
+    def memory_plan(self, int ctx=0, int batch=0):
+        """Exact arena bytes a session with this context and batch needs (nothing is allocated)."""
+        cdef c.colibri_session_options opts
+        cdef c.colibri_error err
+        cdef size_t need = 0
+        memset(&opts, 0, sizeof(opts))
+        opts.n_ctx = ctx
+        opts.n_batch = batch
+        if c.colibri_session_plan(self._model, &opts, &need, &err) != c.COLIBRI_OK:
+            raise_error(&err)
+        return need
+
+    def session(self, int ctx=0, int batch=0):
+        """A new session: a KV cache for ``ctx`` positions (0: the model's maximum),
+        prefill computed ``batch`` tokens at a time (0: 64)."""
+        return Session(self, ctx, batch)
+
+
+cdef class Session:
+    """One sequence's state: the arena with KV cache, activations and sampling buffers.
+
+    Nothing is allocated by the core after creation.  A session is not shareable between
+    threads; the GIL is released while it computes.
+    """
+    cdef c.colibri_session *_session
+    cdef readonly Model model
+    cdef uint64_t _rng
+    cdef bint _busy
+    cdef int32_t _vocab
+
+    def __cinit__(self, Model model, int ctx=0, int batch=0):
+        cdef c.colibri_session_options opts
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        memset(&opts, 0, sizeof(opts))
+        opts.n_ctx = ctx
+        opts.n_batch = batch
+        self.model = model
+        self._vocab = c.colibri_model_hparams(model._model).vocab_size
+        with nogil:
+            st = c.colibri_session_create(model._model, &opts, &self._session, &err)
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def __dealloc__(self):
+        if self._session is not NULL:
+            c.colibri_session_destroy(self._session)
+
+    cdef _enter(self):
+        if self._busy:
+            raise RuntimeError("this session is already computing in another thread")
+        self._busy = True
+
+    @property
+    def position(self):
+        """Tokens in the KV cache."""
+        return c.colibri_session_position(self._session)
+
+    @property
+    def n_ctx(self):
+        return c.colibri_session_n_ctx(self._session)
+
+    def reset(self):
+        """Empties the KV cache."""
+        c.colibri_session_reset(self._session)
+
+    def seed(self, seed):
+        """Seeds the sampler's generator."""
+        self._rng = <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF)
+
+    def forward(self, tokens):
+        """Appends ``tokens`` to the KV cache; returns float32 logits [len(tokens), vocab]."""
+        cdef int32_t[::1] ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef size_t n = ids.shape[0]
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        out = np.empty((n, self._vocab), dtype=np.float32)
+        cdef float[:, ::1] logits = out
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        self._enter()
+        try:
+            with nogil:
+                st = c.colibri_forward(self._session, &ids[0], n, &logits[0, 0], &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+        return out
+
+    def sample(self, float temperature=0.0, int top_k=0, float top_p=1.0):
+        """Draws the next token from the last logits (greedy at temperature 0)."""
+        cdef c.colibri_sampling sp
+        cdef c.colibri_error err
+        cdef int32_t token = 0
+        sp.temperature = temperature
+        sp.top_k = top_k
+        sp.top_p = top_p
+        if c.colibri_sample(self._session, &sp, &self._rng, &token, &err) != c.COLIBRI_OK:
+            raise_error(&err)
+        return token
+
+    def step(self, int token, float temperature=0.0, int top_k=0, float top_p=1.0):
+        """Feeds one token and returns the next one sampled from its logits."""
+        cdef c.colibri_sampling sp
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        cdef int32_t tok = token
+        cdef int32_t nxt = 0
+        sp.temperature = temperature
+        sp.top_k = top_k
+        sp.top_p = top_p
+        self._enter()
+        try:
+            with nogil:
+                st = c.colibri_forward(self._session, &tok, 1, NULL, &err)
+                if st == c.COLIBRI_OK:
+                    st = c.colibri_sample(self._session, &sp, &self._rng, &nxt, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+        return nxt
+
+    def stream(self, prompt, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
+               seed=None, bint stop_at_eos=True):
+        """Prefills ``prompt`` and yields up to ``max_tokens`` generated token ids."""
+        if seed is not None:
+            self.seed(seed)
+        eos = c.colibri_model_hparams(self.model._model).eos_token_id
+        self.forward(prompt)
+        if max_tokens <= 0:
+            return
+        token = self.sample(temperature, top_k, top_p)
+        for i in range(max_tokens):
+            yield token
+            if (stop_at_eos and token == eos) or i + 1 == max_tokens:
+                return
+            if self.position >= self.n_ctx:
+                return
+            token = self.step(token, temperature, top_k, top_p)
+
+    def generate(self, prompt, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
+                 seed=None, bint stop_at_eos=True):
+        """Like stream(), as a list."""
+        return list(self.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos))
+
+    def memdump(self):
+        """The memory report: weights by tensor, the arena by group and buffer, totals."""
+        cdef size_t n = 0
+        c.colibri_memdump(self._session, NULL, 0, &n)
+        cdef char *buf = <char *>malloc(n + 1)
+        if buf is NULL:
+            raise MemoryError()
+        try:
+            c.colibri_memdump(self._session, buf, n + 1, NULL)
+            return PyBytes_FromStringAndSize(buf, n).decode("utf-8")
+        finally:
+            free(buf)
+
+    def memory(self):
+        """Byte totals: weights, metadata, arena_reserved, arena_used, kv_cache, activations."""
+        cdef c.colibri_memory_totals t
+        c.colibri_memory(self._session, &t)
+        return {"weights": t.weights, "metadata": t.metadata, "arena_reserved": t.arena_reserved,
+                "arena_used": t.arena_used, "kv_cache": t.kv_cache, "activations": t.activations}

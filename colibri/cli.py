@@ -1,0 +1,153 @@
+"""The `colibri` command: convert, validate, generate, memdump.
+
+    colibri convert path/to/hf-mixtral out/model [--dtype f16]
+    colibri validate out/model
+    colibri generate --model out/model --prompt "The capital of France is" --max-tokens 32
+    colibri memdump --model out/model --ctx 2048
+"""
+import argparse
+import sys
+import time
+
+
+def _model(path, verify=False):
+    import colibri
+
+    return colibri.Model(path, verify=verify)
+
+
+def cmd_convert(args):
+    from colibri.convert import convert
+
+    out = convert(args.src, args.out, dtype=args.dtype, progress=not args.quiet)
+    model = _model(out, verify=True)
+    print(f"wrote {out}: {model.architecture}, {len(model.tensors())} tensors, "
+          f"{model.weight_bytes / 1e6:.1f} MB of {args.dtype} weights (validated)")
+    return 0
+
+
+def cmd_validate(args):
+    model = _model(args.model, verify=True)
+    cfg = model.config
+    print(f"{args.model}: valid {model.architecture} model")
+    print(f"  {cfg['num_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_heads']} heads "
+          f"({cfg['num_kv_heads']} kv) x {cfg['head_dim']}, vocab {cfg['vocab_size']}")
+    print(f"  {cfg['num_experts']} experts of ffn {cfg['intermediate_size']}, top-{cfg['top_k']} routing")
+    print(f"  {len(model.tensors())} tensors, {model.weight_bytes:,} bytes: shapes, offsets, "
+          f"CRC-32 checksums and finiteness checked")
+    return 0
+
+
+def _prompt_ids(model, args):
+    if args.tokens is not None:
+        try:
+            return [int(t) for t in args.tokens.split(",") if t.strip()]
+        except ValueError:
+            raise SystemExit(f"colibri: --tokens expects comma-separated integers, got {args.tokens!r}")
+    if model.tokenizer is None:
+        raise SystemExit(f"colibri: {args.model} has no tokenizer.json; give the prompt as ids with --tokens")
+    ids = model.tokenizer.encode(args.prompt).ids
+    if not ids:
+        bos = model.config["bos_token_id"]
+        if bos < 0:
+            raise SystemExit("colibri: the prompt is empty and the model has no BOS token")
+        ids = [bos]
+    return ids
+
+
+def cmd_generate(args):
+    model = _model(args.model)
+    ids = _prompt_ids(model, args)
+    ctx = args.ctx or min(model.config["max_position_embeddings"], 4096)
+    session = model.session(ctx=ctx, batch=args.batch)
+    tok = model.tokenizer if args.tokens is None else None
+    out = sys.stdout
+    if tok is not None:
+        out.write(args.prompt)
+    out.flush()
+
+    generated, printed = [], ""
+    start = time.perf_counter()
+    for token in session.stream(ids, max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                stop_at_eos=not args.ignore_eos):
+        generated.append(token)
+        if tok is None:
+            out.write(("," if len(generated) > 1 else "") + str(token))
+        else:
+            # decode the whole continuation, print what is new once it is whole UTF-8
+            text = tok.decode(generated)
+            if not text.endswith("\ufffd"):
+                out.write(text[len(printed):])
+                printed = text
+        out.flush()
+    elapsed = time.perf_counter() - start
+    out.write("\n")
+    if args.verbose:
+        print(f"[{len(ids)} prompt tokens, {len(generated)} generated in {elapsed * 1e3:.0f} ms, "
+              f"{(len(ids) + len(generated)) / elapsed:.1f} tok/s overall]", file=sys.stderr)
+    return 0
+
+
+def cmd_memdump(args):
+    model = _model(args.model)
+    session = model.session(ctx=args.ctx, batch=args.batch)
+    sys.stdout.write(session.memdump())
+    return 0
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="colibri", description="Run Mixture-of-Experts models with the colibri engine.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="Hugging Face directory (config.json + *.safetensors) -> colibri model")
+    c.add_argument("src", help="Hugging Face model directory")
+    c.add_argument("out", help="output colibri model directory")
+    c.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32", help="weight storage type (default f32)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=cmd_convert)
+
+    v = sub.add_parser("validate", help="every load check plus checksums, no inference")
+    v.add_argument("model", help="colibri model directory")
+    v.set_defaults(func=cmd_validate)
+
+    g = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
+    g.add_argument("--model", required=True, help="colibri model directory")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="prompt text (needs the model's tokenizer.json)")
+    src.add_argument("--tokens", help="prompt as comma-separated token ids; prints ids")
+    g.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    g.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
+    g.add_argument("--top-k", type=int, default=40, help="0 = no limit (default 40)")
+    g.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("--ctx", type=int, default=0, help="context to reserve (default: model's, at most 4096)")
+    g.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    g.add_argument("--verbose", action="store_true", help="timings on stderr")
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("memdump", help="the memory a model and context need, before any token")
+    m.add_argument("--model", required=True, help="colibri model directory")
+    m.add_argument("--ctx", type=int, default=0, help="context length (default: the model's maximum)")
+    m.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
+    m.set_defaults(func=cmd_memdump)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    import colibri
+    from colibri.convert import ConvertError
+
+    try:
+        return args.func(args)
+    except (colibri.Error, ConvertError) as e:
+        print(f"colibri {args.command}: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

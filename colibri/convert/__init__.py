@@ -1,0 +1,68 @@
+"""Convert a Hugging Face checkpoint directory into a colibri model directory (docs/FORMAT.md).
+
+    from colibri.convert import convert
+    convert("Mixtral-8x7B-v0.1", "mixtral.colibri", dtype="bf16")
+
+Works without torch: tensors are read with safetensors' numpy reader, one at a time, and streamed
+into weights.bin. Only layout happens here (renaming, stacking experts, splitting fused
+projections, rounding to the output dtype); no model maths.
+"""
+
+import shutil
+from pathlib import Path
+
+from .errors import ConvertError
+from .families import FAMILIES
+from .hf import Checkpoint
+from .writer import ITEMSIZE, check_dtype, write_model
+
+__all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES"]
+
+DTYPES = tuple(ITEMSIZE)  # output dtypes: f32, f16, bf16
+
+
+def _version():
+    try:
+        from colibri import __version__
+        return __version__
+    except ImportError:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version("colibri-moe")
+        except PackageNotFoundError:
+            return "unknown"
+
+
+def convert(src_dir, out_dir, dtype="f32", progress=True):
+    """Convert the HF model in `src_dir` to a colibri model in `out_dir`, weights stored as `dtype`
+    (f32, f16 or bf16). Returns out_dir as a Path. Raises ConvertError on anything it cannot convert."""
+    check_dtype(dtype)
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    with Checkpoint(src_dir) as ckpt:
+        model_type = ckpt.config.get("model_type")
+        if model_type not in FAMILIES:
+            raise ConvertError(f"{src_dir / 'config.json'}: model_type {model_type!r} is not supported "
+                               f"(supported: {', '.join(sorted(FAMILIES))})")
+        family = FAMILIES[model_type]
+        desc = family.describe(ckpt.config)
+        plan = family.plan(desc, ckpt)
+        source_dtypes = set()
+        for entry in plan:  # every missing tensor and wrong shape is reported before writing
+            for name, shape in entry.sources:
+                if name not in ckpt:
+                    raise ConvertError(f"tensor `{name}` (for colibri `{entry.name}`) missing from {src_dir}")
+                if ckpt.shape(name) != shape:
+                    raise ConvertError(f"tensor `{name}` (for colibri `{entry.name}`): shape "
+                                       f"{list(ckpt.shape(name))} != expected {list(shape)}")
+                source_dtypes.add(ckpt.dtype(name))
+        has_tokenizer = (src_dir / "tokenizer.json").is_file()
+        doc = {"format": "colibri", "version": 1, **desc}
+        if has_tokenizer:
+            doc["tokenizer"] = "tokenizer.json"
+        doc["metadata"] = {"source": src_dir.name, "converter": f"colibri {_version()}",
+                           "source_dtype": ",".join(sorted(source_dtypes))}
+        tensors = [(e.name, e.shape, lambda e=e: e.build([ckpt.get(n) for n, _ in e.sources])) for e in plan]
+        write_model(out_dir, doc, tensors, dtype, progress=progress)
+    if has_tokenizer:
+        shutil.copyfile(src_dir / "tokenizer.json", out_dir / "tokenizer.json")
+    return out_dir

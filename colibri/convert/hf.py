@@ -1,0 +1,79 @@
+"""Read a Hugging Face checkpoint directory: ``config.json`` and its ``*.safetensors`` shards.
+
+Tensors are read one at a time through ``safetensors.safe_open(framework="numpy")``, so torch is
+not needed. numpy has no bfloat16 of its own; the ``ml_dtypes`` package registers one, and with it
+imported the safetensors numpy reader returns BF16 tensors as they are. It is imported only when a
+checkpoint holds BF16 tensors.
+"""
+
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from .errors import ConvertError
+
+# safetensors dtype name -> our short name; only float weights can be converted.
+SOURCE_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64"}
+
+
+class Checkpoint:
+    """An open HF checkpoint. Use as a context manager; it keeps the shard files open."""
+
+    def __init__(self, src_dir):
+        self.dir = Path(src_dir)
+        config_path = self.dir / "config.json"
+        if not config_path.is_file():
+            raise ConvertError(f"{self.dir}: no config.json (is this a Hugging Face model directory?)")
+        try:
+            self.config = json.loads(config_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConvertError(f"{config_path}: not valid JSON ({e})") from None
+        self.shards = sorted(self.dir.glob("*.safetensors"))
+        if not self.shards:
+            raise ConvertError(f"{self.dir}: no *.safetensors files")
+        self._stack = contextlib.ExitStack()
+        self._where = {}  # tensor name -> open shard
+        for path in self.shards:
+            try:
+                handle = self._stack.enter_context(safe_open(str(path), framework="numpy"))
+            except SafetensorError as e:
+                self._stack.close()
+                raise ConvertError(f"{path}: not a readable safetensors file ({e})") from None
+            for name in handle.keys():
+                self._where[name] = handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+
+    def __contains__(self, name):
+        return name in self._where
+
+    def _handle(self, name):
+        if name not in self._where:
+            raise ConvertError(f"tensor `{name}` missing from {self.dir}")
+        return self._where[name]
+
+    def shape(self, name):
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def dtype(self, name):
+        """The short name of a source tensor's dtype (f32, f16, bf16, f64)."""
+        st = self._handle(name).get_slice(name).get_dtype()
+        if st not in SOURCE_DTYPES:
+            raise ConvertError(f"tensor `{name}`: source dtype {st} is not a float type colibri converts")
+        return SOURCE_DTYPES[st]
+
+    def get(self, name):
+        """One tensor as a float32 numpy array (exact for every accepted source dtype but f64)."""
+        if self.dtype(name) == "bf16":
+            try:
+                import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16")
+            except ImportError:
+                raise ConvertError(f"tensor `{name}` is bfloat16: install the ml_dtypes package to read it") from None
+        return self._handle(name).get_tensor(name).astype(np.float32, copy=False)

@@ -1,0 +1,85 @@
+"""Write a colibri model directory (docs/FORMAT.md): ``colibri_model.json`` + ``weights.bin``."""
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .errors import ConvertError
+
+ALIGN = 64
+ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def f32_to_bf16_bits(x):
+    """float32 array -> uint16 bfloat16 bits, rounded to nearest, ties to even; NaN stays NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16  # wraps only for NaN patterns, replaced below
+    quiet_nan = (u >> 16) | 0x0040
+    return np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint16)
+
+
+def check_dtype(dtype):
+    if dtype not in ITEMSIZE:
+        raise ConvertError(f"unknown dtype {dtype!r}: expected one of {sorted(ITEMSIZE)}")
+
+
+def encode(x, dtype):
+    """float32 array -> array of `dtype` (bf16 as its uint16 bits), little-endian, C order."""
+    if dtype == "f32":
+        return np.ascontiguousarray(x, dtype="<f4")
+    if dtype == "f16":
+        with np.errstate(over="ignore"):
+            return np.ascontiguousarray(x, dtype="<f2")
+    if dtype == "bf16":
+        return f32_to_bf16_bits(x).astype("<u2")
+    check_dtype(dtype)
+
+
+def _header_text(doc):
+    """The JSON, indented, with each tensor entry on one line so the table reads as a table."""
+    head = {k: v for k, v in doc.items() if k != "tensors"}
+    text = json.dumps(head, indent=2)
+    rows = ",\n".join("    " + json.dumps(t) for t in doc["tensors"])
+    return text[:-2] + ',\n  "tensors": [\n' + rows + "\n  ]\n}\n"
+
+
+def write_model(out_dir, doc, tensors, dtype, progress=True):
+    """Stream `tensors` into out_dir/weights.bin, then write colibri_model.json.
+
+    doc: the JSON document without "tensors". tensors: (name, expected shape, load) triples in file
+    order, where load() returns a float32 array. One tensor is in memory at a time. weights.bin is
+    written under a temporary name and renamed only when every tensor was written.
+    """
+    check_dtype(dtype)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = list(tensors)
+    total = sum(int(np.prod(shape)) * ITEMSIZE[dtype] for _, shape, _ in tensors)
+    partial = out_dir / "weights.bin.partial"
+    table = []
+    try:
+        with open(partial, "wb") as f, tqdm(total=total, unit="B", unit_scale=True,
+                                            desc="weights.bin", disable=not progress) as bar:
+            for name, shape, load in tensors:
+                x = load()
+                if tuple(x.shape) != tuple(shape):
+                    raise ConvertError(f"tensor `{name}`: shape {list(x.shape)} != expected {list(shape)}")
+                if not np.isfinite(x).all():
+                    raise ConvertError(f"tensor `{name}`: the source holds NaN or infinite values")
+                y = encode(x, dtype)
+                if dtype == "f16" and not np.isfinite(y).all():
+                    raise ConvertError(f"tensor `{name}`: values beyond the f16 range (|x| > 65504); use bf16 or f32")
+                data = y.tobytes()
+                f.write(b"\0" * (-f.tell() % ALIGN))
+                table.append({"name": name, "dtype": dtype, "shape": list(shape), "file_offset": f.tell(),
+                              "file_size": len(data), "checksum": "crc32:%08x" % zlib.crc32(data)})
+                f.write(data)
+                bar.update(len(data))
+        os.replace(partial, out_dir / "weights.bin")
+    finally:
+        partial.unlink(missing_ok=True)
+    (out_dir / "colibri_model.json").write_text(_header_text({**doc, "tensors": table}))

@@ -1,0 +1,47 @@
+"""Shared test fixtures: the committed tiny models, their references, and session-wide conversions."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HF_MODELS = ("tiny-mixtral", "tiny-mixtral-b")  # HF checkpoints with reference.npz
+DTYPES = ("f32", "f16", "bf16")
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir():
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def references():
+    """{model: {array name: array}}: the transformers outputs (see fixtures/make_fixtures.py)."""
+    out = {}
+    for m in HF_MODELS:
+        with np.load(FIXTURES / m / "reference.npz") as z:
+            out[m] = {k: z[k] for k in z.files}
+    return out
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """{(model, dtype): colibri model dir}: every HF fixture converted to every dtype, once."""
+    from colibri.convert import convert
+
+    root = tmp_path_factory.mktemp("converted")
+    return {(m, dt): convert(FIXTURES / m, root / f"{m}.{dt}", dtype=dt, progress=False)
+            for m in HF_MODELS for dt in DTYPES}
+
+
+@pytest.fixture
+def make_fixtures():
+    """The fixture generator module; skips the test (only it) without torch and transformers."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
