@@ -485,7 +485,8 @@ static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor
 /* ---- the metadata block: model struct, tensor table, layer table, JSON tokens ---- */
 
 typedef struct meta_layout {
-    size_t tensors, layers, order, tokens, total;
+    size_t tensors, layers, order, tokens, total;   /* byte offsets */
+    uint32_t max_tensors, max_layers;               /* table capacities */
 } meta_layout;
 
 static meta_layout layout_for(uint32_t n_tokens)
@@ -494,9 +495,11 @@ static meta_layout layout_for(uint32_t n_tokens)
      * n_tokens / 14 bounds both tables without reading the JSON first. */
     uint32_t max_tensors = n_tokens / 14 + 1;
     meta_layout l;
+    l.max_tensors = max_tensors;
+    l.max_layers = max_tensors / T_PER_LAYER + 1;
     l.tensors = colibri_align_up(sizeof(colibri_model), 16);
     l.layers = l.tensors + colibri_align_up(max_tensors * sizeof(colibri_tensor), 16);
-    l.order = l.layers + colibri_align_up((max_tensors / T_PER_LAYER + 1) * sizeof(colibri_layer_weights), 16);
+    l.order = l.layers + colibri_align_up(l.max_layers * sizeof(colibri_layer_weights), 16);
     /* order: the overlap sort, and before it one byte per tensor slot (<= max_tensors + 13) */
     l.tokens = l.order + colibri_align_up((max_tensors + 16) * sizeof(int32_t), 16);
     l.total = l.tokens + (size_t)n_tokens * sizeof(json_token);
@@ -559,11 +562,9 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     if (st) return st;
     n_tensors = tokens[tensors_tok].n_children;
     n_slots = T_GLOBAL + (int64_t)hp->n_layers * T_PER_LAYER;
-    if ((int64_t)n_tensors > n_slots)
-        return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u tensors; a %d-layer %s model has %lld",
-                            n_tensors, hp->n_layers, m->architecture, (long long)n_slots);
-    if ((int64_t)hp->n_layers > (int64_t)(lay.order - lay.layers) / (int64_t)sizeof(colibri_layer_weights))
-        return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u tensors; a %d-layer %s model has %lld",
+    /* A valid entry takes at least 14 tokens, so these hold only for a broken tensor table. */
+    if (n_tensors > lay.max_tensors || (uint32_t)hp->n_layers > lay.max_layers)
+        return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u entries for a %d-layer %s model, which has %lld tensors",
                             n_tensors, hp->n_layers, m->architecture, (long long)n_slots);
     m->tensors = (colibri_tensor *)((uint8_t *)meta + lay.tensors);
     m->layers = (colibri_layer_weights *)((uint8_t *)meta + lay.layers);

@@ -1,0 +1,230 @@
+"""A corpus of broken models, each made from the valid tiny-mixtral fixture by one defect.
+
+Every case names the status the core must report and a fragment of its message (the field
+or tensor at fault).  `verify` cases are only caught by validate mode (checksums, finiteness).
+"""
+import json
+import random
+import shutil
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tiny-mixtral.colibri"
+
+
+@dataclass
+class Case:
+    name: str
+    status: str          # colibri.Error.status
+    fragment: str        # must appear in the message
+    make: Callable       # make(model_dir) breaks the copy in place
+    verify: bool = False  # only validate mode sees it
+
+
+def _edit_json(fn):
+    def make(d):
+        doc = json.loads((d / "colibri_model.json").read_text())
+        fn(doc)
+        (d / "colibri_model.json").write_text(json.dumps(doc))
+    return make
+
+
+def _write_json_text(text):
+    def make(d):
+        (d / "colibri_model.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+    return make
+
+
+def _tensor(doc, name):
+    return next(t for t in doc["tensors"] if t["name"] == name)
+
+
+def _set(path, value):
+    def fn(doc):
+        *parents, key = path.split(".")
+        obj = doc
+        for p in parents:
+            obj = obj[p]
+        obj[key] = value
+    return fn
+
+
+def _delete(path):
+    def fn(doc):
+        *parents, key = path.split(".")
+        obj = doc
+        for p in parents:
+            obj = obj[p]
+        del obj[key]
+    return fn
+
+
+def _truncate_json(d):
+    p = d / "colibri_model.json"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _garbage_json(d):
+    (d / "colibri_model.json").write_bytes(random.Random(7).randbytes(4096))
+
+
+def _duplicate_key(d):
+    p = d / "colibri_model.json"
+    p.write_text(p.read_text().replace('"version": 1,', '"version": 1, "version": 1,', 1))
+
+
+def _bad_escape(d):
+    p = d / "colibri_model.json"
+    p.write_text(p.read_text().replace('"mixtral"', '"mix\\qtral"', 1))
+
+
+def _truncate_weights(d):
+    p = d / "weights.bin"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _flip_weight_byte(d):
+    p = d / "weights.bin"
+    data = bytearray(p.read_bytes())
+    data[1000] ^= 0x40
+    p.write_bytes(bytes(data))
+
+
+def _nan_weight(d):
+    """A NaN in layers.0.router, with the checksum updated so only the finiteness check sees it."""
+    doc = json.loads((d / "colibri_model.json").read_text())
+    t = _tensor(doc, "layers.0.router")
+    p = d / "weights.bin"
+    data = bytearray(p.read_bytes())
+    data[t["file_offset"]:t["file_offset"] + 4] = struct.pack("<f", float("nan"))
+    t["checksum"] = "crc32:%08x" % zlib.crc32(bytes(data[t["file_offset"]:t["file_offset"] + t["file_size"]]))
+    p.write_bytes(bytes(data))
+    (d / "colibri_model.json").write_text(json.dumps(doc))
+
+
+def _overlap(doc):
+    a, b = _tensor(doc, "layers.0.attn.wk"), _tensor(doc, "layers.0.attn.wv")
+    b["file_offset"] = a["file_offset"]
+
+
+def _misalign(doc):
+    _tensor(doc, "norm")["file_offset"] += 4
+
+
+def _remove_tensor(name):
+    def fn(doc):
+        doc["tensors"] = [t for t in doc["tensors"] if t["name"] != name]
+    return fn
+
+
+def _duplicate_tensor(doc):
+    doc["tensors"].append(dict(_tensor(doc, "norm")))
+
+
+def _rename_tensor(old, new):
+    def fn(doc):
+        _tensor(doc, old)["name"] = new
+    return fn
+
+
+def _swap_w2_shape(doc):
+    t = _tensor(doc, "layers.0.experts.w2")
+    t["shape"] = [t["shape"][0], t["shape"][2], t["shape"][1]]
+
+
+def _tensor_field(name, field, value):
+    def fn(doc):
+        _tensor(doc, name)[field] = value(_tensor(doc, name)[field]) if callable(value) else value
+    return fn
+
+
+CASES = [
+    Case("missing_json", "COLIBRI_E_IO", "colibri_model.json", lambda d: (d / "colibri_model.json").unlink()),
+    Case("missing_weights", "COLIBRI_E_IO", "weights.bin", lambda d: (d / "weights.bin").unlink()),
+    Case("empty_json", "COLIBRI_E_JSON", "unexpected end", _write_json_text("")),
+    Case("garbage_json", "COLIBRI_E_JSON", "line 1", _garbage_json),
+    Case("truncated_json", "COLIBRI_E_JSON", "colibri_model.json line", _truncate_json),
+    Case("trailing_text", "COLIBRI_E_JSON", "text after the JSON value",
+         lambda d: (d / "colibri_model.json").write_text((d / "colibri_model.json").read_text() + " {}")),
+    Case("deep_nesting", "COLIBRI_E_LIMIT", "nesting deeper than 32", _write_json_text("[" * 100000)),
+    Case("huge_json", "COLIBRI_E_LIMIT", "limit 16 MiB", _write_json_text(b" " * (17 << 20))),
+    Case("bad_escape", "COLIBRI_E_JSON", "bad escape", _bad_escape),
+    Case("duplicate_key", "COLIBRI_E_JSON", 'field "version" appears twice', _duplicate_key),
+    Case("not_an_object", "COLIBRI_E_TYPE", "must hold a JSON object", _write_json_text("[1, 2, 3]")),
+    Case("wrong_format", "COLIBRI_E_VERSION", "model.format", _edit_json(_set("format", "gguf"))),
+    Case("future_version", "COLIBRI_E_VERSION", "model.version 99", _edit_json(_set("version", 99))),
+    Case("unknown_architecture", "COLIBRI_E_VALUE", 'unsupported value "llama"',
+         _edit_json(_set("architecture", "llama"))),
+    Case("missing_tensors", "COLIBRI_E_MISSING", "model.tensors is missing", _edit_json(_delete("tensors"))),
+    Case("missing_hparam", "COLIBRI_E_MISSING", "hparams.hidden_size is missing",
+         _edit_json(_delete("hparams.hidden_size"))),
+    Case("string_for_int", "COLIBRI_E_TYPE", "hparams.hidden_size must be a number",
+         _edit_json(_set("hparams.hidden_size", "64"))),
+    Case("fraction_for_int", "COLIBRI_E_TYPE", "hparams.num_layers must be an integer",
+         _edit_json(_set("hparams.num_layers", 2.5))),
+    Case("huge_dimension", "COLIBRI_E_VALUE", "hparams.hidden_size = 1099511627776",
+         _edit_json(_set("hparams.hidden_size", 2 ** 40))),
+    Case("zero_layers", "COLIBRI_E_VALUE", "hparams.num_layers = 0", _edit_json(_set("hparams.num_layers", 0))),
+    Case("negative_eps", "COLIBRI_E_VALUE", "hparams.rms_norm_eps", _edit_json(_set("hparams.rms_norm_eps", -1e-5))),
+    Case("top_k_above_experts", "COLIBRI_E_VALUE", "routing.top_k = 9 exceeds experts.count = 4",
+         _edit_json(_set("routing.top_k", 9))),
+    Case("heads_not_grouped", "COLIBRI_E_VALUE", "not a multiple of num_kv_heads",
+         _edit_json(_set("hparams.num_kv_heads", 3))),
+    Case("unknown_field", "COLIBRI_E_VALUE", 'unknown field "rope_scaling"',
+         _edit_json(_set("hparams.rope_scaling", 2.0))),
+    Case("unknown_quantization", "COLIBRI_E_VALUE", 'experts.quantization: unsupported value "q4"',
+         _edit_json(_set("experts.quantization", "q4"))),
+    Case("unknown_dtype", "COLIBRI_E_DTYPE", 'unknown dtype "f8"',
+         _edit_json(_tensor_field("layers.1.attn.wq", "dtype", "f8"))),
+    Case("shape_mismatch", "COLIBRI_E_SHAPE", "tensor `layers.0.experts.w2`: shape [4,96,64] != expected [4,64,96]",
+         _edit_json(_swap_w2_shape)),
+    Case("size_mismatch", "COLIBRI_E_SIZE", "tensor `norm`: file_size 260",
+         _edit_json(_tensor_field("norm", "file_size", lambda v: v + 4))),
+    Case("misaligned_offset", "COLIBRI_E_ALIGN", "tensor `norm`: file_offset", _edit_json(_misalign)),
+    Case("negative_offset", "COLIBRI_E_TYPE", "file_offset must be a non-negative integer",
+         _edit_json(_tensor_field("norm", "file_offset", -64))),
+    Case("offset_past_end", "COLIBRI_E_BOUNDS", "tensor `lm_head`",
+         _edit_json(_tensor_field("lm_head", "file_offset", 1 << 40))),
+    Case("truncated_weights", "COLIBRI_E_BOUNDS", "past the end of weights.bin", _truncate_weights),
+    Case("overlapping_tensors", "COLIBRI_E_OVERLAP", "overlaps", _edit_json(_overlap)),
+    Case("missing_tensor", "COLIBRI_E_TENSOR", "tensor `layers.1.router` is missing",
+         _edit_json(_remove_tensor("layers.1.router"))),
+    Case("duplicate_tensor", "COLIBRI_E_TENSOR", "tensor `norm` is listed twice", _edit_json(_duplicate_tensor)),
+    Case("unknown_tensor", "COLIBRI_E_TENSOR", "tensor `layers.7.router` is not part",
+         _edit_json(_rename_tensor("layers.1.router", "layers.7.router"))),
+    Case("bad_checksum_text", "COLIBRI_E_VALUE", "checksum must be",
+         _edit_json(_tensor_field("norm", "checksum", "md5:00"))),
+    Case("checksum_mismatch", "COLIBRI_E_CHECKSUM", "crc32", _flip_weight_byte, verify=True),
+    Case("nan_weight", "COLIBRI_E_VALUE", "tensor `layers.0.router`: element 0 is not finite", _nan_weight,
+         verify=True),
+]
+
+
+def make_case(case, root):
+    """Copies the fixture under `root` and breaks it; returns the model directory."""
+    d = Path(root) / case.name
+    shutil.copytree(FIXTURE, d)
+    case.make(d)
+    return d
+
+
+def mutations(n, seed=1234):
+    """Seeded random byte edits of the valid colibri_model.json: hostile-input fuzzing."""
+    text = (FIXTURE / "colibri_model.json").read_bytes()
+    rng = random.Random(seed)
+    alphabet = b'{}[]",:0123456789-.eE+ \\truefalsnl\x00\xff'
+    for _ in range(n):
+        data = bytearray(text)
+        for _ in range(rng.randint(1, 8)):
+            op = rng.random()
+            at = rng.randrange(len(data))
+            if op < 0.4:
+                data[at] = rng.choice(alphabet)
+            elif op < 0.7:
+                del data[at:at + rng.randint(1, 64)]
+            else:
+                data[at:at] = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 16)))
+        yield bytes(data)

@@ -1,0 +1,124 @@
+"""Broken and hostile models: each gives its own status and a message naming the fault,
+through Python and through the C CLI (release and ASan/UBSan builds); none crashes."""
+import subprocess
+
+import numpy as np
+import pytest
+
+import colibri
+from bad_models import CASES, FIXTURE, make_case, mutations
+from c_builds import env_for, infer_binary
+
+CLI_KINDS = ["native", "sanitize"]
+
+
+def test_corpus_is_large_enough():
+    assert len(CASES) >= 20
+    assert len({c.status for c in CASES}) >= 15, "the corpus should cover most distinct statuses"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_python_reports_the_fault(case, tmp_path):
+    d = make_case(case, tmp_path)
+    with pytest.raises(colibri.Error) as e:
+        colibri.Model(d, verify=True)
+    assert e.value.status == case.status, str(e.value)
+    assert case.fragment in e.value.detail, str(e.value)
+    if case.verify:
+        colibri.Model(d)   # only validate mode reads every byte; a plain load maps and trusts them
+    else:
+        with pytest.raises(colibri.Error) as e2:
+            colibri.Model(d)
+        assert e2.value.status == case.status
+
+
+@pytest.mark.parametrize("kind", CLI_KINDS)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_cli_reports_the_fault(case, kind, tmp_path):
+    d = make_case(case, tmp_path)
+    r = subprocess.run([str(infer_binary(kind)), "--model", str(d), "--validate-model"],
+                       capture_output=True, text=True, env=env_for(kind), timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert case.status in r.stderr and case.fragment in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("kind", CLI_KINDS)
+def test_cli_runs_the_valid_fixture_cleanly(kind):
+    r = subprocess.run([str(infer_binary(kind)), "--model", str(FIXTURE), "--tokens", "1,2,3",
+                        "--max_tokens", "6", "--temperature", "0"],
+                       capture_output=True, text=True, env=env_for(kind), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.strip().split(",")) == 6
+
+
+def _mutant_dirs(tmp_path, n):
+    weights = FIXTURE / "weights.bin"
+    for i, text in enumerate(mutations(n)):
+        d = tmp_path / f"m{i}"
+        d.mkdir()
+        (d / "colibri_model.json").write_bytes(text)
+        (d / "weights.bin").symlink_to(weights)
+        yield d
+
+
+def test_random_json_edits_never_crash_python(tmp_path):
+    outcomes = {}
+    for d in _mutant_dirs(tmp_path, 400):
+        try:
+            colibri.Model(d, verify=True)
+            outcomes["ok"] = outcomes.get("ok", 0) + 1
+        except colibri.Error as e:
+            assert e.detail, "an error must say what is wrong"
+            outcomes[e.status] = outcomes.get(e.status, 0) + 1
+    assert sum(outcomes.values()) == 400
+    assert len(outcomes) >= 5, outcomes   # the edits reach many different checks
+
+
+def test_random_json_edits_under_sanitizers(tmp_path):
+    binary = infer_binary("sanitize")
+    for d in _mutant_dirs(tmp_path, 150):
+        r = subprocess.run([str(binary), "--model", str(d), "--validate-model"], capture_output=True,
+                           text=True, env=env_for("sanitize"), timeout=60)
+        assert r.returncode in (0, 1), (d, r.returncode, r.stderr[-2000:])
+
+
+# ---- bad input at run time ----
+
+@pytest.fixture(scope="module")
+def model():
+    return colibri.Model(FIXTURE)
+
+
+def test_token_out_of_range_changes_nothing(model):
+    s = model.session(ctx=32)
+    s.forward([1, 2, 3])
+    for bad in ([5, model.vocab_size], [-1]):
+        with pytest.raises(colibri.Error) as e:
+            s.forward(bad)
+        assert e.value.status == "COLIBRI_E_TOKEN"
+        assert str(bad[-1]) in e.value.detail
+    assert s.position == 3
+
+
+def test_context_overflow_is_an_error(model):
+    s = model.session(ctx=8)
+    s.forward(np.arange(6))
+    with pytest.raises(colibri.Error) as e:
+        s.forward(np.arange(3))
+    assert e.value.status == "COLIBRI_E_CONTEXT" and "6 of 8" in e.value.detail
+    assert s.position == 6
+    s.forward(np.arange(2))
+    assert s.position == 8
+
+
+def test_bad_session_arguments(model):
+    with pytest.raises(colibri.Error) as e:
+        model.session(ctx=model.config["max_position_embeddings"] + 1)
+    assert e.value.status == "COLIBRI_E_ARG" and "n_ctx" in e.value.detail
+    with pytest.raises(colibri.Error):
+        model.session(batch=-3)
+    with pytest.raises(ValueError):
+        model.session(ctx=4).forward([])
+    with pytest.raises(colibri.Error) as e:
+        model.session(ctx=4).sample()
+    assert "forward first" in e.value.detail

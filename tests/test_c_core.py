@@ -1,0 +1,59 @@
+"""The C core's own tests (meson test), in the release and the ASan/UBSan builds, and
+the arena accounting seen from Python."""
+import re
+import subprocess
+
+import pytest
+
+import colibri
+from bad_models import FIXTURE
+from c_builds import build, env_for
+
+
+@pytest.mark.parametrize("kind", ["native", "sanitize"])
+def test_meson_tests_pass(kind):
+    out = build(kind)
+    r = subprocess.run(["meson", "test", "-C", str(out), "--print-errorlogs"], capture_output=True, text=True,
+                       env=env_for(kind), timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert re.search(r"Fail:\s+0", r.stdout), r.stdout
+
+
+def test_decoding_allocates_nothing():
+    """64 decode steps (greedy and top-k/top-p sampling), every allocator call in the process counted."""
+    binary = build("native") / "c_core" / "tests" / "test_no_alloc"
+    r = subprocess.run([str(binary), str(FIXTURE)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "allocator calls during 64 decode steps: 0 (position 72)" in r.stdout
+
+
+@pytest.mark.parametrize("ctx,batch", [(256, 0), (17, 5), (1, 1)])
+def test_memdump_accounts_for_every_arena_byte(ctx, batch):
+    m = colibri.Model(FIXTURE)
+    plan = m.memory_plan(ctx=ctx, batch=batch)
+    s = m.session(ctx=ctx, batch=batch)
+    totals = s.memory()
+    assert totals["arena_used"] == plan                 # the plan is exact, made before allocating
+    assert totals["arena_reserved"] >= plan
+    assert totals["weights"] == sum(t["file_size"] for t in m.tensors())
+
+    report = s.memdump()
+    rows = re.findall(r"(?:├──|└──) (\S+) .*?([\d,]+) B\s+@0x[0-9a-f]+$", report, re.M)
+    named = {name: int(size.replace(",", "")) for name, size in rows}
+    for t in m.tensors():                               # every weight, by tensor
+        assert named[t["name"]] == t["file_size"]
+    arena_rows = report.split("\narena")[1].split("\nmetadata")[0].split("\n", 1)[1]   # below the header
+    buffers = [int(b.replace(",", "")) for b in re.findall(r"([\d,]+) B\s+@0x", arena_rows)]
+    padding = int(re.search(r"alignment padding ([\d,]+) B", report).group(1).replace(",", ""))
+    assert sum(buffers) + padding == totals["arena_used"]
+    cfg = m.config
+    kv = 2 * cfg["num_layers"] * ctx * cfg["num_kv_heads"] * cfg["head_dim"] * 4
+    assert named["layers.0.k"] * 2 * cfg["num_layers"] == kv
+    assert re.search(r"high-water ([\d,]+) B", report).group(1).replace(",", "") == str(plan)
+    total = totals["weights"] + totals["arena_used"] + totals["metadata"]
+    assert f"= {total:,} B" in report
+
+
+def test_caller_cannot_shrink_the_plan():
+    m = colibri.Model(FIXTURE)
+    assert m.memory_plan(ctx=64) < m.memory_plan(ctx=128) < m.memory_plan(ctx=256)
