@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = {
     "native": ["-Dpython=false"],
+    "clang": ["-Dpython=false"],   # the second host compiler, same -Werror flags
     "sanitize": ["-Dpython=false", "-Db_sanitize=address,undefined", "-Db_lundef=false",
                  "--buildtype=debugoptimized"],
 }
@@ -24,8 +25,11 @@ def build(kind):
     """Configures (once) and builds build/<kind>; returns its directory."""
     out = ROOT / "build" / kind
     if not (out / "build.ninja").exists():
-        subprocess.run(["meson", "setup", str(out), *OPTIONS[kind]], cwd=ROOT, check=True,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        env = dict(os.environ, CC="clang") if kind == "clang" else None
+        r = subprocess.run(["meson", "setup", str(out), *OPTIONS[kind]], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"configuring build/{kind} failed:\n{r.stdout[-4000:]}")
     r = subprocess.run(["ninja", "-C", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True)
     if r.returncode != 0:

@@ -10,7 +10,7 @@ from bad_models import FIXTURE
 from c_builds import build, env_for
 
 
-@pytest.mark.parametrize("kind", ["native", "sanitize"])
+@pytest.mark.parametrize("kind", ["native", "clang", "sanitize"])
 def test_meson_tests_pass(kind):
     out = build(kind)
     r = subprocess.run(["meson", "test", "-C", str(out), "--print-errorlogs"], capture_output=True, text=True,

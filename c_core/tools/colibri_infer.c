@@ -191,17 +191,23 @@ int main(int argc, char **argv)
     so.n_ctx = (int32_t)(o.ctx ? o.ctx : (hp->max_position_embeddings < 4096 ? hp->max_position_embeddings : 4096));
     so.n_batch = (int32_t)o.batch;
     if (colibri_session_create(model, &so, &session, &err)) { rc = fail("cannot create session", &err); goto done; }
-    if (o.memdump || o.verbose) {
+    if (o.memdump) {
         size_t len;
         char *report;
         colibri_memdump(session, NULL, 0, &len);
         report = malloc(len + 1);
-        if (report) {
-            colibri_memdump(session, report, len + 1, NULL);
-            fputs(report, o.memdump ? stdout : stderr);
-            free(report);
-        }
-        if (o.memdump) goto done;
+        if (!report) { fprintf(stderr, "colibri-infer: out of memory\n"); rc = 1; goto done; }
+        colibri_memdump(session, report, len + 1, NULL);
+        fputs(report, stdout);
+        free(report);
+        goto done;
+    }
+    if (o.verbose) {
+        colibri_memory_totals mt;
+        colibri_memory(session, &mt);
+        fprintf(stderr, "session: ctx %d, arena %.2f MB (KV cache %.2f MB, activations %.2f MB), weights mapped %.2f MB\n",
+                colibri_session_n_ctx(session), (double)mt.arena_used / 1e6, (double)mt.kv_cache / 1e6,
+                (double)mt.activations / 1e6, (double)mt.weights / 1e6);
     }
 
     if (n_prompt == 0) {

@@ -1,0 +1,90 @@
+"""The C sampler against a numpy reference: the distribution it draws from, the
+candidate sets top-k and top-p allow, greedy, and seed reproducibility."""
+import math
+
+import numpy as np
+import pytest
+
+import colibri
+from bad_models import FIXTURE
+
+
+PROMPT = [3, 141, 59, 26, 5]
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = colibri.Model(FIXTURE).session(ctx=64)
+    return s
+
+
+@pytest.fixture(scope="module")
+def logits(session):
+    """The last position's logits the sampler draws from, as forward() returned them."""
+    return session.forward(PROMPT)[-1].astype(np.float64)
+
+
+def reference_probs(logits, temperature, top_k=0, top_p=1.0):
+    """What the sampler should draw from: softmax(logits / T), cut to top-k, then to the nucleus."""
+    p = np.exp((logits - logits.max()) / temperature)
+    p /= p.sum()
+    order = sorted(range(len(p)), key=lambda i: (-p[i], i))
+    keep = order[:top_k] if top_k > 0 else order
+    if top_p < 1.0:
+        cum = np.cumsum(p[keep])
+        keep = keep[: int(np.searchsorted(cum, top_p - 1e-6)) + 1]
+    q = np.zeros_like(p)
+    q[keep] = p[keep]
+    return q / q.sum()
+
+
+def chi_square_ok(counts, probs):
+    """Pearson's test at p ~ 1e-5, bins with expected count < 5 merged (Wilson-Hilferty critical value)."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = len(obs) - 1
+    crit = df * (1 - 2 / (9 * df) + 4.26 * math.sqrt(2 / (9 * df))) ** 3
+    return stat, crit
+
+
+def draw(s, n, **kw):
+    return np.array([s.sample(**kw) for _ in range(n)])
+
+
+def test_greedy_is_argmax(session, logits):
+    assert session.sample(temperature=0.0) == int(np.argmax(logits))
+    assert session.sample(temperature=0.7, top_k=1) == int(np.argmax(logits))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.5, 0, 1.0), (1.0, 20, 1.0),
+                                                     (0.8, 0, 0.6), (1.2, 50, 0.9)])
+def test_draws_follow_the_reference_distribution(session, logits, temperature, top_k, top_p):
+    probs = reference_probs(logits, temperature, top_k, top_p)
+    session.seed(2024)
+    samples = draw(session, 30000, temperature=temperature, top_k=top_k, top_p=top_p)
+    assert set(np.unique(samples)) <= set(np.flatnonzero(probs)), "a token outside top-k / top-p was drawn"
+    counts = np.bincount(samples, minlength=len(probs))
+    stat, crit = chi_square_ok(counts, probs)
+    assert stat < crit, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
+def test_same_seed_same_tokens(session, logits):
+    session.seed(11)
+    a = draw(session, 200, temperature=0.9, top_k=40, top_p=0.95)
+    session.seed(11)
+    b = draw(session, 200, temperature=0.9, top_k=40, top_p=0.95)
+    session.seed(12)
+    c = draw(session, 200, temperature=0.9, top_k=40, top_p=0.95)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_nan_parameters_are_rejected(session, logits):
+    with pytest.raises(colibri.Error):
+        session.sample(temperature=float("nan"))
