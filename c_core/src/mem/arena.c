@@ -3,6 +3,16 @@
 #include "colibri/colibri.h"
 #include "../util.h"
 
+/* Under AddressSanitizer every gap between buffers is poisoned and widened by a red zone,
+ * so a kernel that writes past its buffer is caught, not silently clobbering the next. */
+#ifdef COLIBRI_ASAN
+void __asan_poison_memory_region(void const volatile *addr, size_t size);
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#define RED_ZONE COLIBRI_ALIGNMENT
+#else
+#define RED_ZONE 0
+#endif
+
 static const char *const group_names[ARENA_GROUP_COUNT] = {
     "session", "activations", "kv cache", "rope tables", "router", "experts", "output", "sampling",
 };
@@ -15,15 +25,39 @@ const char *colibri_arena_group_name(int32_t group)
 void *colibri_arena_carve(colibri_arena *arena, size_t size, int32_t group, const char *name,
                           int32_t layer, const char *shape)
 {
-    size_t offset = colibri_align_up(arena->used, COLIBRI_ALIGNMENT);
+    size_t offset = colibri_align_up(arena->used + (arena->used ? RED_ZONE : 0), COLIBRI_ALIGNMENT);
     void *p = NULL;
-    if (size > (size_t)-1 - offset) { arena->used = (size_t)-1; return NULL; }
+    if (size > (size_t)-1 - offset) { arena->overflow = 1; arena->used = (size_t)-1; return NULL; }
+    if (arena->base && offset + size <= arena->capacity) {
+        p = arena->base + offset;
+#ifdef COLIBRI_ASAN
+        __asan_poison_memory_region(arena->base + arena->used, arena->capacity - arena->used);
+        __asan_unpoison_memory_region(p, size);
+#endif
+    }
     arena->used = offset + size;
-    if (arena->base && arena->used <= arena->capacity) p = arena->base + offset;
     if (arena->records && arena->n_records < arena->max_records) {
         colibri_arena_record *r = &arena->records[arena->n_records];
         r->name = name; r->group = group; r->layer = layer; r->offset = offset; r->size = size; r->shape = shape;
     }
     arena->n_records++;
     return p;
+}
+
+size_t colibri_arena_bytes(colibri_arena *arena, size_t a, size_t b, size_t c)
+{
+    if ((b && a > (size_t)-1 / b) || (c && a * b > (size_t)-1 / c)) {
+        arena->overflow = 1;
+        return (size_t)-1;
+    }
+    return a * b * c;
+}
+
+void colibri_arena_release(colibri_arena *arena)
+{
+#ifdef COLIBRI_ASAN
+    if (arena->base) __asan_unpoison_memory_region(arena->base, arena->capacity);
+#else
+    (void)arena;
+#endif
 }

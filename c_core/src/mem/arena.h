@@ -27,6 +27,7 @@ typedef struct colibri_arena {
     uint8_t *base;          /* NULL while measuring */
     size_t capacity;
     size_t used;            /* high-water mark: nothing is ever released */
+    int overflow;           /* a requested size did not fit in size_t */
     colibri_arena_record *records;
     int32_t n_records;
     int32_t max_records;
@@ -36,6 +37,12 @@ const char *colibri_arena_group_name(int32_t group);
 
 /* Carves `size` bytes aligned to 64 and records them; NULL when measuring or out of room
  * (out of room is detected by the caller comparing used with capacity). */
+/* Before the arena's memory is unmapped or handed back to its owner. */
+void colibri_arena_release(colibri_arena *arena);
+
+/* a * b * c bytes, or SIZE_MAX with arena->overflow set (32-bit targets, huge contexts). */
+size_t colibri_arena_bytes(colibri_arena *arena, size_t a, size_t b, size_t c);
+
 void *colibri_arena_carve(colibri_arena *arena, size_t size, int32_t group, const char *name,
                           int32_t layer, const char *shape);
 

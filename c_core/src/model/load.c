@@ -528,7 +528,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     json_token *tokens;
     int32_t *order;
     loader L;
-    int32_t tensors_tok = 0;
+    int32_t tensors_tok = 0, entry;
     colibri_hparams *hp;
     colibri_status st;
     int64_t n_slots;
@@ -576,11 +576,11 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     seen = (uint8_t *)order;   /* one byte per slot; the overlap sort reuses the room later */
     memset(seen, 0, (size_t)n_slots);
 
-    for (k = 0; k < n_tensors; k++) {
+    for (k = 0, entry = tensors_tok + 1; k < n_tensors; k++, entry += (int32_t)tokens[entry].subtree) {
         colibri_tensor *t = &m->tensors[k];
         int64_t slot = 0;
         colibri_weight w;
-        st = read_tensor(&L, json_child(tokens, tensors_tok, k), k, hp, t, &slot);
+        st = read_tensor(&L, entry, k, hp, t, &slot);
         if (st) return st;
         if (seen[slot])
             return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is listed twice", t->name);

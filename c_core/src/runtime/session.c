@@ -26,33 +26,33 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     size_t V = (size_t)hp->vocab_size, half = (size_t)hp->head_dim / 2, f = sizeof(float);
     int32_t l;
 
-    s->x = colibri_arena_carve(a, B * D * f, ARENA_ACTIVATIONS, "x", -1, "(n_batch, dim) f32");
-    s->xn = colibri_arena_carve(a, B * D * f, ARENA_ACTIVATIONS, "x_normed", -1, "(n_batch, dim) f32");
-    s->q = colibri_arena_carve(a, B * Q * f, ARENA_ACTIVATIONS, "q", -1, "(n_batch, n_heads * head_dim) f32");
-    s->attn = colibri_arena_carve(a, B * Q * f, ARENA_ACTIVATIONS, "attention_out", -1, "(n_batch, n_heads * head_dim) f32");
-    s->scores = colibri_arena_carve(a, C * f, ARENA_ACTIVATIONS, "attention_scores", -1, "(n_ctx) f32");
-    s->block_out = colibri_arena_carve(a, B * D * f, ARENA_ACTIVATIONS, "block_out", -1, "(n_batch, dim) f32");
+    s->x = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "x", -1, "(n_batch, dim) f32");
+    s->xn = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "x_normed", -1, "(n_batch, dim) f32");
+    s->q = colibri_arena_carve(a, colibri_arena_bytes(a, B, Q, f), ARENA_ACTIVATIONS, "q", -1, "(n_batch, n_heads * head_dim) f32");
+    s->attn = colibri_arena_carve(a, colibri_arena_bytes(a, B, Q, f), ARENA_ACTIVATIONS, "attention_out", -1, "(n_batch, n_heads * head_dim) f32");
+    s->scores = colibri_arena_carve(a, colibri_arena_bytes(a, C, 1, f), ARENA_ACTIVATIONS, "attention_scores", -1, "(n_ctx) f32");
+    s->block_out = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "block_out", -1, "(n_batch, dim) f32");
 
-    s->k_cache = colibri_arena_carve(a, (size_t)hp->n_layers * sizeof(float *), ARENA_KV_CACHE, "layer_table", -1, "(n_layers, 2) pointers");
+    s->k_cache = colibri_arena_carve(a, 2 * (size_t)hp->n_layers * sizeof(float *), ARENA_KV_CACHE, "layer_table", -1, "(2, n_layers) pointers");
     s->v_cache = s->k_cache ? s->k_cache + hp->n_layers : NULL;
     for (l = 0; l < hp->n_layers; l++) {
-        float *k = colibri_arena_carve(a, C * KV * f, ARENA_KV_CACHE, "k", l, "(n_ctx, n_kv_heads * head_dim) f32");
-        float *v = colibri_arena_carve(a, C * KV * f, ARENA_KV_CACHE, "v", l, "(n_ctx, n_kv_heads * head_dim) f32");
+        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, KV, f), ARENA_KV_CACHE, "k", l, "(n_ctx, n_kv_heads * head_dim) f32");
+        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, KV, f), ARENA_KV_CACHE, "v", l, "(n_ctx, n_kv_heads * head_dim) f32");
         if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
     }
-    s->rope_cos = colibri_arena_carve(a, C * half * f, ARENA_ROPE, "cos", -1, "(n_ctx, head_dim / 2) f32");
-    s->rope_sin = colibri_arena_carve(a, C * half * f, ARENA_ROPE, "sin", -1, "(n_ctx, head_dim / 2) f32");
+    s->rope_cos = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "cos", -1, "(n_ctx, head_dim / 2) f32");
+    s->rope_sin = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "sin", -1, "(n_ctx, head_dim / 2) f32");
 
-    s->moe_buf.router_logits = colibri_arena_carve(a, B * E * f, ARENA_ROUTER, "router_logits", -1, "(n_batch, n_experts) f32");
-    s->moe_buf.ids = colibri_arena_carve(a, B * K * sizeof(int32_t), ARENA_ROUTER, "expert_ids", -1, "(n_batch, top_k) i32");
-    s->moe_buf.gates = colibri_arena_carve(a, B * K * f, ARENA_ROUTER, "gates", -1, "(n_batch, top_k) f32");
+    s->moe_buf.router_logits = colibri_arena_carve(a, colibri_arena_bytes(a, B, E, f), ARENA_ROUTER, "router_logits", -1, "(n_batch, n_experts) f32");
+    s->moe_buf.ids = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "expert_ids", -1, "(n_batch, top_k) i32");
+    s->moe_buf.gates = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "gates", -1, "(n_batch, top_k) f32");
     s->moe_buf.expert_start = colibri_arena_carve(a, (E + 1) * sizeof(int32_t), ARENA_ROUTER, "expert_start", -1, "(n_experts + 1) i32");
-    s->moe_buf.pair_token = colibri_arena_carve(a, B * K * sizeof(int32_t), ARENA_ROUTER, "pair_token", -1, "(n_batch * top_k) i32");
-    s->moe_buf.pair_gate = colibri_arena_carve(a, B * K * f, ARENA_ROUTER, "pair_gate", -1, "(n_batch * top_k) f32");
-    s->moe_buf.xe = colibri_arena_carve(a, B * D * f, ARENA_EXPERTS, "expert_in", -1, "(n_batch, dim) f32");
-    s->moe_buf.h1 = colibri_arena_carve(a, B * F * f, ARENA_EXPERTS, "gate_act", -1, "(n_batch, ffn) f32");
-    s->moe_buf.h3 = colibri_arena_carve(a, B * F * f, ARENA_EXPERTS, "up_act", -1, "(n_batch, ffn) f32");
-    s->moe_buf.ye = colibri_arena_carve(a, B * D * f, ARENA_EXPERTS, "expert_out", -1, "(n_batch, dim) f32");
+    s->moe_buf.pair_token = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "pair_token", -1, "(n_batch * top_k) i32");
+    s->moe_buf.pair_gate = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "pair_gate", -1, "(n_batch * top_k) f32");
+    s->moe_buf.xe = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_EXPERTS, "expert_in", -1, "(n_batch, dim) f32");
+    s->moe_buf.h1 = colibri_arena_carve(a, colibri_arena_bytes(a, B, F, f), ARENA_EXPERTS, "gate_act", -1, "(n_batch, ffn) f32");
+    s->moe_buf.h3 = colibri_arena_carve(a, colibri_arena_bytes(a, B, F, f), ARENA_EXPERTS, "up_act", -1, "(n_batch, ffn) f32");
+    s->moe_buf.ye = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_EXPERTS, "expert_out", -1, "(n_batch, dim) f32");
 
     s->logits = colibri_arena_carve(a, V * f, ARENA_OUTPUT, "logits", -1, "(vocab) f32");
     s->probs = colibri_arena_carve(a, V * f, ARENA_SAMPLING, "probs", -1, "(vocab) f32");
@@ -116,6 +116,9 @@ colibri_status colibri_session_plan(const colibri_model *model, const colibri_se
     if (st) return st;
     memset(&a, 0, sizeof a);
     layout(&a, model, n_ctx, n_batch, &scratch);
+    if (a.overflow)
+        return colibri_fail(err, COLIBRI_E_NOMEM, "a session with n_ctx %d and n_batch %d needs more bytes than size_t counts",
+                            n_ctx, n_batch);
     *arena_bytes = a.used;
     return COLIBRI_OK;
 }
@@ -196,7 +199,11 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
 
 void colibri_session_destroy(colibri_session *s)
 {
-    if (s && s->arena_owned) colibri_platform_unmap_arena(s->arena_raw, s->arena_mapped);
+    colibri_arena arena;
+    if (!s) return;
+    arena = s->arena;   /* the session lives in the arena: copy before releasing */
+    colibri_arena_release(&arena);
+    if (s->arena_owned) colibri_platform_unmap_arena(s->arena_raw, s->arena_mapped);
 }
 
 void colibri_session_reset(colibri_session *s) { s->position = 0; }
