@@ -1,22 +1,11 @@
-"""colibri's forward pass and generation against the transformers reference (fixtures/*/reference.npz).
+"""colibri's forward pass and generation against the transformers reference (fixtures/*/reference.npz)."""
 
-Needs the compiled extension. Without it these tests skip on a developer machine, but fail under CI
-(CI set in the environment): there a missing extension is a broken build, not a reason to skip.
-"""
-
-import os
 import shutil
 
 import numpy as np
 import pytest
 
-try:
-    import colibri
-    colibri.Model  # noqa: B018  (the extension, not just the pure-Python converter)
-except (ImportError, AttributeError) as e:
-    if os.environ.get("CI"):
-        raise
-    pytest.skip(f"colibri extension not available: {e}", allow_module_level=True)
+import colibri
 
 HF_MODELS = ("tiny-mixtral", "tiny-mixtral-b")
 N_PROMPT = 8  # fixtures: greedy continues tokens[:8]
