@@ -57,3 +57,29 @@ def test_memdump_accounts_for_every_arena_byte(ctx, batch):
 def test_caller_cannot_shrink_the_plan():
     m = colibri.Model(FIXTURE)
     assert m.memory_plan(ctx=64) < m.memory_plan(ctx=128) < m.memory_plan(ctx=256)
+
+
+def test_json_numbers_read_like_python(tmp_path):
+    """The core's own decimal reader (no strtod: it depends on the locale) against Python's,
+    on rms_norm_eps and rope_theta written in many spellings; both end as float32."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    values = ["1e-05", "0.00001", "1E-5", "10e-6", "1.0e-5", "1000000.0", "1e6", "10000", "0.5",
+              "500000", "1.5e-06", "3.14159265358979", "0.000001"]
+    values += [repr(float(v)) for v in 10.0 ** rng.uniform(-7, 0, 40)]
+    values += [f"{v:.9e}" for v in 10.0 ** rng.uniform(0, 9, 40)]
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURE, d)
+    doc = json.loads((d / "colibri_model.json").read_text())
+    text = json.dumps(doc)
+    for v in values:
+        key = "rms_norm_eps" if float(v) <= 1 else "rope_theta"
+        edited = re.sub(f'"{key}": [^,}}]+', f'"{key}": {v}', text, count=1)
+        assert f'"{key}": {v},' in edited
+        (d / "colibri_model.json").write_text(edited)
+        got = colibri.Model(d).config[key]
+        assert np.float32(got) == np.float32(float(v)), (v, got)
