@@ -28,6 +28,18 @@ class Error(Exception):
         self.detail = message
 
 
+def _token_ids(tokens):
+    """A 1-D int32 array of token ids; refuses what a cast would silently change."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"token ids must be a non-empty 1-D sequence, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"token ids must be integers, got {arr.dtype}")
+    if arr.min() < -2**31 or arr.max() >= 2**31:
+        raise ValueError("a token id does not fit in 32 bits")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
 cdef raise_error(c.colibri_error *err):
     raise Error(c.colibri_status_name(err.status).decode(), <int>err.status,
                 err.message.decode("utf-8", "replace"))
@@ -169,10 +181,8 @@ cdef class Session:
 
     def forward(self, tokens):
         """Appends ``tokens`` to the KV cache; returns float32 logits [len(tokens), vocab]."""
-        cdef int32_t[::1] ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef int32_t[::1] ids = _token_ids(tokens)
         cdef size_t n = ids.shape[0]
-        if n == 0:
-            raise ValueError("forward needs at least one token")
         out = np.empty((n, self._vocab), dtype=np.float32)
         cdef float[:, ::1] logits = out
         cdef c.colibri_error err

@@ -117,8 +117,16 @@ def test_bad_session_arguments(model):
     assert e.value.status == "COLIBRI_E_ARG" and "n_ctx" in e.value.detail
     with pytest.raises(colibri.Error):
         model.session(batch=-3)
+    s = model.session(ctx=4)
     with pytest.raises(ValueError):
-        model.session(ctx=4).forward([])
+        s.forward([])
+    with pytest.raises(ValueError):
+        s.forward([[1, 2], [3, 4]])
+    with pytest.raises(TypeError):
+        s.forward([1.5, 2.0])
+    with pytest.raises(ValueError):
+        s.forward(np.array([2**32 + 5], dtype=np.int64))   # a cast would silently make it token 5
+    assert s.position == 0
     with pytest.raises(colibri.Error) as e:
         model.session(ctx=4).sample()
     assert "forward first" in e.value.detail

@@ -44,15 +44,20 @@ float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i)
 static void ref_matmul(float *y, const float *x, const void *w, colibri_dtype dtype,
                        int32_t n, int32_t cols, int32_t rows)
 {
-    size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
     int32_t r, t, c;
     for (r = 0; r < rows; r++) {
-        const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (t = 0; t < n; t++) {
             const float *xt = x + (size_t)t * cols;
-            float acc = 0.0f;
-            for (c = 0; c < cols; c++) acc += colibri_load_f32(wr, dtype, (size_t)c) * xt[c];
-            y[(size_t)t * rows + r] = acc;
+            double acc = 0.0;   /* the oracle sums exactly enough not to add error of its own */
+            if (dtype == COLIBRI_DTYPE_F32) {
+                const float *wr = (const float *)w + (size_t)r * cols;
+                for (c = 0; c < cols; c++) acc += (double)wr[c] * xt[c];
+            } else {
+                const uint16_t *wr = (const uint16_t *)w + (size_t)r * cols;
+                for (c = 0; c < cols; c++)
+                    acc += (double)(dtype == COLIBRI_DTYPE_F16 ? colibri_f16_to_f32(wr[c]) : colibri_bf16_to_f32(wr[c])) * xt[c];
+            }
+            y[(size_t)t * rows + r] = (float)acc;
         }
     }
 }
@@ -60,10 +65,11 @@ static void ref_matmul(float *y, const float *x, const void *w, colibri_dtype dt
 /* y (dim) = x / sqrt(mean(x^2) + eps) * w */
 static void ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
 {
-    float ss = 0.0f, scale;
+    double ss = 0.0;
+    float scale;
     int32_t i;
-    for (i = 0; i < dim; i++) ss += x[i] * x[i];
-    scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (i = 0; i < dim; i++) ss += (double)x[i] * x[i];
+    scale = 1.0f / sqrtf((float)(ss / dim) + eps);
     for (i = 0; i < dim; i++) y[i] = colibri_load_f32(w, dtype, (size_t)i) * (x[i] * scale);
 }
 
