@@ -1,6 +1,8 @@
 """Shared test fixtures: the committed tiny models, their references, and session-wide conversions."""
 
+import importlib
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +38,22 @@ def converted(tmp_path_factory):
             for m in HF_MODELS for dt in DTYPES}
 
 
+def require_reference():
+    """torch and transformers, the reference the fixtures come from.  ./run-tests installs them;
+    without them the committed fixtures still test everything else, so a developer's run skips
+    only the tests that need them, while CI (CI set) fails: there a missing reference is a bug."""
+    try:
+        return importlib.import_module("torch"), importlib.import_module("transformers")
+    except ImportError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"needs torch and transformers: {e}", allow_module_level=True)
+
+
 @pytest.fixture
 def make_fixtures():
-    """The fixture generator module (needs torch and transformers, which ./run-tests installs)."""
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+    """The fixture generator module (needs torch and transformers)."""
+    require_reference()
     spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

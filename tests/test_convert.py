@@ -16,6 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from colibri.convert import ConvertError, convert
 from colibri.convert.writer import f32_to_bf16_bits
+from conftest import require_reference
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HF_MODELS = ("tiny-mixtral", "tiny-mixtral-b")
@@ -393,8 +394,7 @@ def test_converter_runs_without_torch(tmp_path):
 
 def test_transformers_state_dict_converts_to_the_same_weights(converted, tmp_path):
     """A state_dict saved straight from transformers (fused expert names) converts like the hub file."""
-    import torch  # noqa: F401
-    import transformers
+    torch, transformers = require_reference()
     from safetensors.torch import save_file as save_torch
 
     src = FIXTURES / "tiny-mixtral"

@@ -9,11 +9,12 @@ import importlib.util
 
 import numpy as np
 import pytest
-import torch
 
 import colibri
 from colibri.convert import convert
-from conftest import FIXTURES
+from conftest import FIXTURES, require_reference
+
+torch, _ = require_reference()
 
 CONFIG = dict(vocab_size=32000, hidden_size=256, intermediate_size=640, num_hidden_layers=4,
               num_attention_heads=8, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
