@@ -89,9 +89,10 @@ static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t
     if (s && records) {
         /* the two carves above were made before the table existed: enter them by hand */
         records[0].name = "session"; records[0].group = ARENA_SESSION; records[0].layer = -1;
-        records[0].offset = 0; records[0].size = sizeof(colibri_session); records[0].shape = "struct";
+        records[0].offset = (size_t)((uint8_t *)s - a->base);
+        records[0].size = sizeof(colibri_session); records[0].shape = "struct";
         records[1].name = "memory_records"; records[1].group = ARENA_SESSION; records[1].layer = -1;
-        records[1].offset = colibri_align_up(sizeof(colibri_session), COLIBRI_ALIGNMENT);
+        records[1].offset = (size_t)((uint8_t *)records - a->base);
         records[1].size = (size_t)n_records * sizeof(colibri_arena_record); records[1].shape = "(records) struct";
         a->records = records;
         a->max_records = n_records;
