@@ -3,21 +3,19 @@
     m = colibri.Model("out/model")
     s = m.session(ctx=2048)
     logits = s.forward(tokens)          # float32 [len(tokens), vocab]
-"""
-from colibri._core import Error, Session
-from colibri._core import Model as _CoreModel
-from colibri.tokenizer import load_tokenizer
 
+The compiled core loads on first use of Model, Session or Error, so the pure-Python tools
+(colibri.convert, colibri.demo.train_shakespeare) also run from a source tree.
+"""
 __version__ = "0.1.0"
 __all__ = ["Model", "Session", "Error", "__version__"]
 
 
-class Model(_CoreModel):
-    """A colibri model directory, validated and mapped; ``tokenizer`` is its
-    ``tokenizers.Tokenizer`` when the directory has a tokenizer.json, else None."""
-
-    @property
-    def tokenizer(self):
-        if not hasattr(self, "_tokenizer"):
-            self._tokenizer = load_tokenizer(self.path)
-        return self._tokenizer
+def __getattr__(name):
+    if name == "Model":
+        from colibri.model import Model
+        return Model
+    if name in ("Session", "Error"):
+        from colibri import _core
+        return getattr(_core, name)
+    raise AttributeError(f"module 'colibri' has no attribute {name!r}")

@@ -1,9 +1,10 @@
 # Declarations of the C API (c_core/include/colibri/colibri.h); nothing else.
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 cdef extern from "colibri/colibri.h" nogil:
     ctypedef enum colibri_status:
         COLIBRI_OK
+        COLIBRI_E_TENSOR
 
     ctypedef struct colibri_error:
         colibri_status status
@@ -16,6 +17,8 @@ cdef extern from "colibri/colibri.h" nogil:
         COLIBRI_DTYPE_F32
         COLIBRI_DTYPE_F16
         COLIBRI_DTYPE_BF16
+        COLIBRI_DTYPE_U8
+        COLIBRI_DTYPE_I32
 
     ctypedef struct colibri_model:
         pass
@@ -62,6 +65,8 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_model_tensor(const colibri_model *model, int32_t index,
                                         colibri_tensor_info *info)
     uint64_t colibri_model_weight_bytes(const colibri_model *model)
+    colibri_status colibri_token_bytes(const colibri_model *model, int32_t token, const uint8_t **bytes,
+                                       size_t *len)
 
     ctypedef struct colibri_session_options:
         int32_t n_ctx

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Thin bindings to the C core: argument checks, memoryviews, nogil, status -> exception."""
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int32_t, uint64_t
+from libc.stdint cimport int32_t, uint8_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
 
@@ -11,7 +11,8 @@ import os
 
 import numpy as np
 
-_DTYPES = {c.COLIBRI_DTYPE_F32: "f32", c.COLIBRI_DTYPE_F16: "f16", c.COLIBRI_DTYPE_BF16: "bf16"}
+_DTYPES = {c.COLIBRI_DTYPE_F32: "f32", c.COLIBRI_DTYPE_F16: "f16", c.COLIBRI_DTYPE_BF16: "bf16",
+           c.COLIBRI_DTYPE_U8: "u8", c.COLIBRI_DTYPE_I32: "i32"}
 
 
 class Error(Exception):
@@ -108,6 +109,18 @@ cdef class Model:
                         "file_offset": info.file_offset, "file_size": info.file_size,
                         "crc32": info.crc32})
         return out
+
+    def token_bytes(self, int token):
+        """The bytes of one token from the model's own vocabulary table (what the C CLI prints),
+        or None when the model carries none."""
+        cdef const uint8_t *data = NULL
+        cdef size_t n = 0
+        cdef c.colibri_status st = c.colibri_token_bytes(self._model, token, &data, &n)
+        if st == c.COLIBRI_E_TENSOR:
+            return None
+        if st != c.COLIBRI_OK:
+            raise IndexError(f"token {token} outside [0, {self.vocab_size})")
+        return PyBytes_FromStringAndSize(<const char *>data, n)
 
     def memory_plan(self, int ctx=0, int batch=0):
         """Exact arena bytes a session with this context and batch needs (nothing is allocated)."""

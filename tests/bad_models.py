@@ -105,6 +105,31 @@ def _nan_weight(d):
     (d / "colibri_model.json").write_text(json.dumps(doc))
 
 
+def _edit_offsets(fn):
+    """Rewrites tokenizer.token_offsets in weights.bin (its checksum too, so only the table check sees it)."""
+    def make(d):
+        doc = json.loads((d / "colibri_model.json").read_text())
+        t = _tensor(doc, "tokenizer.token_offsets")
+        p = d / "weights.bin"
+        data = bytearray(p.read_bytes())
+        begin, end = t["file_offset"], t["file_offset"] + t["file_size"]
+        offsets = list(struct.unpack(f"<{t['shape'][0]}i", data[begin:end]))
+        fn(offsets)
+        data[begin:end] = struct.pack(f"<{len(offsets)}i", *offsets)
+        t["checksum"] = "crc32:%08x" % zlib.crc32(bytes(data[begin:end]))
+        p.write_bytes(bytes(data))
+        (d / "colibri_model.json").write_text(json.dumps(doc))
+    return make
+
+
+def _swap_offsets(offsets):
+    offsets[10], offsets[11] = offsets[11], offsets[10]
+
+
+def _stretch_last_offset(offsets):
+    offsets[-1] += 1
+
+
 def _overlap(doc):
     a, b = _tensor(doc, "layers.0.attn.wk"), _tensor(doc, "layers.0.attn.wv")
     b["file_offset"] = a["file_offset"]
@@ -197,6 +222,16 @@ CASES = [
          _edit_json(_rename_tensor("layers.1.router", "layers.7.router"))),
     Case("bad_checksum_text", "COLIBRI_E_VALUE", "checksum must be",
          _edit_json(_tensor_field("norm", "checksum", "md5:00"))),
+    Case("vocab_offsets_decrease", "COLIBRI_E_VALUE", "tensor `tokenizer.token_offsets`: entry 11", _edit_offsets(_swap_offsets)),
+    Case("vocab_offsets_past_table", "COLIBRI_E_VALUE", "last entry", _edit_offsets(_stretch_last_offset)),
+    Case("vocab_half_missing", "COLIBRI_E_TENSOR", "tensor `tokenizer.token_bytes` is missing",
+         _edit_json(_remove_tensor("tokenizer.token_bytes"))),
+    Case("vocab_wrong_dtype", "COLIBRI_E_DTYPE", "dtype f32, expected i32",
+         _edit_json(_tensor_field("tokenizer.token_offsets", "dtype", "f32"))),
+    Case("weight_as_integers", "COLIBRI_E_DTYPE", "expected f32, f16 or bf16",
+         _edit_json(_tensor_field("norm", "dtype", "i32"))),
+    Case("vocab_offsets_shape", "COLIBRI_E_SHAPE", "tensor `tokenizer.token_offsets`: shape [320] != expected [321]",
+         _edit_json(_tensor_field("tokenizer.token_offsets", "shape", [320]))),
     Case("checksum_mismatch", "COLIBRI_E_CHECKSUM", "crc32", _flip_weight_byte, verify=True),
     Case("nan_weight", "COLIBRI_E_VALUE", "tensor `layers.0.router`: element 0 is not finite", _nan_weight,
          verify=True),

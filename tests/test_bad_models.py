@@ -45,7 +45,7 @@ def test_cli_reports_the_fault(case, kind, tmp_path):
 @pytest.mark.parametrize("kind", CLI_KINDS)
 def test_cli_runs_the_valid_fixture_cleanly(kind):
     r = subprocess.run([str(infer_binary(kind)), "--model", str(FIXTURE), "--tokens", "1,2,3",
-                        "--max_tokens", "6", "--temperature", "0"],
+                        "--max_tokens", "6", "--temperature", "0", "--ids"],
                        capture_output=True, text=True, env=env_for(kind), timeout=60)
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.strip().split(",")) == 6

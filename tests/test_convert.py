@@ -52,6 +52,8 @@ def read_colibri(path):
     weights = {}
     for t in doc["tensors"]:
         raw = blob[t["file_offset"]:t["file_offset"] + t["file_size"]]
+        if t["dtype"] in ("u8", "i32"):   # the tokenizer's byte table, not a weight
+            continue
         if t["dtype"] == "bf16":
             x = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
         else:
@@ -159,14 +161,17 @@ def test_output_follows_format(converted, model, dtype):
 
     blob = (path / "weights.bin").read_bytes()
     expected = expected_tensors(hp, doc["experts"]["count"])
-    assert [(t["name"], t["shape"]) for t in doc["tensors"]] == expected
+    vocab = {"tokenizer.token_bytes": "u8", "tokenizer.token_offsets": "i32"} if has_tok else {}
+    weights = [t for t in doc["tensors"] if t["name"] not in vocab]
+    assert [(t["name"], t["shape"]) for t in weights] == expected
+    assert [t["name"] for t in doc["tensors"][len(weights):]] == list(vocab)   # the byte table comes last
     end = 0
     for t in doc["tensors"]:
         assert list(t) == ["name", "dtype", "shape", "file_offset", "file_size", "checksum"]
-        assert t["dtype"] == dtype
+        assert t["dtype"] == vocab.get(t["name"], dtype)
         assert t["file_offset"] % 64 == 0 and t["file_offset"] >= end, t["name"]
         assert blob[end:t["file_offset"]] == bytes(t["file_offset"] - end), "padding is zeros"
-        assert t["file_size"] == int(np.prod(t["shape"])) * ITEMSIZE[dtype]
+        assert t["file_size"] == int(np.prod(t["shape"])) * {**ITEMSIZE, "u8": 1, "i32": 4}[t["dtype"]]
         end = t["file_offset"] + t["file_size"]
         assert t["checksum"] == "crc32:%08x" % zlib.crc32(blob[t["file_offset"]:end])
     assert end == len(blob)
@@ -404,5 +409,6 @@ def test_transformers_state_dict_converts_to_the_same_weights(converted, tmp_pat
     (tmp_path / "src").mkdir()
     save_torch({n: t.contiguous() for n, t in state.items()}, tmp_path / "src" / "model.safetensors")
     shutil.copy(src / "config.json", tmp_path / "src")
+    shutil.copy(src / "tokenizer.json", tmp_path / "src")
     out = convert(tmp_path / "src", tmp_path / "out", progress=False)
     assert (out / "weights.bin").read_bytes() == (converted[("tiny-mixtral", "f32")] / "weights.bin").read_bytes()

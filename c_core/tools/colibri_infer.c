@@ -4,7 +4,8 @@
  *   colibri-infer --model DIR --validate-model
  *   colibri-infer --model DIR --memdump [--ctx 2048]
  *
- * Prints the generated token ids, comma-separated, as they are produced. */
+ * Prints the text as it is produced when the model carries its vocabulary (the prompt first),
+ * else (or with --ids) the generated token ids, comma-separated. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdio.h>
@@ -26,7 +27,7 @@ typedef struct options {
     long top_k;
     double top_p;
     unsigned long long seed;
-    int verbose, validate, memdump, stop_at_eos;
+    int verbose, validate, memdump, stop_at_eos, ids;
 } options;
 
 static void usage(FILE *f)
@@ -34,7 +35,7 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: colibri-infer --model DIR [--tokens ID,ID,...] [--max_tokens N]\n"
         "                     [--temperature T] [--top_k K] [--top_p P] [--seed S]\n"
-        "                     [--ctx N] [--batch N] [--ignore_eos] [--verbose]\n"
+        "                     [--ctx N] [--batch N] [--ignore_eos] [--ids] [--verbose]\n"
         "       colibri-infer --model DIR --validate-model\n"
         "       colibri-infer --model DIR --memdump [--ctx N] [--batch N]\n"
         "\n"
@@ -48,6 +49,7 @@ static void usage(FILE *f)
         "  --ctx N            context length to reserve (default: the model's, at most 4096)\n"
         "  --batch N          tokens per prefill chunk (default 64)\n"
         "  --ignore_eos       do not stop at the end-of-sequence token\n"
+        "  --ids              print token ids even when the model has a vocabulary\n"
         "  --validate-model   run every load check plus checksums, then exit\n"
         "  --memdump          print the memory report after creating the session, then exit\n"
         "  --verbose          model summary and timings on stderr\n");
@@ -103,6 +105,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "validate_model")) { o->validate = 1; takes_value = 0; }
         else if (option_is(a, "memdump")) { o->memdump = 1; takes_value = 0; }
         else if (option_is(a, "ignore_eos")) { o->stop_at_eos = 0; takes_value = 0; }
+        else if (option_is(a, "ids")) { o->ids = 1; takes_value = 0; }
         else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
@@ -135,6 +138,16 @@ static int parse_tokens(const char *s, int32_t *out, size_t cap, size_t *n)
         if (*s == ',') s++;
         else if (*s) { fprintf(stderr, "colibri-infer: unexpected '%c' in --tokens\n", *s); return 0; }
     }
+    return 1;
+}
+
+/* Writes a token's bytes; 0 when the model has no vocabulary. */
+static int put_token_text(const colibri_model *model, int32_t token)
+{
+    const uint8_t *bytes;
+    size_t len;
+    if (colibri_token_bytes(model, token, &bytes, &len) != COLIBRI_OK) return 0;
+    fwrite(bytes, 1, len, stdout);
     return 1;
 }
 
@@ -222,6 +235,13 @@ int main(int argc, char **argv)
     sp.top_k = (int32_t)o.top_k;
     sp.top_p = (float)o.top_p;
     rng = o.seed;
+    if (!o.ids) {
+        size_t i;
+        const uint8_t *unused;
+        size_t unused_len;
+        o.ids = colibri_token_bytes(model, 0, &unused, &unused_len) != COLIBRI_OK;   /* no vocabulary */
+        for (i = 0; i < n_prompt && !o.ids; i++) put_token_text(model, prompt[i]);
+    }
 
     t1 = now_seconds();
     if (colibri_forward(session, prompt, n_prompt, NULL, &err)) { rc = fail("prefill failed", &err); goto done; }
@@ -231,7 +251,8 @@ int main(int argc, char **argv)
                 (double)n_prompt / (t2 - t1));
     while (generated < o.max_tokens) {
         if (colibri_sample(session, &sp, &rng, &token, &err)) { rc = fail("sampling failed", &err); break; }
-        printf(generated ? ",%d" : "%d", token);
+        if (o.ids) printf(generated ? ",%d" : "%d", token);
+        else put_token_text(model, token);
         fflush(stdout);
         generated++;
         if (o.stop_at_eos && token == hp->eos_token_id) break;

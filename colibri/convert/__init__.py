@@ -14,6 +14,7 @@ from pathlib import Path
 from .errors import ConvertError
 from .families import FAMILIES
 from .hf import Checkpoint
+from .vocab import byte_table, token_bytes
 from .writer import ITEMSIZE, check_dtype, write_model
 
 __all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES"]
@@ -62,6 +63,11 @@ def convert(src_dir, out_dir, dtype="f32", progress=True):
         doc["metadata"] = {"source": src_dir.name, "converter": f"colibri {_version()}",
                            "source_dtype": ",".join(sorted(source_dtypes))}
         tensors = [(e.name, e.shape, lambda e=e: e.build([ckpt.get(n) for n, _ in e.sources])) for e in plan]
+        pieces = token_bytes(src_dir / "tokenizer.json", desc["hparams"]["vocab_size"]) if has_tokenizer else None
+        if pieces is not None:  # the vocabulary as bytes, for text output without a tokenizer library
+            table, offsets = byte_table(pieces)
+            tensors += [("tokenizer.token_bytes", table.shape, lambda: table),
+                        ("tokenizer.token_offsets", offsets.shape, lambda: offsets)]
         write_model(out_dir, doc, tensors, dtype, progress=progress)
     if has_tokenizer:
         shutil.copyfile(src_dir / "tokenizer.json", out_dir / "tokenizer.json")

@@ -27,6 +27,10 @@ def check_dtype(dtype):
         raise ConvertError(f"unknown dtype {dtype!r}: expected one of {sorted(ITEMSIZE)}")
 
 
+# Integer tables (the tokenizer's bytes and offsets) keep their own type whatever the weights' dtype.
+INTEGER_DTYPES = {np.dtype(np.uint8): "u8", np.dtype("<i4"): "i32"}
+
+
 def encode(x, dtype):
     """float32 array -> array of `dtype` (bf16 as its uint16 bits), little-endian, C order."""
     if dtype == "f32":
@@ -58,7 +62,7 @@ def write_model(out_dir, doc, tensors, dtype, progress=True):
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = list(tensors)
-    total = sum(int(np.prod(shape)) * ITEMSIZE[dtype] for _, shape, _ in tensors)
+    total = sum(int(np.prod(shape)) * ITEMSIZE[dtype] for _, shape, _ in tensors)   # for the progress bar
     partial = out_dir / "weights.bin.partial"
     table = []
     try:
@@ -68,17 +72,20 @@ def write_model(out_dir, doc, tensors, dtype, progress=True):
                 x = load()
                 if tuple(x.shape) != tuple(shape):
                     raise ConvertError(f"tensor `{name}`: shape {list(x.shape)} != expected {list(shape)}")
-                if not np.isfinite(x).all():
+                if x.dtype in INTEGER_DTYPES:
+                    y, stored = np.ascontiguousarray(x), INTEGER_DTYPES[x.dtype]
+                elif not np.isfinite(x).all():
                     raise ConvertError(f"tensor `{name}`: the source holds NaN or infinite values")
-                y = encode(x, dtype)
-                if dtype == "f16" and not np.isfinite(y).all():
+                else:
+                    y, stored = encode(x, dtype), dtype
+                if stored == "f16" and not np.isfinite(y).all():
                     raise ConvertError(f"tensor `{name}`: values beyond the f16 range (|x| > 65504); use bf16 or f32")
                 data = y.tobytes()
                 f.write(b"\0" * (-f.tell() % ALIGN))
-                table.append({"name": name, "dtype": dtype, "shape": list(shape), "file_offset": f.tell(),
+                table.append({"name": name, "dtype": stored, "shape": list(shape), "file_offset": f.tell(),
                               "file_size": len(data), "checksum": "crc32:%08x" % zlib.crc32(data)})
                 f.write(data)
-                bar.update(len(data))
+                bar.update(min(len(data), total - bar.n))
         os.replace(partial, out_dir / "weights.bin")
     finally:
         partial.unlink(missing_ok=True)

@@ -35,6 +35,8 @@ typedef enum colibri_dtype {
     COLIBRI_DTYPE_F32 = 0,
     COLIBRI_DTYPE_F16 = 1,
     COLIBRI_DTYPE_BF16 = 2,
+    COLIBRI_DTYPE_U8 = 3,           /* the tokenizer's byte table */
+    COLIBRI_DTYPE_I32 = 4,          /* the tokenizer's offsets */
     COLIBRI_DTYPE_COUNT
 } colibri_dtype;
 
@@ -101,6 +103,13 @@ int32_t colibri_model_tensor_count(const colibri_model *model);
 colibri_status colibri_model_tensor(const colibri_model *model, int32_t index,
                                     colibri_tensor_info *info);
 uint64_t colibri_model_weight_bytes(const colibri_model *model);   /* sum of tensor sizes */
+
+/* The bytes a token stands for, from the model's own vocabulary table (the tensors
+ * tokenizer.token_bytes and tokenizer.token_offsets), so text can be produced with no
+ * tokenizer library.  COLIBRI_E_TOKEN for an id outside [0, vocab); COLIBRI_E_TENSOR when
+ * the model carries no vocabulary. */
+colibri_status colibri_token_bytes(const colibri_model *model, int32_t token,
+                                   const uint8_t **bytes, size_t *len);
 
 /* ---- session ---------------------------------------------------------- */
 

@@ -23,8 +23,8 @@
 
 /* ---- dtypes ---- */
 
-static const char *const dtype_names[COLIBRI_DTYPE_COUNT] = { "f32", "f16", "bf16" };
-static const size_t dtype_sizes[COLIBRI_DTYPE_COUNT] = { 4, 2, 2 };
+static const char *const dtype_names[COLIBRI_DTYPE_COUNT] = { "f32", "f16", "bf16", "u8", "i32" };
+static const size_t dtype_sizes[COLIBRI_DTYPE_COUNT] = { 4, 2, 2, 1, 4 };
 
 size_t colibri_dtype_size(colibri_dtype dtype) { return dtype_sizes[dtype]; }
 const char *colibri_dtype_name(colibri_dtype dtype)
@@ -42,8 +42,16 @@ static const char *const layer_tensor_names[T_PER_LAYER] = {
     "attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn_norm", "router",
     "experts.w1", "experts.w3", "experts.w2",
 };
-enum { G_TOK_EMBEDDINGS, G_NORM, G_LM_HEAD, T_GLOBAL };
-static const char *const global_tensor_names[T_GLOBAL] = { "tok_embeddings", "norm", "lm_head" };
+enum { G_TOK_EMBEDDINGS, G_NORM, G_LM_HEAD, G_TOKEN_BYTES, G_TOKEN_OFFSETS, T_GLOBAL };
+static const char *const global_tensor_names[T_GLOBAL] = {
+    "tok_embeddings", "norm", "lm_head", "tokenizer.token_bytes", "tokenizer.token_offsets",
+};
+
+/* The vocabulary table is optional, the weights are not. */
+static int slot_optional(int64_t slot, const colibri_hparams *hp)
+{
+    return slot == G_TOKEN_BYTES || slot == G_TOKEN_OFFSETS || (slot == G_LM_HEAD && hp->tie_word_embeddings);
+}
 
 /* Slot of a tensor name: global slots first, then layer * T_PER_LAYER + kind; -1 unknown. */
 static int64_t tensor_slot(const char *text, const json_token *t, int32_t n_layers)
@@ -76,6 +84,8 @@ static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape
     int64_t q = (int64_t)hp->n_heads * hp->head_dim, kv = (int64_t)hp->n_kv_heads * hp->head_dim;
     if (slot < T_GLOBAL) {
         if (slot == G_NORM) { shape[0] = d; return 1; }
+        if (slot == G_TOKEN_BYTES) { shape[0] = -1; return 1; }    /* any length */
+        if (slot == G_TOKEN_OFFSETS) { shape[0] = (int64_t)hp->vocab_size + 1; return 1; }
         shape[0] = hp->vocab_size; shape[1] = d; return 2;
     }
     switch ((slot - T_GLOBAL) % T_PER_LAYER) {
@@ -318,7 +328,7 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
                                   colibri_tensor *t, int64_t *slot)
 {
     static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum", NULL };
-    static const char *const dtypes[] = { "f32", "f16", "bf16", NULL };
+    static const char *const dtypes[] = { "f32", "f16", "bf16", "u8", "i32", NULL };
     char where[64];
     int32_t i = 0, shape_tok = 0;
     int64_t expected[4], v;
@@ -349,9 +359,16 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
     if (!dtypes[choice]) {
         char text[24];
         copy_token_text(text, sizeof text, L->text, &L->tok[i]);
-        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (f32, f16, bf16)", where, text);
+        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (f32, f16, bf16, u8, i32)", where, text);
     }
     t->dtype = (colibri_dtype)choice;
+    {
+        colibri_dtype need = *slot == G_TOKEN_BYTES ? COLIBRI_DTYPE_U8 : COLIBRI_DTYPE_I32;
+        int is_float = t->dtype <= COLIBRI_DTYPE_BF16;
+        if (*slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? t->dtype != need : !is_float)
+            return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
+                                *slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? colibri_dtype_name(need) : "f32, f16 or bf16");
+    }
 
     st = get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);
     if (st) return st;
@@ -366,14 +383,16 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
             if (!json_as_int64(L->text, dim, &v) || v < 0)
                 return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: shape[%u] must be a non-negative integer", where, d);
             if (d < 4) t->shape[d] = v;
-            if ((int)d >= n_expected || v != expected[d]) ok = 0;
+            if ((int)d >= n_expected || (v != expected[d] && expected[d] >= 0)) ok = 0;
             elements = colibri_mul_u64(elements, (uint64_t)v, &overflow);
             if (gl < sizeof got) gl += colibri_format(got + gl, sizeof got - gl, d ? ",%lld" : "%lld", (long long)v);
         }
         if (!ok) {
             int k;
-            for (k = 0; k < n_expected; k++)
-                wl += colibri_format(want + wl, sizeof want - wl, k ? ",%lld" : "%lld", (long long)expected[k]);
+            for (k = 0; k < n_expected; k++) {
+                if (expected[k] < 0) wl += colibri_format(want + wl, sizeof want - wl, k ? ",n" : "n");
+                else wl += colibri_format(want + wl, sizeof want - wl, k ? ",%lld" : "%lld", (long long)expected[k]);
+            }
             if (L->tok[shape_tok].n_children == 0) got[0] = '\0';
             return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape [%s] != expected [%s]", where, got, want);
         }
@@ -463,6 +482,7 @@ static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor
     if (crc != t->crc32)
         return colibri_fail(err, COLIBRI_E_CHECKSUM, "tensor `%s`: crc32 %x != %x in colibri_model.json",
                             t->name, crc, t->crc32);
+    if (t->dtype > COLIBRI_DTYPE_BF16) return COLIBRI_OK;   /* integers are always finite */
     for (i = 0; i < n; i++) {
         int finite;
         if (t->dtype == COLIBRI_DTYPE_F32) {
@@ -479,6 +499,37 @@ static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor
             return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: element %llu is not finite",
                                 t->name, (unsigned long long)i);
     }
+    return COLIBRI_OK;
+}
+
+/* The byte table is data: every offset is checked once here, so decoding can trust it. */
+static colibri_status check_vocabulary(colibri_model *m, colibri_error *err)
+{
+    const colibri_tensor *bytes_t = NULL;
+    int32_t i, V = m->hp.vocab_size;
+    for (i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, global_tensor_names[G_TOKEN_BYTES]) == 0) bytes_t = &m->tensors[i];
+    if (m->token_offsets[0] != 0)
+        return colibri_fail(err, COLIBRI_E_VALUE, "tensor `tokenizer.token_offsets`: entry 0 is %d, not 0",
+                            m->token_offsets[0]);
+    for (i = 0; i < V; i++) {
+        if (m->token_offsets[i + 1] < m->token_offsets[i])
+            return colibri_fail(err, COLIBRI_E_VALUE, "tensor `tokenizer.token_offsets`: entry %d (%d) is below entry %d (%d)",
+                                i + 1, m->token_offsets[i + 1], i, m->token_offsets[i]);
+    }
+    if ((uint64_t)m->token_offsets[V] != bytes_t->file_size)
+        return colibri_fail(err, COLIBRI_E_VALUE, "tensor `tokenizer.token_offsets`: last entry %d != %llu bytes in tokenizer.token_bytes",
+                            m->token_offsets[V], (unsigned long long)bytes_t->file_size);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_token_bytes(const colibri_model *model, int32_t token, const uint8_t **bytes, size_t *len)
+{
+    if (!model || !bytes || !len) return COLIBRI_E_ARG;
+    if (!model->token_offsets) return COLIBRI_E_TENSOR;
+    if (token < 0 || token >= model->hp.vocab_size) return COLIBRI_E_TOKEN;
+    *bytes = model->token_bytes + model->token_offsets[token];
+    *len = (size_t)(model->token_offsets[token + 1] - model->token_offsets[token]);
     return COLIBRI_OK;
 }
 
@@ -597,6 +648,8 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         if (slot == G_TOK_EMBEDDINGS) m->tok_embeddings = w;
         else if (slot == G_NORM) m->norm = w;
         else if (slot == G_LM_HEAD) m->lm_head = w;
+        else if (slot == G_TOKEN_BYTES) m->token_bytes = m->weights + t->file_offset;
+        else if (slot == G_TOKEN_OFFSETS) m->token_offsets = (const int32_t *)(const void *)(m->weights + t->file_offset);
         else {
             colibri_layer_weights *lw = &m->layers[(slot - T_GLOBAL) / T_PER_LAYER];
             colibri_weight *fields[T_PER_LAYER];
@@ -609,7 +662,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     {
         int64_t s;
         for (s = 0; s < n_slots; s++) {
-            if (seen[s] || (s == G_LM_HEAD && hp->tie_word_embeddings)) continue;
+            if (seen[s] || slot_optional(s, hp)) continue;
             if (s < T_GLOBAL)
                 return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is missing", global_tensor_names[s]);
             return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `layers.%lld.%s` is missing",
@@ -618,6 +671,13 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         }
     }
     if (hp->tie_word_embeddings) m->lm_head = m->tok_embeddings;
+    if (seen[G_TOKEN_BYTES] != seen[G_TOKEN_OFFSETS])
+        return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is missing: the vocabulary needs both tokenizer tensors",
+                            global_tensor_names[seen[G_TOKEN_BYTES] ? G_TOKEN_OFFSETS : G_TOKEN_BYTES]);
+    if (m->token_offsets) {
+        st = check_vocabulary(m, err);
+        if (st) return st;
+    }
 
     st = check_overlaps(m, order, err);
     if (st) return st;

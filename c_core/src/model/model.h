@@ -47,6 +47,8 @@ struct colibri_model {
     colibri_weight tok_embeddings;  /* (vocab, dim) */
     colibri_weight norm;            /* (dim) */
     colibri_weight lm_head;         /* (vocab, dim); tok_embeddings when tied */
+    const uint8_t *token_bytes;     /* (n_bytes) every token's bytes, concatenated; NULL: none */
+    const int32_t *token_offsets;   /* (vocab + 1) token t is bytes [offsets[t], offsets[t+1]) */
 
     size_t meta_bytes;              /* this struct and its tables */
     /* Set by the platform that opened the model, called by colibri_model_close. */

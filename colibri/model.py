@@ -1,0 +1,14 @@
+"""The Python face of a model: the compiled core's Model plus its tokenizer."""
+from colibri._core import Model as _CoreModel
+from colibri.tokenizer import load_tokenizer
+
+
+class Model(_CoreModel):
+    """A colibri model directory, validated and mapped; ``tokenizer`` is its
+    ``tokenizers.Tokenizer`` when the directory has a tokenizer.json, else None."""
+
+    @property
+    def tokenizer(self):
+        if not hasattr(self, "_tokenizer"):
+            self._tokenizer = load_tokenizer(self.path)
+        return self._tokenizer
