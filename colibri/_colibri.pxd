@@ -85,6 +85,8 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                    float *logits, colibri_error *err)
     const float *colibri_session_logits(const colibri_session *session)
+    colibri_status colibri_expert_load(const colibri_session *session, uint64_t *counts)
+    void colibri_expert_load_clear(colibri_session *session)
 
     ctypedef struct colibri_sampling:
         float temperature

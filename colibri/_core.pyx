@@ -60,6 +60,8 @@ cdef class Model:
         cdef unsigned flags = c.COLIBRI_LOAD_VERIFY if verify else 0
         self.path = os.fspath(path)
         cdef bytes bpath = os.fsencode(self.path)
+        if b"\0" in bpath:
+            raise ValueError("model path contains a NUL byte")
         cdef const char *cpath = bpath
         with nogil:
             st = c.colibri_model_open(cpath, flags, &self._model, &err)
@@ -152,7 +154,7 @@ cdef class Session:
     cdef bint _busy
     cdef int32_t _vocab
 
-    def __cinit__(self, Model model, int ctx=0, int batch=0):
+    def __cinit__(self, Model model not None, int ctx=0, int batch=0):
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
@@ -186,11 +188,26 @@ cdef class Session:
 
     def reset(self):
         """Empties the KV cache."""
+        self._enter()
         c.colibri_session_reset(self._session)
+        self._busy = False
+
+    def expert_load(self, bint clear=False):
+        """int64 [n_layers, n_experts]: tokens routed to each expert since creation or the last
+        clear (reset() keeps the counts)."""
+        cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self.model._model)
+        out = np.zeros((hp.n_layers, hp.n_experts), dtype=np.uint64)
+        cdef uint64_t[:, ::1] counts = out
+        c.colibri_expert_load(self._session, &counts[0, 0])
+        if clear:
+            c.colibri_expert_load_clear(self._session)
+        return out.astype(np.int64)
 
     def seed(self, seed):
         """Seeds the sampler's generator."""
+        self._enter()
         self._rng = <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF)
+        self._busy = False
 
     def forward(self, tokens):
         """Appends ``tokens`` to the KV cache; returns float32 logits [len(tokens), vocab]."""
@@ -211,14 +228,21 @@ cdef class Session:
         return out
 
     def sample(self, float temperature=0.0, int top_k=0, float top_p=1.0):
-        """Draws the next token from the last logits (greedy at temperature 0)."""
+        """Draws the next token from the last logits (greedy at temperature 0).  top_k keeps the k
+        most likely tokens, then top_p the nucleus of those (renormalised, as transformers does)."""
         cdef c.colibri_sampling sp
         cdef c.colibri_error err
+        cdef c.colibri_status st
         cdef int32_t token = 0
         sp.temperature = temperature
         sp.top_k = top_k
         sp.top_p = top_p
-        if c.colibri_sample(self._session, &sp, &self._rng, &token, &err) != c.COLIBRI_OK:
+        self._enter()
+        try:
+            st = c.colibri_sample(self._session, &sp, &self._rng, &token, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
             raise_error(&err)
         return token
 

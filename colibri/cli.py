@@ -1,18 +1,28 @@
-"""The `colibri` command: convert, validate, generate, memdump.
+"""The `colibri` command: convert, validate, generate, memdump, stats.
 
+    colibri generate --prompt "ROMEO:"                     # the bundled Shakespeare model
     colibri convert path/to/hf-mixtral out/model [--dtype f16]
     colibri validate out/model
     colibri generate --model out/model --prompt "The capital of France is" --max-tokens 32
     colibri memdump --model out/model --ctx 2048
+    colibri stats --model out/model --text some.txt        # per-expert load and loss on a text
 """
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
+
+from colibri.demo import MODEL_DIR as BUNDLED_MODEL
 
 
 def _model(path, verify=False):
     import colibri
 
+    if path is None:
+        path = BUNDLED_MODEL
+        if not (path / "colibri_model.json").exists():
+            raise SystemExit(f"colibri: the bundled model is missing from {path}; give one with --model")
     return colibri.Model(path, verify=verify)
 
 
@@ -29,7 +39,7 @@ def cmd_convert(args):
 def cmd_validate(args):
     model = _model(args.model, verify=True)
     cfg = model.config
-    print(f"{args.model}: valid {model.architecture} model")
+    print(f"{model.path}: valid {model.architecture} model")
     print(f"  {cfg['num_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_heads']} heads "
           f"({cfg['num_kv_heads']} kv) x {cfg['head_dim']}, vocab {cfg['vocab_size']}")
     print(f"  {cfg['num_experts']} experts of ffn {cfg['intermediate_size']}, top-{cfg['top_k']} routing")
@@ -45,7 +55,7 @@ def _prompt_ids(model, args):
         except ValueError:
             raise SystemExit(f"colibri: --tokens expects comma-separated integers, got {args.tokens!r}")
     if model.tokenizer is None:
-        raise SystemExit(f"colibri: {args.model} has no tokenizer.json; give the prompt as ids with --tokens")
+        raise SystemExit(f"colibri: {model.path} has no tokenizer.json; give the prompt as ids with --tokens")
     ids = model.tokenizer.encode(args.prompt).ids
     if not ids:
         bos = model.config["bos_token_id"]
@@ -89,6 +99,61 @@ def cmd_generate(args):
     return 0
 
 
+def _expert_table(load):
+    """Per-layer shares of the routed tokens, as text."""
+    share = load / load.sum(axis=1, keepdims=True)
+    head = "layer  " + "".join(f"{f'e{e}':>7}" for e in range(load.shape[1])) + "     min     max"
+    rows = [f"{layer:>5}  " + "".join(f"{x:>6.1%} " for x in row) + f"{row.min():>7.1%} {row.max():>7.1%}"
+            for layer, row in enumerate(share)]
+    return "\n".join([head, *rows])
+
+
+def cmd_stats(args):
+    import numpy as np
+
+    model = _model(args.model)
+    cfg = model.config
+    if not args.text:
+        report = Path(model.path) / "training.json"
+        if not report.exists():
+            raise SystemExit("colibri stats: give --text FILE (this model has no training.json)")
+        val = json.loads(report.read_text())["validation"]
+        print(f"validation set of the training run ({report}):")
+        print(f"  loss {val['loss']:.4f} nats/token (perplexity {val['perplexity']:.2f}); unigram baseline "
+              f"{val['unigram_loss']:.4f} (perplexity {val['unigram_perplexity']:.2f})")
+        print("  share of routed tokens per expert:")
+        print(_expert_table(np.array(val["expert_share_per_layer"])))
+        return 0
+    if model.tokenizer is None:
+        raise SystemExit(f"colibri stats: {model.path} has no tokenizer.json to read text with")
+    ids = []
+    for path in args.text:
+        ids += model.tokenizer.encode(Path(path).read_text(encoding="utf-8")).ids
+    ctx = args.ctx or min(cfg["max_position_embeddings"], 256)
+    windows = [ids[i:i + ctx + 1] for i in range(0, len(ids) - 1, ctx)]
+    windows = [w for w in windows if len(w) > 1]
+    if not windows:
+        raise SystemExit("colibri stats: the text is shorter than two tokens")
+    session = model.session(ctx=ctx)
+    nll, n = 0.0, 0
+    for w in windows:  # each window from an empty cache, scored on its next tokens
+        session.reset()
+        logits = session.forward(w[:-1]).astype(np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        nll -= logp[np.arange(len(w) - 1), w[1:]].sum()
+        n += len(w) - 1
+    load = session.expert_load()
+    print(f"{n:,} tokens in {len(windows)} windows of up to {ctx}: loss {nll / n:.4f} nats/token "
+          f"(perplexity {np.exp(nll / n):.2f})")
+    print(f"share of routed tokens per expert (top-{cfg['top_k']} of {cfg['num_experts']}):")
+    print(_expert_table(load))
+    dead = [(layer, e) for layer, row in enumerate(load) for e, x in enumerate(row) if x == 0]
+    if dead:
+        print(f"experts that received no token: {dead}")
+    return 0
+
+
 def cmd_memdump(args):
     model = _model(args.model)
     session = model.session(ctx=args.ctx, batch=args.batch)
@@ -108,11 +173,11 @@ def build_parser():
     c.set_defaults(func=cmd_convert)
 
     v = sub.add_parser("validate", help="every load check plus checksums, no inference")
-    v.add_argument("model", help="colibri model directory")
+    v.add_argument("model", nargs="?", help="colibri model directory (default: the bundled model)")
     v.set_defaults(func=cmd_validate)
 
     g = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
-    g.add_argument("--model", required=True, help="colibri model directory")
+    g.add_argument("--model", help="colibri model directory (default: the bundled Shakespeare model)")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="", help="prompt text (needs the model's tokenizer.json)")
     src.add_argument("--tokens", help="prompt as comma-separated token ids; prints ids")
@@ -128,10 +193,16 @@ def build_parser():
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("memdump", help="the memory a model and context need, before any token")
-    m.add_argument("--model", required=True, help="colibri model directory")
+    m.add_argument("--model", help="colibri model directory (default: the bundled model)")
     m.add_argument("--ctx", type=int, default=0, help="context length (default: the model's maximum)")
     m.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
     m.set_defaults(func=cmd_memdump)
+
+    st = sub.add_parser("stats", help="per-expert load (and loss) on a text, or the training report's")
+    st.add_argument("--model", help="colibri model directory (default: the bundled model)")
+    st.add_argument("--text", nargs="*", help="UTF-8 text files to run (default: the training report's figures)")
+    st.add_argument("--ctx", type=int, default=0, help="window length (default: the model's, at most 256)")
+    st.set_defaults(func=cmd_stats)
     return p
 
 

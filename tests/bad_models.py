@@ -81,6 +81,18 @@ def _bad_escape(d):
     p.write_text(p.read_text().replace('"mixtral"', '"mix\\qtral"', 1))
 
 
+def _huge_shape(d):
+    """200,000 dimensions in one shape: must be refused at once, not walked quadratically."""
+    doc = json.loads((d / "colibri_model.json").read_text())
+    _tensor(doc, "layers.0.attn.wq")["shape"] = [1] * 200_000
+    (d / "colibri_model.json").write_text(json.dumps(doc))
+
+
+def _invalid_utf8(d):
+    p = d / "colibri_model.json"
+    p.write_bytes(p.read_bytes().replace(b'"mixtral"', b'"mix\xc3\x28tral"', 1))
+
+
 def _truncate_weights(d):
     p = d / "weights.bin"
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
@@ -177,6 +189,8 @@ CASES = [
     Case("deep_nesting", "COLIBRI_E_LIMIT", "nesting deeper than 32", _write_json_text("[" * 100000)),
     Case("huge_json", "COLIBRI_E_LIMIT", "limit 16 MiB", _write_json_text(b" " * (17 << 20))),
     Case("bad_escape", "COLIBRI_E_JSON", "bad escape", _bad_escape),
+    Case("invalid_utf8", "COLIBRI_E_JSON", "invalid UTF-8", _invalid_utf8),
+    Case("huge_shape_array", "COLIBRI_E_SHAPE", "shape has 200000 dimensions", _huge_shape),
     Case("duplicate_key", "COLIBRI_E_JSON", 'field "version" appears twice', _duplicate_key),
     Case("not_an_object", "COLIBRI_E_TYPE", "must hold a JSON object", _write_json_text("[1, 2, 3]")),
     Case("wrong_format", "COLIBRI_E_VERSION", "model.format", _edit_json(_set("format", "gguf"))),
@@ -193,6 +207,10 @@ CASES = [
     Case("huge_dimension", "COLIBRI_E_VALUE", "hparams.hidden_size = 1099511627776",
          _edit_json(_set("hparams.hidden_size", 2 ** 40))),
     Case("zero_layers", "COLIBRI_E_VALUE", "hparams.num_layers = 0", _edit_json(_set("hparams.num_layers", 0))),
+    Case("eps_rounds_to_zero", "COLIBRI_E_VALUE", "hparams.rms_norm_eps = 1e-50",
+         _edit_json(_set("hparams.rms_norm_eps", 1e-50))),
+    Case("theta_rounds_to_zero", "COLIBRI_E_VALUE", "hparams.rope_theta = 1e-50",
+         _edit_json(_set("hparams.rope_theta", 1e-50))),
     Case("negative_eps", "COLIBRI_E_VALUE", "hparams.rms_norm_eps", _edit_json(_set("hparams.rms_norm_eps", -1e-5))),
     Case("top_k_above_experts", "COLIBRI_E_VALUE", "routing.top_k = 9 exceeds experts.count = 4",
          _edit_json(_set("routing.top_k", 9))),

@@ -130,3 +130,7 @@ def test_bad_session_arguments(model):
     with pytest.raises(colibri.Error) as e:
         model.session(ctx=4).sample()
     assert "forward first" in e.value.detail
+    with pytest.raises(TypeError):
+        colibri.Session(None)
+    with pytest.raises(ValueError):
+        colibri.Model(str(FIXTURE) + "\0/x")

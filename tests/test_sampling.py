@@ -25,13 +25,14 @@ def logits(session):
 
 
 def reference_probs(logits, temperature, top_k=0, top_p=1.0):
-    """What the sampler should draw from: softmax(logits / T), cut to top-k, then to the nucleus."""
+    """What the sampler should draw from, as transformers' TopK then TopP warpers define it:
+    softmax(logits / T), cut to the top k, then to the nucleus of the renormalised top k."""
     p = np.exp((logits - logits.max()) / temperature)
     p /= p.sum()
     order = sorted(range(len(p)), key=lambda i: (-p[i], i))
     keep = order[:top_k] if top_k > 0 else order
     if top_p < 1.0:
-        cum = np.cumsum(p[keep])
+        cum = np.cumsum(p[keep]) / p[keep].sum()
         keep = keep[: int(np.searchsorted(cum, top_p - 1e-6)) + 1]
     q = np.zeros_like(p)
     q[keep] = p[keep]
@@ -85,6 +86,26 @@ def test_same_seed_same_tokens(session, logits):
     assert not np.array_equal(a, c)
 
 
-def test_nan_parameters_are_rejected(session, logits):
-    with pytest.raises(colibri.Error):
-        session.sample(temperature=float("nan"))
+def test_bad_parameters_are_rejected(session, logits):
+    for kw in ({"temperature": float("nan")}, {"temperature": 1.0, "top_p": -1000.0}, {"top_p": float("nan")}):
+        with pytest.raises(colibri.Error) as e:
+            session.sample(**kw)
+        assert e.value.status == "COLIBRI_E_ARG"
+
+
+def test_top_p_zero_is_greedy(session, logits):
+    for temperature in (1.0, 1e30):
+        assert session.sample(temperature=temperature, top_p=0.0) == int(np.argmax(logits))
+
+
+def test_non_finite_logits_are_an_error_not_a_token(tmp_path):
+    """NaN weights pass a plain load (only validation reads every byte); sampling must refuse."""
+    from bad_models import CASES, make_case
+
+    d = make_case(next(c for c in CASES if c.name == "nan_weight"), tmp_path)
+    s = colibri.Model(d).session(ctx=8)
+    s.forward([1, 2, 3])
+    for kw in ({"temperature": 0.0}, {"temperature": 0.8, "top_k": 40, "top_p": 0.95}):
+        with pytest.raises(colibri.Error) as e:
+            s.sample(**kw)
+        assert e.value.status == "COLIBRI_E_VALUE" and "not finite" in e.value.detail

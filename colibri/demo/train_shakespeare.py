@@ -80,7 +80,7 @@ def strip_boilerplate(text):
 
 def train_tokenizer(texts):
     """Byte-level BPE with VOCAB_SIZE entries: <unk> <s> </s>, the 256 bytes, merges."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -89,15 +89,17 @@ def train_tokenizer(texts):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
     assert tok.get_vocab_size() == VOCAB_SIZE
+    assert (tok.token_to_id("<s>"), tok.token_to_id("</s>")) == (MODEL["bos_token_id"], MODEL["eos_token_id"])
+    # encode() starts every text with <s>, as Mixtral's tokenizer does
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", MODEL["bos_token_id"])])
     return tok
 
 
 def encode(tok, texts):
-    """One token stream: each text encoded, followed by </s>."""
-    eos = tok.token_to_id("</s>")
+    """One token stream: <s> text </s> for each text."""
     ids = []
     for text in texts:
-        ids += tok.encode(text).ids + [eos]
+        ids += tok.encode(text).ids + [MODEL["eos_token_id"]]
     return np.array(ids, dtype=np.int64)
 
 
@@ -178,7 +180,7 @@ def train(torch, model, train_data, val_data):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        bar.set_postfix(loss=f"{float(lm_loss):.3f}", aux=f"{float(out.aux_loss):.3f}")
+        bar.set_postfix(loss=f"{lm_loss.item():.3f}", aux=f"{out.aux_loss.item():.3f}")
         if (step + 1) % TRAIN["eval_every"] == 0 or step + 1 == TRAIN["steps"]:
             val, _ = evaluate(torch, model, val_data)
             history.append({"step": step + 1, "train_loss": round(float(lm_loss), 4), "val_loss": round(val, 4),
@@ -190,8 +192,12 @@ def train(torch, model, train_data, val_data):
 
 # ---- export ----
 
-def export(torch, model, tok, report, model_dir, hf_dir):
-    """HF checkpoint in f16 (for the parity tests) and the colibri model converted from it."""
+def export(torch, model, tok, report, val_data, model_dir, hf_dir):
+    """HF checkpoint in f16 and the colibri model converted from it, plus the reference the parity
+    tests use without torch: transformers' logits (f32 arithmetic on the f16 weights) over the
+    first 64 validation tokens, and its greedy continuation of the first 16."""
+    from transformers import MixtralForCausalLM
+
     from colibri.convert import convert
 
     hf_dir.mkdir(parents=True, exist_ok=True)
@@ -200,6 +206,15 @@ def export(torch, model, tok, report, model_dir, hf_dir):
     tok.save(str(hf_dir / "tokenizer.json"))
     convert(hf_dir, model_dir, dtype="f16", progress=False)
     (model_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+
+    ref = MixtralForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    tokens = torch.from_numpy(val_data[:64])[None]
+    with torch.no_grad():
+        logits = ref(tokens).logits[0].numpy()
+        greedy = ref.generate(tokens[:, :16], max_new_tokens=32, do_sample=False, eos_token_id=None,
+                              pad_token_id=MODEL["eos_token_id"])[0, 16:].numpy()
+    np.savez(hf_dir / "reference.npz", tokens=val_data[:64].astype(np.int32), logits=logits.astype(np.float32),
+             greedy=greedy.astype(np.int32))
 
 
 def main(argv=None):
@@ -243,7 +258,7 @@ def main(argv=None):
                        "unigram_perplexity": round(math.exp(unigram_loss(train_data, val_data)), 2),
                        "expert_share_per_layer": [[round(float(x), 4) for x in row] for row in share]},
     }
-    export(torch, model, tok, report, args.model_dir, args.hf_dir)
+    export(torch, model, tok, report, val_data, args.model_dir, args.hf_dir)
     print(json.dumps(report["validation"], indent=2))
     print(f"{n_params:,} parameters, {report['training']['tokens_seen']:,} tokens seen in {minutes:.1f} min; "
           f"wrote {args.model_dir} and {args.hf_dir}")

@@ -12,6 +12,8 @@
  *     session made from it.  The session lives entirely inside its arena — either one
  *     the library maps (colibri_session_options.arena == NULL) or one the caller owns.
  *   - After colibri_session_create returns, no call on that session allocates memory.
+ *   - weights.bin is mapped, not read: it must not be truncated or rewritten while a model
+ *     made from it is open (the system would fault the process on the missing pages).
  *
  * Every fallible call returns a status and fills the optional colibri_error. */
 #ifndef COLIBRI_H
@@ -87,7 +89,8 @@ colibri_status colibri_model_open(const char *dir, unsigned flags,
                                   colibri_model **model, colibri_error *err);
 
 /* Platform-free loading from memory, for bare metal: `json` and `weights` must outlive
- * the model; `meta` (colibri_model_meta_bytes long) holds the model's tables. */
+ * the model; `weights` starts at a 64-byte boundary; `meta` (colibri_model_meta_bytes long,
+ * 16-byte aligned) holds the model's tables. */
 colibri_status colibri_model_meta_bytes(const char *json, size_t json_len,
                                         size_t *meta_bytes, colibri_error *err);
 colibri_status colibri_model_load(const char *json, size_t json_len,
@@ -114,7 +117,7 @@ colibri_status colibri_token_bytes(const colibri_model *model, int32_t token,
 /* ---- session ---------------------------------------------------------- */
 
 typedef struct colibri_session_options {
-    int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings */
+    int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings, at most 4096 */
     int32_t n_batch;        /* tokens computed together in one forward chunk; 0: 64 */
     void *arena;            /* NULL: the library maps one; else a caller buffer (16-byte aligned) */
     size_t arena_size;
@@ -141,16 +144,24 @@ colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, 
                                float *logits, colibri_error *err);
 const float *colibri_session_logits(const colibri_session *session);   /* (vocab) */
 
+/* Router statistics: how many tokens each expert of each layer received, counted over every
+ * forward since the session was created or the counts cleared (colibri_session_reset keeps
+ * them, so a long text can be measured window by window).  counts: (n_layers, n_experts). */
+colibri_status colibri_expert_load(const colibri_session *session, uint64_t *counts);
+void colibri_expert_load_clear(colibri_session *session);
+
 /* ---- sampling --------------------------------------------------------- */
 
 typedef struct colibri_sampling {
     float temperature;      /* <= 0: greedy (argmax, lowest id on ties) */
-    int32_t top_k;          /* <= 0: no limit */
-    float top_p;            /* >= 1: no limit */
+    int32_t top_k;          /* keep the k most likely tokens; <= 0: no limit */
+    float top_p;            /* then the nucleus of those, renormalised (as transformers does);
+                               >= 1: no limit; 0: greedy; negative: COLIBRI_E_ARG */
 } colibri_sampling;
 
 /* Draws the next token from the session's last logits.  `rng` is the caller's
- * state (seed it with any value); the same state and logits give the same token. */
+ * state (seed it with any value); the same state and logits give the same token.
+ * COLIBRI_E_VALUE when a logit is not finite (NaN weights loaded without verification). */
 colibri_status colibri_sample(colibri_session *session, const colibri_sampling *params,
                               uint64_t *rng, int32_t *token, colibri_error *err);
 

@@ -31,8 +31,7 @@ void *colibri_arena_carve(colibri_arena *arena, size_t size, int32_t group, cons
     if (arena->base && offset + size <= arena->capacity) {
         p = arena->base + offset;
 #ifdef COLIBRI_ASAN
-        __asan_poison_memory_region(arena->base + arena->used, arena->capacity - arena->used);
-        __asan_unpoison_memory_region(p, size);
+        __asan_poison_memory_region(arena->base + arena->used, offset - arena->used);   /* the gap before */
 #endif
     }
     arena->used = offset + size;
@@ -51,6 +50,16 @@ size_t colibri_arena_bytes(colibri_arena *arena, size_t a, size_t b, size_t c)
         return (size_t)-1;
     }
     return a * b * c;
+}
+
+void colibri_arena_poison_tail(colibri_arena *arena)
+{
+#ifdef COLIBRI_ASAN
+    if (arena->base && arena->used < arena->capacity)
+        __asan_poison_memory_region(arena->base + arena->used, arena->capacity - arena->used);
+#else
+    (void)arena;
+#endif
 }
 
 void colibri_arena_release(colibri_arena *arena)

@@ -37,6 +37,10 @@ const char *colibri_arena_group_name(int32_t group);
 
 /* Carves `size` bytes aligned to 64 and records them; NULL when measuring or out of room
  * (out of room is detected by the caller comparing used with capacity). */
+/* Under ASan, marks the room after the last buffer unusable (for arenas the library owns:
+ * a caller may use the rest of its own buffer). */
+void colibri_arena_poison_tail(colibri_arena *arena);
+
 /* Before the arena's memory is unmapped or handed back to its owner. */
 void colibri_arena_release(colibri_arena *arena);
 

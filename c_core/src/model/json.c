@@ -58,7 +58,28 @@ static int is_hex(char c)
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
-/* A string token: validates escapes and rejects raw control characters. */
+/* Length of the valid UTF-8 sequence at s (at most n bytes), or 0 (RFC 3629: no overlongs,
+ * no surrogates, nothing above U+10FFFF). */
+static size_t utf8_sequence(const unsigned char *s, size_t n)
+{
+    size_t len, i;
+    uint32_t cp;
+    if (s[0] < 0x80) return 1;
+    if (s[0] >= 0xc2 && s[0] <= 0xdf) { len = 2; cp = s[0] & 0x1fu; }
+    else if (s[0] >= 0xe0 && s[0] <= 0xef) { len = 3; cp = s[0] & 0x0fu; }
+    else if (s[0] >= 0xf0 && s[0] <= 0xf4) { len = 4; cp = s[0] & 0x07u; }
+    else return 0;
+    if (n < len) return 0;
+    for (i = 1; i < len; i++) {
+        if ((s[i] & 0xc0u) != 0x80u) return 0;
+        cp = cp << 6 | (s[i] & 0x3fu);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return len;
+}
+
+/* A string token: validates escapes and UTF-8, rejects raw control characters. */
 static colibri_status parse_string(json_parser *p)
 {
     size_t start;
@@ -86,6 +107,12 @@ static colibri_status parse_string(json_parser *p)
             if (!strchr("\"\\/bfnrt", e) || e == '\0')
                 return json_fail(p, COLIBRI_E_JSON, "bad escape in a string");
             p->pos += 2;
+            continue;
+        }
+        if (c >= 0x80) {
+            size_t n = utf8_sequence((const unsigned char *)p->text + p->pos, p->len - p->pos);
+            if (n == 0) return json_fail(p, COLIBRI_E_JSON, "invalid UTF-8 in a string");
+            p->pos += n;
             continue;
         }
         p->pos++;

@@ -117,11 +117,12 @@ static void copy_token_text(char *dst, size_t cap, const char *text, const json_
 /* Every key of the object must be in `allowed` (NULL-terminated) and appear once. */
 static colibri_status check_keys(loader *L, int32_t obj, const char *where, const char *const *allowed)
 {
-    uint32_t k;
-    for (k = 0; k < L->tok[obj].n_children; k++) {
-        const json_token *key = &L->tok[json_child(L->tok, obj, k)];
+    uint32_t k, j;
+    int32_t key_tok = obj + 1;
+    for (k = 0; k < L->tok[obj].n_children; k++, key_tok += 1 + (int32_t)L->tok[key_tok + 1].subtree) {
+        const json_token *key = &L->tok[key_tok];
         const char *const *a;
-        uint32_t j;
+        int32_t earlier = obj + 1;
         for (a = allowed; *a; a++)
             if (json_string_equals(L->text, key, *a)) break;
         if (!*a) {
@@ -129,8 +130,9 @@ static colibri_status check_keys(loader *L, int32_t obj, const char *where, cons
             copy_token_text(name, sizeof name, L->text, key);
             return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: unknown field \"%s\"", where, name);
         }
-        for (j = 0; j < k; j++) {
-            if (json_string_equals(L->text, &L->tok[json_child(L->tok, obj, j)], *a))
+        /* only allowed keys get here, so this loop runs over at most a dozen keys before it finds a twin */
+        for (j = 0; j < k; j++, earlier += 1 + (int32_t)L->tok[earlier + 1].subtree) {
+            if (json_string_equals(L->text, &L->tok[earlier], *a))
                 return colibri_fail(L->err, COLIBRI_E_JSON, "%s: field \"%s\" appears twice", where, *a);
         }
     }
@@ -178,7 +180,8 @@ static colibri_status get_float(loader *L, int32_t obj, const char *where, const
     colibri_status st = get_field(L, obj, where, key, JSON_NUMBER, &i);
     if (st) return st;
     json_as_double(L->text, &L->tok[i], &v);
-    if (!(v > lo && v <= hi)) {
+    /* checked after the conversion to float: 1e-50 is positive but would be stored as 0 */
+    if (!(v > lo && v <= hi) || !((float)v >= 1.17549435e-38f)) {
         char text[32];
         copy_token_text(text, sizeof text, L->text, &L->tok[i]);
         return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s = %s is out of range", where, key, text);
@@ -378,8 +381,12 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
         int ok = t->n_dims == n_expected;
         char got[96], want[96];
         size_t gl = 0, wl = 0;
-        for (d = 0; d < L->tok[shape_tok].n_children; d++) {
-            const json_token *dim = &L->tok[json_child(L->tok, shape_tok, d)];
+        int32_t dim_tok = shape_tok + 1;
+        if (L->tok[shape_tok].n_children > 4)
+            return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape has %u dimensions (at most 4)", where,
+                                L->tok[shape_tok].n_children);
+        for (d = 0; d < L->tok[shape_tok].n_children; d++, dim_tok += (int32_t)L->tok[dim_tok].subtree) {
+            const json_token *dim = &L->tok[dim_tok];
             if (!json_as_int64(L->text, dim, &v) || v < 0)
                 return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: shape[%u] must be a non-negative integer", where, d);
             if (d < 4) t->shape[d] = v;
@@ -590,6 +597,9 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     *out = NULL;
     if ((uintptr_t)meta % 16 != 0)
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_load: meta buffer must be 16-byte aligned");
+    if ((uintptr_t)weights % COLIBRI_ALIGNMENT != 0)   /* tensor offsets are aligned relative to it */
+        return colibri_fail(err, COLIBRI_E_ALIGN, "colibri_model_load: weights must start at a %d-byte boundary",
+                            COLIBRI_ALIGNMENT);
     st = json_parse(json, json_len, NULL, 0, &n_tokens, err);
     if (st) return st;
     lay = layout_for(n_tokens);

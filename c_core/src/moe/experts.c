@@ -14,7 +14,7 @@ static void expert_swiglu(const colibri_kernels *k, const colibri_hparams *hp, c
     int32_t d = hp->hidden_size, f = hp->intermediate_size;
     k->matmul(h1, x, expert_slice(lw->w1, e, f, d), lw->w1.dtype, m, d, f);   /* (m, ffn) */
     k->matmul(h3, x, expert_slice(lw->w3, e, f, d), lw->w3.dtype, m, d, f);   /* (m, ffn) */
-    colibri_silu_mul(h1, h3, m * f);
+    colibri_silu_mul(h1, h3, (size_t)m * f);
     k->matmul(y, h1, expert_slice(lw->w2, e, d, f), lw->w2.dtype, m, f, d);   /* (m, dim) */
 }
 

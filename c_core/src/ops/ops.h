@@ -29,7 +29,7 @@ float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);
 /* x (n) <- softmax(x) */
 void colibri_softmax(float *x, int32_t n);
 /* g (n) <- silu(g) * u */
-void colibri_silu_mul(float *g, const float *u, int32_t n);
+void colibri_silu_mul(float *g, const float *u, size_t n);
 /* Rotates each head of v (n_heads, head_dim) by the angle table of one position:
  * pair (j, j + head_dim/2), cos/sin (head_dim/2). */
 void colibri_rope(float *v, int32_t n_heads, int32_t head_dim, const float *cos_t, const float *sin_t);

@@ -86,9 +86,9 @@ void colibri_softmax(float *x, int32_t n)
     for (i = 0; i < n; i++) x[i] /= sum;
 }
 
-void colibri_silu_mul(float *g, const float *u, int32_t n)
+void colibri_silu_mul(float *g, const float *u, size_t n)
 {
-    int32_t i;
+    size_t i;
     for (i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 

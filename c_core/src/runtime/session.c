@@ -14,6 +14,7 @@
 #include "../util.h"
 
 #define DEFAULT_BATCH 64
+#define DEFAULT_CTX 4096    /* a default, not a limit: a model may allow millions of positions */
 
 /* Carves every buffer of a session from `a`.  Run once measuring (a->base == NULL) and
  * once for real: the same sequence, so the plan is exact. */
@@ -49,6 +50,8 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     s->moe_buf.expert_start = colibri_arena_carve(a, (E + 1) * sizeof(int32_t), ARENA_ROUTER, "expert_start", -1, "(n_experts + 1) i32");
     s->moe_buf.pair_token = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "pair_token", -1, "(n_batch * top_k) i32");
     s->moe_buf.pair_gate = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "pair_gate", -1, "(n_batch * top_k) f32");
+    s->expert_load = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_layers, E, sizeof(uint64_t)), ARENA_ROUTER,
+                                         "expert_load", -1, "(n_layers, n_experts) u64");
     s->moe_buf.xe = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_EXPERTS, "expert_in", -1, "(n_batch, dim) f32");
     s->moe_buf.h1 = colibri_arena_carve(a, colibri_arena_bytes(a, B, F, f), ARENA_EXPERTS, "gate_act", -1, "(n_batch, ffn) f32");
     s->moe_buf.h3 = colibri_arena_carve(a, colibri_arena_bytes(a, B, F, f), ARENA_EXPERTS, "up_act", -1, "(n_batch, ffn) f32");
@@ -59,14 +62,14 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     s->candidates = colibri_arena_carve(a, V * sizeof(int32_t), ARENA_SAMPLING, "candidates", -1, "(vocab) i32");
 }
 
-/* Carves: the session struct, the record table, then carve_session's 22 + 2 per layer. */
-static int32_t record_count(const colibri_hparams *hp) { return 24 + 2 * hp->n_layers; }
+/* Carves: the session struct, the record table, then carve_session's 23 + 2 per layer. */
+static int32_t record_count(const colibri_hparams *hp) { return 25 + 2 * hp->n_layers; }
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
                                       int32_t *n_ctx, int32_t *n_batch, colibri_error *err)
 {
     const colibri_hparams *hp = &m->hp;
-    *n_ctx = o && o->n_ctx ? o->n_ctx : hp->max_position_embeddings;
+    *n_ctx = o && o->n_ctx ? o->n_ctx : (hp->max_position_embeddings < DEFAULT_CTX ? hp->max_position_embeddings : DEFAULT_CTX);
     *n_batch = o && o->n_batch ? o->n_batch : DEFAULT_BATCH;
     if (*n_ctx < 1 || *n_ctx > hp->max_position_embeddings)
         return colibri_fail(err, COLIBRI_E_ARG, "n_ctx = %d must lie in [1, %d] (max_position_embeddings)",
@@ -181,6 +184,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
         if (owned) colibri_platform_unmap_arena(base, mapped);
         return colibri_fail(err, COLIBRI_E_NOMEM, "arena layout exceeded its plan");
     }
+    if (owned) colibri_arena_poison_tail(&a);
     s->arena = a;
     s->arena_raw = base;
     s->model = model;
@@ -279,6 +283,30 @@ static void add_into(float *x, const float *y, size_t n)
     for (i = 0; i < n; i++) x[i] += y[i];
 }
 
+/* Adds the tokens each expert of `layer` received in the last MoE block (expert_start is the
+ * block's grouping of routed pairs by expert). */
+static void count_expert_load(colibri_session *s, int32_t layer)
+{
+    int32_t e, E = s->model->hp.n_experts;
+    uint64_t *load = s->expert_load + (size_t)layer * E;
+    for (e = 0; e < E; e++) load[e] += (uint64_t)(s->moe_buf.expert_start[e + 1] - s->moe_buf.expert_start[e]);
+}
+
+colibri_status colibri_expert_load(const colibri_session *s, uint64_t *counts)
+{
+    const colibri_hparams *hp;
+    if (!s || !counts) return COLIBRI_E_ARG;
+    hp = &s->model->hp;
+    memcpy(counts, s->expert_load, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
+    return COLIBRI_OK;
+}
+
+void colibri_expert_load_clear(colibri_session *s)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    memset(s->expert_load, 0, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
+}
+
 /* One chunk of at most n_batch tokens; logits (n, vocab) or NULL for the last row only. */
 static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, float *logits)
 {
@@ -299,6 +327,7 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
         for (t = 0; t < n; t++)
             k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, lw->ffn_norm.data, lw->ffn_norm.dtype, d, hp->rms_norm_eps);
         colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, s->xn, n, s->block_out);
+        count_expert_load(s, l);
         add_into(s->x, s->block_out, nd);
     }
     s->position += n;

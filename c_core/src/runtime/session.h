@@ -35,6 +35,7 @@ struct colibri_session {
     float *rope_cos;            /* (n_ctx, head_dim / 2) */
     float *rope_sin;            /* (n_ctx, head_dim / 2) */
     colibri_moe_buffers moe_buf;
+    uint64_t *expert_load;      /* (n_layers, n_experts) tokens routed to each expert since the last clear */
     /* output */
     float *logits;              /* (vocab) the last position's logits */
     /* sampling */

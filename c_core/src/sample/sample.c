@@ -51,16 +51,20 @@ colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params
     float *p;
     int32_t *ids;
     int32_t V, i, n, best = 0;
-    float max, sum = 0.0f, cut, acc;
+    float max, sum = 0.0f, cut, acc, base;
 
     if (!s || !params || !rng || !token) return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: NULL argument");
     if (s->position == 0) return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: no logits yet (forward first)");
-    if (!(params->temperature == params->temperature) || !(params->top_p == params->top_p))
-        return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: temperature and top_p must not be NaN");
+    if (!(params->temperature == params->temperature) || !(params->top_p >= 0.0f))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: temperature must not be NaN, top_p must be >= 0");
     logits = s->logits;
     V = s->model->hp.vocab_size;
-    for (i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
-    if (params->temperature <= 0.0f || params->top_k == 1) { *token = best; return COLIBRI_OK; }
+    for (i = 0; i < V; i++) {
+        if (!isfinite(logits[i]))   /* e.g. NaN weights loaded without validation */
+            return colibri_fail(err, COLIBRI_E_VALUE, "logit of token %d is not finite", i);
+        if (logits[i] > logits[best]) best = i;
+    }
+    if (params->temperature <= 0.0f || params->top_k == 1 || params->top_p == 0.0f) { *token = best; return COLIBRI_OK; }
 
     /* probabilities at this temperature */
     p = s->probs;
@@ -69,18 +73,31 @@ colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params
     for (i = 0; i < V; i++) { p[i] = expf((logits[i] - max) / params->temperature); sum += p[i]; }
     for (i = 0; i < V; i++) p[i] /= sum;
 
-    /* Candidates: with top_p < 1, a token below (1 - top_p) / (V - 1) can never be in the
-     * nucleus (llama2.c's observation), which keeps the sort short. */
-    cut = params->top_p < 1.0f && V > 1 ? (1.0f - params->top_p) / (float)(V - 1) : 0.0f;
-    n = 0;
-    for (i = 0; i < V; i++) if (p[i] >= cut) ids[n++] = i;
+    if (params->top_k > 0 && params->top_k < V) {
+        /* exactly the k most likely: a heap of k whose root is the worst kept so far */
+        n = params->top_k;
+        for (i = 0; i < n; i++) ids[i] = i;
+        for (i = n / 2; i-- > 0;) sift_down(p, ids, i, n);
+        for (i = n; i < V; i++) {
+            if (before(p, i, ids[0])) { ids[0] = i; sift_down(p, ids, 0, n); }
+        }
+        base = 0.0f;
+        for (i = 0; i < n; i++) base += p[ids[i]];
+    } else {
+        /* With top_p < 1, a token below (1 - top_p) / (V - 1) can never be in the nucleus
+         * (llama2.c's observation), which keeps the sort short. */
+        cut = params->top_p < 1.0f && V > 1 ? (1.0f - params->top_p) / (float)(V - 1) : 0.0f;
+        if (cut > p[best]) cut = p[best];   /* the most likely token always stays */
+        n = 0;
+        for (i = 0; i < V; i++) if (p[i] >= cut) ids[n++] = i;
+        base = 1.0f;
+    }
     sort_candidates(p, ids, n);
-    if (params->top_k > 0 && params->top_k < n) n = params->top_k;
-    if (params->top_p < 1.0f) {
-        acc = 0.0f;
+    if (params->top_p < 1.0f) {   /* the nucleus of the kept tokens, renormalised (as transformers does) */
+        float mass = 0.0f;
         for (i = 0; i < n; i++) {
-            acc += p[ids[i]];
-            if (acc >= params->top_p) { n = i + 1; break; }
+            mass += p[ids[i]];
+            if (mass >= params->top_p * base) { n = i + 1; break; }
         }
     }
     sum = 0.0f;

@@ -1,0 +1,105 @@
+"""The bundled Shakespeare model (colibri/demo/shakespeare, trained by
+colibri/demo/train_shakespeare.py): it ships with the package, validates, matches transformers
+on its own Hugging Face checkpoint (tests/fixtures/shakespeare-hf), generates reproducible
+text, and its experts all carry load."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import colibri
+from colibri.demo import MODEL_DIR
+from conftest import FIXTURES, require_reference
+
+HF_DIR = FIXTURES / "shakespeare-hf"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return colibri.Model(MODEL_DIR, verify=True)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with np.load(HF_DIR / "reference.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def test_ships_inside_the_installed_package(model):
+    import colibri.demo
+
+    assert "site-packages" in str(colibri.demo.MODEL_DIR) or "dist-packages" in str(colibri.demo.MODEL_DIR)
+    cfg = model.config
+    assert (cfg["num_experts"], cfg["top_k"], cfg["max_position_embeddings"]) == (8, 2, 256)
+    params = sum(int(np.prod(t["shape"])) for t in model.tensors() if t["dtype"] == "f16")
+    assert 1_000_000 <= params <= 4_000_000
+    assert model.token_bytes(model.tokenizer.token_to_id("the")) == b"the"
+
+
+def test_logits_match_transformers(model, reference):
+    """Real text, a trained model, meaningful routing: the foundation's parity bar."""
+    s = model.session(ctx=256)
+    logits = s.forward(reference["tokens"])
+    print(f"bundled model: max |colibri - transformers| = {np.abs(logits - reference['logits']).max():.2e}")
+    np.testing.assert_allclose(logits, reference["logits"], atol=1e-4, rtol=0)
+    s.reset()
+    greedy = s.generate(reference["tokens"][:16], max_tokens=len(reference["greedy"]), temperature=0.0,
+                        stop_at_eos=False)
+    assert greedy == list(reference["greedy"])
+
+
+def test_reference_is_what_transformers_computes(reference):
+    """The committed reference is recomputed from the committed checkpoint, so it cannot go stale."""
+    torch, transformers = require_reference()
+    hf = transformers.MixtralForCausalLM.from_pretrained(HF_DIR, dtype=torch.float32,
+                                                         attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = hf(torch.from_numpy(reference["tokens"].astype(np.int64))[None]).logits[0].numpy()
+    np.testing.assert_allclose(logits, reference["logits"], atol=1e-5, rtol=0)
+
+
+def test_colibri_format_is_the_checkpoint_converted(tmp_path):
+    from colibri.convert import convert
+
+    out = convert(HF_DIR, tmp_path / "m", dtype="f16", progress=False)
+    assert (out / "weights.bin").read_bytes() == (MODEL_DIR / "weights.bin").read_bytes()
+
+
+def run_colibri(*args):
+    return subprocess.run([sys.executable, "-m", "colibri", *args], capture_output=True, text=True, check=True,
+                          cwd="/").stdout
+
+
+def test_generate_out_of_the_box_is_reproducible():
+    a = run_colibri("generate", "--prompt", "ROMEO:", "--max-tokens", "48", "--seed", "7")
+    b = run_colibri("generate", "--prompt", "ROMEO:", "--max-tokens", "48", "--seed", "7")
+    c = run_colibri("generate", "--prompt", "ROMEO:", "--max-tokens", "48", "--seed", "8")
+    assert a == b and a != c
+    assert a.startswith("ROMEO:") and len(a) > 60
+
+
+def test_c_cli_prints_the_same_text(model):
+    """colibri-infer decodes ids to bytes in C; greedy, it writes what the Python CLI writes."""
+    py = run_colibri("generate", "--prompt", "JULIET:", "--max-tokens", "40", "--temperature", "0")
+    ids = model.tokenizer.encode("JULIET:").ids
+    c = subprocess.run(["colibri-infer", "--model", str(MODEL_DIR), "--tokens", ",".join(map(str, ids)),
+                        "--max_tokens", "40", "--temperature", "0"], capture_output=True, check=True).stdout
+    assert c.decode("utf-8") == py
+
+
+def test_every_expert_carries_load(model):
+    report = json.loads((MODEL_DIR / "training.json").read_text())
+    share = np.array(report["validation"]["expert_share_per_layer"])
+    assert share.shape == (model.config["num_layers"], 8)
+    assert (share > 0.02).all() and (share < 0.5).all(), share   # none dead, none taking everything
+    out = run_colibri("stats")
+    assert "share of routed tokens per expert" in out and "unigram baseline" in out
+
+
+def test_stats_on_a_text_runs_in_the_core(tmp_path, model):
+    text = tmp_path / "t.txt"
+    text.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 8)
+    out = run_colibri("stats", "--text", str(text))
+    assert "loss" in out and "share of routed tokens per expert (top-2 of 8)" in out
