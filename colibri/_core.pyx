@@ -137,7 +137,7 @@ cdef class Model:
         return need
 
     def session(self, int ctx=0, int batch=0):
-        """A new session: a KV cache for ``ctx`` positions (0: the model's maximum),
+        """A new session: a KV cache for ``ctx`` positions (0: the model's maximum, at most 4096),
         prefill computed ``batch`` tokens at a time (0: 64)."""
         return Session(self, ctx, batch)
 

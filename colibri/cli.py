@@ -68,8 +68,7 @@ def _prompt_ids(model, args):
 def cmd_generate(args):
     model = _model(args.model)
     ids = _prompt_ids(model, args)
-    ctx = args.ctx or min(model.config["max_position_embeddings"], 4096)
-    session = model.session(ctx=ctx, batch=args.batch)
+    session = model.session(ctx=args.ctx, batch=args.batch)
     tok = model.tokenizer if args.tokens is None else None
     out = sys.stdout
     if tok is not None:
@@ -194,7 +193,7 @@ def build_parser():
 
     m = sub.add_parser("memdump", help="the memory a model and context need, before any token")
     m.add_argument("--model", help="colibri model directory (default: the bundled model)")
-    m.add_argument("--ctx", type=int, default=0, help="context length (default: the model's maximum)")
+    m.add_argument("--ctx", type=int, default=0, help="context length (default: the model's, at most 4096)")
     m.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
     m.set_defaults(func=cmd_memdump)
 

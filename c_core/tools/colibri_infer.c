@@ -201,7 +201,7 @@ int main(int argc, char **argv)
                 hp->vocab_size, (double)colibri_model_weight_bytes(model) / 1e6, 1e3 * (now_seconds() - t0));
 
     memset(&so, 0, sizeof so);
-    so.n_ctx = (int32_t)(o.ctx ? o.ctx : (hp->max_position_embeddings < 4096 ? hp->max_position_embeddings : 4096));
+    so.n_ctx = (int32_t)o.ctx;   /* 0: the model's, at most 4096 */
     so.n_batch = (int32_t)o.batch;
     if (colibri_session_create(model, &so, &session, &err)) { rc = fail("cannot create session", &err); goto done; }
     if (o.memdump) {
