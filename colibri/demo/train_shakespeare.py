@@ -120,6 +120,16 @@ def batches(data, rng, batch):
     return np.stack([data[s:s + CONTEXT + 1] for s in starts])
 
 
+def balance_loss(router_logits):
+    """Mixtral's load-balancing loss taken per layer and averaged.  transformers' own aux_loss pools
+    the tokens of all layers first, which balances experts across layers but lets one layer starve
+    an expert that another layer overuses; 1.0 per layer and top-k unit is perfectly balanced."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    E, k = MODEL["num_local_experts"], MODEL["num_experts_per_tok"]
+    return sum(load_balancing_loss_func((layer,), E, k) for layer in router_logits) / (len(router_logits) * k)
+
+
 def learning_rate(step):
     if step < TRAIN["warmup"]:
         return TRAIN["lr"] * (step + 1) / TRAIN["warmup"]
@@ -173,14 +183,15 @@ def train(torch, model, train_data, val_data):
         for group in opt.param_groups:
             group["lr"] = learning_rate(step)
         x = torch.from_numpy(batches(train_data, rng, TRAIN["batch"]))
-        out = model(input_ids=x[:, :-1], output_router_logits=True)   # out.aux_loss: load balancing
+        out = model(input_ids=x[:, :-1], output_router_logits=True)
         lm_loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, VOCAB_SIZE), x[:, 1:].reshape(-1))
-        loss = lm_loss + MODEL["router_aux_loss_coef"] * out.aux_loss
+        aux = balance_loss(out.router_logits)
+        loss = lm_loss + MODEL["router_aux_loss_coef"] * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        bar.set_postfix(loss=f"{lm_loss.item():.3f}", aux=f"{out.aux_loss.item():.3f}")
+        bar.set_postfix(loss=f"{lm_loss.item():.3f}", balance=f"{aux.item():.3f}")
         if (step + 1) % TRAIN["eval_every"] == 0 or step + 1 == TRAIN["steps"]:
             val, _ = evaluate(torch, model, val_data)
             history.append({"step": step + 1, "train_loss": round(float(lm_loss), 4), "val_loss": round(val, 4),
