@@ -78,19 +78,26 @@ def strip_boilerplate(text):
 
 # ---- tokenizer ----
 
-def train_tokenizer(texts):
-    """Byte-level BPE with VOCAB_SIZE entries: <unk> <s> </s>, the 256 bytes, merges."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def byte_level_bpe(texts, vocab_size):
+    """A byte-level BPE with exactly vocab_size entries: <unk> <s> </s>, the 256 bytes, merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<unk>", "<s>", "</s>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
-    assert tok.get_vocab_size() == VOCAB_SIZE
-    assert (tok.token_to_id("<s>"), tok.token_to_id("</s>")) == (MODEL["bos_token_id"], MODEL["eos_token_id"])
-    # encode() starts every text with <s>, as Mixtral's tokenizer does
+    assert tok.get_vocab_size() == vocab_size, tok.get_vocab_size()
+    assert (tok.token_to_id("<s>"), tok.token_to_id("</s>")) == (1, 2)   # the configs' bos / eos
+    return tok
+
+
+def train_tokenizer(texts):
+    """The model's tokenizer; encode() starts every text with <s>, as Mixtral's tokenizer does."""
+    from tokenizers import processors
+
+    tok = byte_level_bpe(texts, VOCAB_SIZE)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", MODEL["bos_token_id"])])
     return tok
 
