@@ -20,6 +20,7 @@
 typedef struct options {
     const char *model;
     const char *tokens;
+    const char *logits_path;
     long max_tokens;
     long ctx;
     long batch;
@@ -50,6 +51,7 @@ static void usage(FILE *f)
         "  --batch N          tokens per prefill chunk (default 64)\n"
         "  --ignore_eos       do not stop at the end-of-sequence token\n"
         "  --ids              print token ids even when the model has a vocabulary\n"
+        "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
         "  --validate-model   run every load check plus checksums, then exit\n"
         "  --memdump          print the memory report after creating the session, then exit\n"
         "  --verbose          model summary and timings on stderr\n");
@@ -109,6 +111,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
+        else if (option_is(a, "logits")) o->logits_path = v;
         else if (option_is(a, "max_tokens")) { if (!parse_long(a, v, 0, 1 << 24, &o->max_tokens)) return 0; }
         else if (option_is(a, "ctx")) { if (!parse_long(a, v, 1, 1 << 24, &o->ctx)) return 0; }
         else if (option_is(a, "batch")) { if (!parse_long(a, v, 1, 4096, &o->batch)) return 0; }
@@ -244,7 +247,21 @@ int main(int argc, char **argv)
     }
 
     t1 = now_seconds();
-    if (colibri_forward(session, prompt, n_prompt, NULL, &err)) { rc = fail("prefill failed", &err); goto done; }
+    if (o.logits_path) {
+        /* every prompt position's logits, for comparing targets and implementations */
+        size_t count = n_prompt * (size_t)hp->vocab_size;
+        float *all = malloc(count * sizeof(float));
+        FILE *f = fopen(o.logits_path, "wb");
+        if (!all || !f) { fprintf(stderr, "colibri-infer: cannot write %s\n", o.logits_path); rc = 1; free(all); if (f) fclose(f); goto done; }
+        if (colibri_forward(session, prompt, n_prompt, all, &err)) { rc = fail("prefill failed", &err); free(all); fclose(f); goto done; }
+        if (fwrite(all, sizeof(float), count, f) != count) { fprintf(stderr, "colibri-infer: short write to %s\n", o.logits_path); rc = 1; }
+        free(all);
+        if (fclose(f) != 0) rc = 1;
+        if (rc) goto done;
+    } else if (colibri_forward(session, prompt, n_prompt, NULL, &err)) {
+        rc = fail("prefill failed", &err);
+        goto done;
+    }
     t2 = now_seconds();
     if (o.verbose)
         fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s)\n", n_prompt, 1e3 * (t2 - t1),
