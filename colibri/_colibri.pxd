@@ -68,7 +68,11 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_token_bytes(const colibri_model *model, int32_t token, const uint8_t **bytes,
                                        size_t *len)
 
+    enum: COLIBRI_KERNELS_AUTO
+    enum: COLIBRI_KERNELS_REFERENCE
+
     ctypedef struct colibri_session_options:
+        int32_t kernels
         int32_t n_ctx
         int32_t n_batch
         void *arena
@@ -82,6 +86,7 @@ cdef extern from "colibri/colibri.h" nogil:
     void colibri_session_reset(colibri_session *session)
     int32_t colibri_session_position(const colibri_session *session)
     int32_t colibri_session_n_ctx(const colibri_session *session)
+    const char *colibri_session_kernels(const colibri_session *session)
     colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                    float *logits, colibri_error *err)
     const float *colibri_session_logits(const colibri_session *session)

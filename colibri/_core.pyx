@@ -136,10 +136,11 @@ cdef class Model:
             raise_error(&err)
         return need
 
-    def session(self, int ctx=0, int batch=0):
+    def session(self, int ctx=0, int batch=0, str kernels="auto"):
         """A new session: a KV cache for ``ctx`` positions (0: the model's maximum, at most 4096),
-        prefill computed ``batch`` tokens at a time (0: 64)."""
-        return Session(self, ctx, batch)
+        prefill computed ``batch`` tokens at a time (0: 64), with the fastest kernels this CPU runs
+        (``kernels="auto"``) or the plain C reference (``"reference"``)."""
+        return Session(self, ctx, batch, kernels)
 
 
 cdef class Session:
@@ -154,11 +155,14 @@ cdef class Session:
     cdef bint _busy
     cdef int32_t _vocab
 
-    def __cinit__(self, Model model not None, int ctx=0, int batch=0):
+    def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto"):
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
+        if kernels not in ("auto", "reference"):
+            raise ValueError(f"kernels must be 'auto' or 'reference', not {kernels!r}")
         memset(&opts, 0, sizeof(opts))
+        opts.kernels = c.COLIBRI_KERNELS_REFERENCE if kernels == "reference" else c.COLIBRI_KERNELS_AUTO
         opts.n_ctx = ctx
         opts.n_batch = batch
         self.model = model
@@ -185,6 +189,11 @@ cdef class Session:
     @property
     def n_ctx(self):
         return c.colibri_session_n_ctx(self._session)
+
+    @property
+    def kernels(self):
+        """The kernels this session computes with: "avx2", "neon" or "reference"."""
+        return c.colibri_session_kernels(self._session).decode()
 
     def reset(self):
         """Empties the KV cache."""

@@ -13,4 +13,8 @@ colibri_status colibri_platform_map_arena(size_t size, void **base, size_t *mapp
                                           colibri_error *err);
 void colibri_platform_unmap_arena(void *base, size_t mapped);
 
+/* Whether the environment asks for the reference kernels (COLIBRI_KERNELS=reference on POSIX),
+ * so tests and users can force that path without changing code. */
+int colibri_platform_wants_reference_kernels(void);
+
 #endif

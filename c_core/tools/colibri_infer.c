@@ -28,7 +28,7 @@ typedef struct options {
     long top_k;
     double top_p;
     unsigned long long seed;
-    int verbose, validate, memdump, stop_at_eos, ids;
+    int verbose, validate, memdump, stop_at_eos, ids, reference_kernels;
 } options;
 
 static void usage(FILE *f)
@@ -52,6 +52,7 @@ static void usage(FILE *f)
         "  --ignore_eos       do not stop at the end-of-sequence token\n"
         "  --ids              print token ids even when the model has a vocabulary\n"
         "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
+        "  --reference        compute with the plain C reference kernels (as COLIBRI_KERNELS=reference)\n"
         "  --validate-model   run every load check plus checksums, then exit\n"
         "  --memdump          print the memory report after creating the session, then exit\n"
         "  --verbose          model summary and timings on stderr\n");
@@ -108,6 +109,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "memdump")) { o->memdump = 1; takes_value = 0; }
         else if (option_is(a, "ignore_eos")) { o->stop_at_eos = 0; takes_value = 0; }
         else if (option_is(a, "ids")) { o->ids = 1; takes_value = 0; }
+        else if (option_is(a, "reference")) { o->reference_kernels = 1; takes_value = 0; }
         else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
@@ -206,6 +208,7 @@ int main(int argc, char **argv)
     memset(&so, 0, sizeof so);
     so.n_ctx = (int32_t)o.ctx;   /* 0: the model's, at most 4096 */
     so.n_batch = (int32_t)o.batch;
+    so.kernels = o.reference_kernels ? COLIBRI_KERNELS_REFERENCE : COLIBRI_KERNELS_AUTO;
     if (colibri_session_create(model, &so, &session, &err)) { rc = fail("cannot create session", &err); goto done; }
     if (o.memdump) {
         size_t len;
@@ -221,8 +224,8 @@ int main(int argc, char **argv)
     if (o.verbose) {
         colibri_memory_totals mt;
         colibri_memory(session, &mt);
-        fprintf(stderr, "session: ctx %d, arena %.2f MB (KV cache %.2f MB, activations %.2f MB), weights mapped %.2f MB\n",
-                colibri_session_n_ctx(session), (double)mt.arena_used / 1e6, (double)mt.kv_cache / 1e6,
+        fprintf(stderr, "session: ctx %d, %s kernels, arena %.2f MB (KV cache %.2f MB, activations %.2f MB), weights mapped %.2f MB\n",
+                colibri_session_n_ctx(session), colibri_session_kernels(session), (double)mt.arena_used / 1e6, (double)mt.kv_cache / 1e6,
                 (double)mt.activations / 1e6, (double)mt.weights / 1e6);
     }
 

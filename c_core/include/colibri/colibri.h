@@ -116,7 +116,13 @@ colibri_status colibri_token_bytes(const colibri_model *model, int32_t token,
 
 /* ---- session ---------------------------------------------------------- */
 
+enum {
+    COLIBRI_KERNELS_AUTO = 0,       /* the fastest variant this CPU runs (AVX2, NEON, ...) */
+    COLIBRI_KERNELS_REFERENCE = 1   /* the plain C reference kernels */
+};
+
 typedef struct colibri_session_options {
+    int32_t kernels;        /* COLIBRI_KERNELS_*; AUTO yields to COLIBRI_KERNELS=reference in the environment */
     int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings, at most 4096 */
     int32_t n_batch;        /* tokens computed together in one forward chunk; 0: 64 */
     void *arena;            /* NULL: the library maps one; else a caller buffer (16-byte aligned) */
@@ -136,6 +142,7 @@ void colibri_session_destroy(colibri_session *session);
 void colibri_session_reset(colibri_session *session);          /* empties the KV cache */
 int32_t colibri_session_position(const colibri_session *session);
 int32_t colibri_session_n_ctx(const colibri_session *session);
+const char *colibri_session_kernels(const colibri_session *session);   /* "avx2", "neon", "reference" */
 
 /* Appends `n` tokens to the KV cache and computes their logits.
  * logits (n, vocab): every position's logits, or NULL to keep only the last one,

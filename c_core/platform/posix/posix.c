@@ -42,6 +42,12 @@ void colibri_platform_unmap_arena(void *base, size_t mapped)
     munmap(base, mapped);
 }
 
+int colibri_platform_wants_reference_kernels(void)
+{
+    const char *v = getenv("COLIBRI_KERNELS");
+    return v && strcmp(v, "reference") == 0;
+}
+
 /* What a model opened from a directory owns besides its metadata block. */
 typedef struct posix_model {
     char *json;

@@ -1,6 +1,4 @@
 /* Routers: logits (n, E) -> expert ids (n, k) and gate weights (n, k). */
-#include <math.h>
-
 #include "moe.h"
 
 /* Mixtral: softmax over all experts, keep the k largest (lowest id on ties),
@@ -15,7 +13,7 @@ static void route_topk_softmax(const colibri_hparams *hp, const float *logits, i
         float *g = gates + (size_t)t * K;
         float max = lt[0], sum = 0.0f, kept = 0.0f;
         for (i = 1; i < E; i++) if (lt[i] > max) max = lt[i];
-        for (i = 0; i < E; i++) sum += expf(lt[i] - max);
+        for (i = 0; i < E; i++) sum += colibri_expf(lt[i] - max);
         for (j = 0; j < K; j++) {
             int32_t best = -1;
             for (i = 0; i < E; i++) {
@@ -24,7 +22,7 @@ static void route_topk_softmax(const colibri_hparams *hp, const float *logits, i
                 if (!taken && (best < 0 || lt[i] > lt[best])) best = i;
             }
             id[j] = best;
-            g[j] = expf(lt[best] - max) / sum;
+            g[j] = colibri_expf(lt[best] - max) / sum;
             kept += g[j];
         }
         if (hp->normalize_topk)

@@ -20,11 +20,26 @@ typedef struct colibri_kernels {
 } colibri_kernels;
 
 const colibri_kernels *colibri_kernels_reference(void);
+const colibri_kernels *colibri_kernels_best(void);      /* arch/dispatch.c: the best this CPU runs */
+/* Architecture variants (c_core/arch/), present only in builds for their architecture. */
+const colibri_kernels *colibri_kernels_avx2(void);
+const colibri_kernels *colibri_kernels_neon(void);
+int colibri_cpu_has_avx2(void);
+
+/* Reference kernels that variants reuse where they have nothing faster. */
+void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
 
 /* Scalar element conversions, exact. */
 float colibri_f16_to_f32(uint16_t h);
 float colibri_bf16_to_f32(uint16_t b);
 float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);
+
+/* Elementary functions of our own (ops/math.c): the same bits on every platform. */
+double colibri_exp(double x);
+double colibri_log(double x);
+double colibri_sin(double x);
+double colibri_cos(double x);
+float colibri_expf(float x);
 
 /* x (n) <- softmax(x) */
 void colibri_softmax(float *x, int32_t n);

@@ -63,7 +63,7 @@ static void ref_matmul(float *y, const float *x, const void *w, colibri_dtype dt
 }
 
 /* y (dim) = x / sqrt(mean(x^2) + eps) * w */
-static void ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
+void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
 {
     double ss = 0.0;
     float scale;
@@ -73,7 +73,7 @@ static void ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype d
     for (i = 0; i < dim; i++) y[i] = colibri_load_f32(w, dtype, (size_t)i) * (x[i] * scale);
 }
 
-static const colibri_kernels reference_kernels = { "reference", ref_matmul, ref_rmsnorm };
+static const colibri_kernels reference_kernels = { "reference", ref_matmul, colibri_ref_rmsnorm };
 
 const colibri_kernels *colibri_kernels_reference(void) { return &reference_kernels; }
 
@@ -82,14 +82,14 @@ void colibri_softmax(float *x, int32_t n)
     float max = x[0], sum = 0.0f;
     int32_t i;
     for (i = 1; i < n; i++) if (x[i] > max) max = x[i];
-    for (i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    for (i = 0; i < n; i++) { x[i] = colibri_expf(x[i] - max); sum += x[i]; }
     for (i = 0; i < n; i++) x[i] /= sum;
 }
 
 void colibri_silu_mul(float *g, const float *u, size_t n)
 {
     size_t i;
-    for (i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (i = 0; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
 void colibri_rope(float *v, int32_t n_heads, int32_t head_dim, const float *cos_t, const float *sin_t)

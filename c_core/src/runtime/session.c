@@ -74,6 +74,8 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
     if (*n_ctx < 1 || *n_ctx > hp->max_position_embeddings)
         return colibri_fail(err, COLIBRI_E_ARG, "n_ctx = %d must lie in [1, %d] (max_position_embeddings)",
                             *n_ctx, hp->max_position_embeddings);
+    if (o && o->kernels != COLIBRI_KERNELS_AUTO && o->kernels != COLIBRI_KERNELS_REFERENCE)
+        return colibri_fail(err, COLIBRI_E_ARG, "kernels = %d: use COLIBRI_KERNELS_AUTO or _REFERENCE", o->kernels);
     if (*n_batch < 1 || *n_batch > 4096)
         return colibri_fail(err, COLIBRI_E_ARG, "n_batch = %d must lie in [1, 4096]", *n_batch);
     if (*n_batch > *n_ctx) *n_batch = *n_ctx;
@@ -127,18 +129,19 @@ colibri_status colibri_session_plan(const colibri_model *model, const colibri_se
     return COLIBRI_OK;
 }
 
-/* Angles as transformers computes them in float32: inv_freq = 1 / theta^(2j/d), angle = pos * inv_freq. */
+/* Angles as transformers computes them in float32: inv_freq = 1 / theta^(2j/d), angle = pos * inv_freq;
+ * cos and sin of our own (ops/math.c), so every platform fills the same table. */
 static void fill_rope_tables(colibri_session *s)
 {
     const colibri_hparams *hp = &s->model->hp;
     int32_t half = hp->head_dim / 2, p, j;
     for (j = 0; j < half; j++) {
         float exponent = (float)(2 * j) / (float)hp->head_dim;
-        float inv_freq = 1.0f / (float)pow((double)hp->rope_theta, (double)exponent);
+        float inv_freq = 1.0f / (float)colibri_exp((double)exponent * colibri_log((double)hp->rope_theta));
         for (p = 0; p < s->n_ctx; p++) {
             float angle = (float)p * inv_freq;
-            s->rope_cos[(size_t)p * half + j] = (float)cos((double)angle);
-            s->rope_sin[(size_t)p * half + j] = (float)sin((double)angle);
+            s->rope_cos[(size_t)p * half + j] = (float)colibri_cos((double)angle);
+            s->rope_sin[(size_t)p * half + j] = (float)colibri_sin((double)angle);
         }
     }
 }
@@ -188,7 +191,8 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->arena = a;
     s->arena_raw = base;
     s->model = model;
-    s->kernels = colibri_kernels_reference();
+    s->kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
+                     ? colibri_kernels_reference() : colibri_kernels_best();
     s->moe.router = &colibri_router_topk_softmax;
     s->moe.expert = &colibri_expert_swiglu;
     s->moe.aggregator = &colibri_aggregator_weighted;
@@ -214,6 +218,7 @@ void colibri_session_destroy(colibri_session *s)
 void colibri_session_reset(colibri_session *s) { s->position = 0; }
 int32_t colibri_session_position(const colibri_session *s) { return s->position; }
 int32_t colibri_session_n_ctx(const colibri_session *s) { return s->n_ctx; }
+const char *colibri_session_kernels(const colibri_session *s) { return s->kernels->name; }
 const float *colibri_session_logits(const colibri_session *s) { return s->logits; }
 
 /* ---- forward ---- */

@@ -70,7 +70,7 @@ colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params
     p = s->probs;
     ids = s->candidates;
     max = logits[best];
-    for (i = 0; i < V; i++) { p[i] = expf((logits[i] - max) / params->temperature); sum += p[i]; }
+    for (i = 0; i < V; i++) { p[i] = colibri_expf((logits[i] - max) / params->temperature); sum += p[i]; }
     for (i = 0; i < V; i++) p[i] /= sum;
 
     if (params->top_k > 0 && params->top_k < V) {

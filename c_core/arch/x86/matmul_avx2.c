@@ -1,0 +1,55 @@
+/* AVX2 + FMA + F16C kernels (x86-64).  Compiled with -mavx2 -mfma -mf16c; called only
+ * after colibri_cpu_has_avx2() said yes.  Each is tested against ops/reference.c. */
+#include <immintrin.h>
+
+#include "../../src/ops/ops.h"
+
+/* 8 weights of row w starting at c, as floats. */
+static inline __m256 load8(const void *w, colibri_dtype dtype, size_t c)
+{
+    if (dtype == COLIBRI_DTYPE_F32) return _mm256_loadu_ps((const float *)w + c);
+    {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + c));
+        if (dtype == COLIBRI_DTYPE_F16) return _mm256_cvtph_ps(h);
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));   /* bf16 */
+    }
+}
+
+static inline float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 8-wide accumulators per dot product. */
+static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype dtype,
+                        int32_t n, int32_t cols, int32_t rows)
+{
+    size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
+    int32_t r, t;
+    for (r = 0; r < rows; r++) {
+        const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+        for (t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * cols;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            size_t c = 0, end = (size_t)cols;
+            float acc;
+            for (; c + 32 <= end; c += 32) {
+                a0 = _mm256_fmadd_ps(load8(wr, dtype, c), _mm256_loadu_ps(xt + c), a0);
+                a1 = _mm256_fmadd_ps(load8(wr, dtype, c + 8), _mm256_loadu_ps(xt + c + 8), a1);
+                a2 = _mm256_fmadd_ps(load8(wr, dtype, c + 16), _mm256_loadu_ps(xt + c + 16), a2);
+                a3 = _mm256_fmadd_ps(load8(wr, dtype, c + 24), _mm256_loadu_ps(xt + c + 24), a3);
+            }
+            for (; c + 8 <= end; c += 8) a0 = _mm256_fmadd_ps(load8(wr, dtype, c), _mm256_loadu_ps(xt + c), a0);
+            acc = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+            for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
+            y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, colibri_ref_rmsnorm };
+
+const colibri_kernels *colibri_kernels_avx2(void) { return &avx2_kernels; }

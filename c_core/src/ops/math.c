@@ -1,0 +1,135 @@
+/* exp, log, sin and cos of our own, in plain IEEE double arithmetic (+ - * / and exact
+ * scaling by powers of two), so every platform computes the same bits: C libraries round
+ * their libm results differently, and the deterministic mode promises identical logits on
+ * x86-64, AArch64 and RISC-V.  Accurate to a few double ulps, far below the float results
+ * they feed.  -ffp-contract=off keeps compilers from fusing the polynomial steps. */
+#include <string.h>
+
+#include "ops.h"
+
+#define LN2_HI 0.6931471806019545           /* ln 2 in 32 bits: k * LN2_HI is exact for |k| < 2^21 */
+#define LN2_LO (-4.2009150726810846e-11)    /* ln 2 - LN2_HI */
+#define PIO2_1 1.5707963267341256           /* pi/2 in three 33-bit parts: k * part exact for k < 2^20 */
+#define PIO2_2 6.077100506303966e-11
+#define PIO2_3 2.0222662487959506e-21
+#define TWO_OVER_PI 0.6366197723675814
+
+/* x * 2^k for integer k, by building the power of two from its bits (no ldexp: libm). */
+static double scale2(double x, int k)
+{
+    uint64_t bits;
+    double p;
+    while (k > 1000) { x *= 0x1p1000; k -= 1000; }
+    while (k < -1000) { x *= 0x1p-1000; k += 1000; }
+    bits = (uint64_t)(k + 1023) << 52;
+    memcpy(&p, &bits, 8);
+    return x * p;
+}
+
+/* Nearest integer, ties away from zero; |x| < 2^31. */
+static int nearest(double x) { return (int)(x < 0 ? x - 0.5 : x + 0.5); }
+
+double colibri_exp(double x)
+{
+    double r, sum, term;
+    int k, i;
+    if (x != x) return x;
+    if (x > 709.782712893384) return 0x1p1023 * 2.0;   /* beyond ln(DBL_MAX): +inf */
+    if (x < -745.2) return 0.0;
+    k = nearest(x / LN2_HI);
+    r = (x - k * LN2_HI) - k * LN2_LO;          /* |r| <= ln2 / 2 */
+    sum = 1.0;
+    term = 1.0;
+    for (i = 1; i <= 17; i++) {                   /* Taylor: (ln2/2)^18 / 18! < 1e-19 */
+        term = term * r / i;
+        sum += term;
+    }
+    return scale2(sum, k);
+}
+
+double colibri_log(double x)
+{
+    uint64_t bits;
+    double m, s, s2, sum, power;
+    int k, i;
+    if (!(x > 0.0)) return x == 0.0 ? -0x1p1023 * 2.0 : (x - x) / (x - x);   /* -inf, or NaN */
+    if (x > 0x1p1023 * 1.9999) return x;                                   /* +inf stays */
+    k = 0;
+    if (x < 0x1p-1000) { x *= 0x1p100; k = -100; }   /* subnormals */
+    memcpy(&bits, &x, 8);
+    k += (int)((bits >> 52) & 0x7ff) - 1023;
+    bits = (bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull;
+    memcpy(&m, &bits, 8);                          /* m in [1, 2) */
+    if (m > 1.4142135623730951) { m *= 0.5; k++; }
+    s = (m - 1.0) / (m + 1.0);                     /* |s| <= 0.1716: log m = 2 atanh s */
+    s2 = s * s;
+    sum = 0.0;
+    power = s;
+    for (i = 1; i <= 25; i += 2) {                 /* s^27 / 27 < 1e-22 */
+        sum += power / i;
+        power *= s2;
+    }
+    return (k * LN2_HI + (2.0 * sum + k * LN2_LO));
+}
+
+/* sin and cos of r in [-pi/4, pi/4], Taylor to well below a double ulp. */
+static double sin_small(double r)
+{
+    double r2 = r * r, term = r, sum = r;
+    int i;
+    for (i = 1; i <= 8; i++) {
+        term = -term * r2 / ((2 * i) * (2 * i + 1));
+        sum += term;
+    }
+    return sum;
+}
+
+static double cos_small(double r)
+{
+    double r2 = r * r, term = 1.0, sum = 1.0;
+    int i;
+    for (i = 1; i <= 9; i++) {
+        term = -term * r2 / ((2 * i - 1) * (2 * i));
+        sum += term;
+    }
+    return sum;
+}
+
+/* x = k * pi/2 + r; returns r, k in *quadrant (mod 4).  Exact reduction for |x| < 2^20 * pi/2;
+ * beyond, still the same bits everywhere, with less accuracy. */
+static double reduce(double x, int *quadrant)
+{
+    double k = (double)nearest(x * TWO_OVER_PI);
+    *quadrant = (int)((long long)k & 3);
+    return ((x - k * PIO2_1) - k * PIO2_2) - k * PIO2_3;
+}
+
+double colibri_sin(double x)
+{
+    int q;
+    double r;
+    if (!(x - x == 0.0)) return (x - x) / (x - x);   /* NaN, inf */
+    r = reduce(x, &q);
+    switch (q) {
+    case 0: return sin_small(r);
+    case 1: return cos_small(r);
+    case 2: return -sin_small(r);
+    default: return -cos_small(r);
+    }
+}
+
+double colibri_cos(double x)
+{
+    int q;
+    double r;
+    if (!(x - x == 0.0)) return (x - x) / (x - x);
+    r = reduce(x, &q);
+    switch (q) {
+    case 0: return cos_small(r);
+    case 1: return -sin_small(r);
+    case 2: return -cos_small(r);
+    default: return sin_small(r);
+    }
+}
+
+float colibri_expf(float x) { return (float)colibri_exp((double)x); }

@@ -1,0 +1,54 @@
+"""Kernel selection: the fastest variant this CPU runs is the default, the reference is one
+flag (or COLIBRI_KERNELS=reference) away, and whole-model logits agree between them.  The
+kernels themselves are compared with the reference in c_core/tests/test_kernels.c, on every
+target (tests/test_targets.py runs it under QEMU)."""
+import os
+import platform
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import colibri
+from colibri.demo import MODEL_DIR
+from conftest import FIXTURES
+
+
+def cpu_flags():
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+
+
+def test_the_fastest_variant_is_the_default():
+    s = colibri.Model(MODEL_DIR).session(ctx=16)
+    expected = "reference"
+    if platform.machine() == "x86_64" and {"avx2", "fma", "f16c"} <= cpu_flags():
+        expected = "avx2"
+    elif platform.machine() == "aarch64":
+        expected = "neon"
+    assert s.kernels == expected
+    assert colibri.Model(MODEL_DIR).session(ctx=16, kernels="reference").kernels == "reference"
+    with pytest.raises(ValueError):
+        colibri.Model(MODEL_DIR).session(kernels="fast")
+
+
+def test_environment_forces_the_reference():
+    code = "import colibri; from colibri.demo import MODEL_DIR; print(colibri.Model(MODEL_DIR).session(ctx=8).kernels)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/",
+                         env=dict(os.environ, COLIBRI_KERNELS="reference")).stdout
+    assert out.strip() == "reference"
+
+
+@pytest.mark.parametrize("model_dir", [MODEL_DIR, FIXTURES / "tiny-mixtral.colibri"], ids=["bundled", "tiny"])
+def test_variants_agree_on_whole_models(model_dir):
+    """Fast mode differs from the reference only by float summation order: within 1e-4 here."""
+    m = colibri.Model(model_dir)
+    tokens = np.arange(1, 65) % m.vocab_size
+    fast = m.session(ctx=64).forward(tokens)
+    ref = m.session(ctx=64, kernels="reference").forward(tokens)
+    print(f"{model_dir.name}: max |auto - reference| = {np.abs(fast - ref).max():.2e}")
+    np.testing.assert_allclose(fast, ref, atol=1e-4, rtol=0)
