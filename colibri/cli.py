@@ -65,9 +65,32 @@ def _prompt_ids(model, args):
     return ids
 
 
+def generate_on_target(model, ids, args):
+    """The same run through colibri-infer built for another target, under QEMU."""
+    import subprocess
+
+    from colibri import targets
+
+    command = targets.infer_command(args.target) + [
+        "--model", model.path, "--tokens", ",".join(map(str, ids)), "--max_tokens", str(args.max_tokens),
+        "--temperature", str(args.temperature), "--top_k", str(args.top_k), "--top_p", str(args.top_p),
+        "--seed", str(args.seed), "--ctx", str(args.ctx or min(model.config["max_position_embeddings"], 4096))]
+    if args.batch:
+        command += ["--batch", str(args.batch)]
+    if args.ignore_eos:
+        command.append("--ignore_eos")
+    if args.tokens is not None:
+        command.append("--ids")
+    if args.verbose:
+        command.append("--verbose")
+    return subprocess.run(command).returncode
+
+
 def cmd_generate(args):
     model = _model(args.model)
     ids = _prompt_ids(model, args)
+    if args.target != "native":
+        return generate_on_target(model, ids, args)
     session = model.session(ctx=args.ctx, batch=args.batch)
     tok = model.tokenizer if args.tokens is None else None
     out = sys.stdout
@@ -189,6 +212,8 @@ def build_parser():
     g.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--verbose", action="store_true", help="timings on stderr")
+    g.add_argument("--target", default="native", choices=["native", "aarch64", "riscv64"],
+                   help="run the core built for this target, under QEMU (needs a source checkout)")
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("memdump", help="the memory a model and context need, before any token")

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# colibri.targets builds the core for other targets from this checkout
+os.environ.setdefault("COLIBRI_SOURCE", str(Path(__file__).resolve().parent.parent))
 HF_MODELS = ("tiny-mixtral", "tiny-mixtral-b")  # HF checkpoints with reference.npz
 DTYPES = ("f32", "f16", "bf16")
 

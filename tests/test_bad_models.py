@@ -7,7 +7,7 @@ import pytest
 
 import colibri
 from bad_models import CASES, FIXTURE, make_case, mutations
-from c_builds import env_for, infer_binary
+from colibri.targets import env_for, infer_binary
 
 CLI_KINDS = ["native", "sanitize"]
 

@@ -7,7 +7,7 @@ import pytest
 
 import colibri
 from bad_models import FIXTURE
-from c_builds import build, env_for
+from colibri.targets import build, env_for
 
 
 @pytest.mark.parametrize("kind", ["native", "clang", "sanitize"])

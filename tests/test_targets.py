@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bad_models import CASES, make_case
-from c_builds import TARGETS, build, infer_command
+from colibri.targets import TARGETS, build, infer_command
 from conftest import FIXTURES, HF_MODELS
 
 BUNDLED_HF = FIXTURES / "shakespeare-hf"
@@ -110,6 +110,18 @@ def test_seeded_sampling_repeats(target, converted):
     args = ["--model", converted[("tiny-mixtral", "f32")], "--tokens", "1,5,9", "--max_tokens", 24,
             "--temperature", 0.9, "--top_k", 50, "--top_p", 0.9, "--seed", 11, "--ids"]
     assert infer(target, *args).stdout == infer(target, *args).stdout
+
+
+@pytest.mark.parametrize("target", ["aarch64", "riscv64"])
+def test_one_flag_runs_the_cli_on_a_target(target):
+    """`colibri generate --target T` is the host run, on T: the same text, greedy."""
+    import sys
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "colibri", "generate", "--prompt", "ROMEO:", "--max-tokens", "40",
+                               "--temperature", "0", *extra], capture_output=True, check=True, timeout=300).stdout
+
+    assert run("--target", target) == run()
 
 
 @pytest.mark.parametrize("target", ["aarch64", "riscv64"])

@@ -7,7 +7,7 @@ import pytest
 
 import colibri
 from bad_models import FIXTURE
-from c_builds import infer_binary
+from colibri.targets import infer_binary
 
 TEXTS = ["The capital of France is", "A hummingbird hovers — très vite! 中文 ok\n\n  tabs\tand spaces",
          "int main(void) { return 0; } /* y = W @ x */", "ROMEO:\nBut soft, what light through yonder window breaks?"]

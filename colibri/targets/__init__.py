@@ -1,13 +1,24 @@
-"""Meson builds of the C core alone, made once per test run under build/ and reused:
-`native` (the release flags, for the C tests), `clang`, `sanitize` (AddressSanitizer + UBSan),
-and the Linux cross targets `aarch64` and `riscv64` (toolchains/*.ini), whose programs run under
-QEMU user mode."""
+"""The C core built for other targets from a source checkout, and run there.
+
+    colibri generate --target riscv64 --prompt "ROMEO:"       # the same run, under QEMU
+
+A target is a Meson build of the core alone under <source>/build/<target>, made on first use
+and rebuilt (incrementally) on each: `native` (release flags), `clang`, `sanitize` (AddressSanitizer
++ UBSan), and the Linux cross targets `aarch64` and `riscv64` (toolchains/*.ini), whose programs
+run under QEMU user mode.  The source checkout is $COLIBRI_SOURCE, else the current directory or
+the one this package was imported from, whichever holds meson.build and c_core/."""
 import functools
 import os
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+def source_dir():
+    """The colibri source checkout that targets are built from."""
+    candidates = [os.environ.get("COLIBRI_SOURCE"), os.getcwd(), Path(__file__).resolve().parents[2]]
+    for c in candidates:
+        if c and (Path(c) / "meson.build").is_file() and (Path(c) / "c_core").is_dir():
+            return Path(c).resolve()
+    raise RuntimeError("building for a target needs the colibri sources: run from a checkout or set COLIBRI_SOURCE")
 OPTIONS = {
     "native": ["-Dpython=false"],
     "clang": ["-Dpython=false", "--native-file", "toolchains/clang.ini"],   # same -Werror flags
@@ -34,13 +45,16 @@ SANITIZER_ENV = {
 @functools.lru_cache(maxsize=None)
 def build(kind):
     """Configures (once) and builds build/<kind>; returns its directory."""
-    out = ROOT / "build" / kind
+    if kind not in OPTIONS:
+        raise ValueError(f"unknown target {kind!r}: one of {', '.join(OPTIONS)}")
+    root = source_dir()
+    out = root / "build" / kind
     if not (out / "build.ninja").exists():
-        r = subprocess.run(["meson", "setup", str(out), *OPTIONS[kind]], cwd=ROOT,
+        r = subprocess.run(["meson", "setup", str(out), *OPTIONS[kind]], cwd=root,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"configuring build/{kind} failed:\n{r.stdout[-4000:]}")
-    r = subprocess.run(["ninja", "-C", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    r = subprocess.run(["ninja", "-C", str(out)], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True)
     if r.returncode != 0:
         raise RuntimeError(f"building build/{kind} failed:\n{r.stdout[-4000:]}")
