@@ -21,6 +21,7 @@ typedef struct options {
     const char *model;
     const char *tokens;
     const char *logits_path;
+    const char *load_path;
     long max_tokens;
     long ctx;
     long batch;
@@ -53,6 +54,7 @@ static void usage(FILE *f)
         "  --ids              print token ids even when the model has a vocabulary\n"
         "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
         "  --reference        compute with the plain C reference kernels (as COLIBRI_KERNELS=reference)\n"
+        "  --expert_load FILE write the tokens routed to each expert, uint64 [n_layers, n_experts], to FILE\n"
         "  --validate-model   run every load check plus checksums, then exit\n"
         "  --memdump          print the memory report after creating the session, then exit\n"
         "  --verbose          model summary and timings on stderr\n");
@@ -114,6 +116,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
         else if (option_is(a, "logits")) o->logits_path = v;
+        else if (option_is(a, "expert_load")) o->load_path = v;
         else if (option_is(a, "max_tokens")) { if (!parse_long(a, v, 0, 1 << 24, &o->max_tokens)) return 0; }
         else if (option_is(a, "ctx")) { if (!parse_long(a, v, 1, 1 << 24, &o->ctx)) return 0; }
         else if (option_is(a, "batch")) { if (!parse_long(a, v, 1, 4096, &o->batch)) return 0; }
@@ -284,6 +287,18 @@ int main(int argc, char **argv)
         if (colibri_forward(session, &token, 1, NULL, &err)) { rc = fail("decode failed", &err); break; }
     }
     printf("\n");
+    if (o.load_path && rc == 0) {
+        size_t count = (size_t)hp->n_layers * (size_t)hp->n_experts;
+        uint64_t *load = malloc(count * sizeof(uint64_t));
+        FILE *f = fopen(o.load_path, "wb");
+        if (!load || !f || colibri_expert_load(session, load) != COLIBRI_OK ||
+            fwrite(load, sizeof(uint64_t), count, f) != count) {
+            fprintf(stderr, "colibri-infer: cannot write %s\n", o.load_path);
+            rc = 1;
+        }
+        if (f && fclose(f) != 0) rc = 1;
+        free(load);
+    }
     if (o.verbose && generated > 0)
         fprintf(stderr, "decode: %ld tokens in %.1f ms (%.1f tok/s)\n", generated, 1e3 * (now_seconds() - t2),
                 (double)generated / (now_seconds() - t2));
