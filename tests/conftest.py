@@ -60,3 +60,13 @@ def make_fixtures():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def transformers_expert_load(name, tokens):
+    """int [n_layers, n_experts]: tokens transformers routes to each expert of the HF fixture `name`."""
+    torch, transformers = require_reference()
+    hf = transformers.MixtralForCausalLM.from_pretrained(FIXTURES / name).eval()
+    with torch.no_grad():
+        out = hf(torch.from_numpy(np.asarray(tokens, dtype=np.int64))[None], output_router_logits=True)
+    k, E = hf.config.num_experts_per_tok, hf.config.num_local_experts
+    return np.stack([np.bincount(g.topk(k, dim=-1).indices.reshape(-1).numpy(), minlength=E) for g in out.router_logits])

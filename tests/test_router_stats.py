@@ -3,19 +3,14 @@ import numpy as np
 import pytest
 
 import colibri
-from conftest import FIXTURES, HF_MODELS, require_reference
+from conftest import HF_MODELS, transformers_expert_load
 
 
 @pytest.mark.parametrize("name", HF_MODELS)
 def test_expert_load_matches_transformers_routing(converted, references, name):
-    torch, transformers = require_reference()
     tokens = references[name]["tokens"]
-    hf = transformers.MixtralForCausalLM.from_pretrained(FIXTURES / name).eval()
-    with torch.no_grad():
-        out = hf(torch.from_numpy(tokens.astype(np.int64))[None], output_router_logits=True)
-    k, E = hf.config.num_experts_per_tok, hf.config.num_local_experts
-    want = np.stack([np.bincount(logits.topk(k, dim=-1).indices.reshape(-1).numpy(), minlength=E)
-                     for logits in out.router_logits])
+    want = transformers_expert_load(name, tokens)
+    k = colibri.Model(converted[(name, "f32")]).config["top_k"]
 
     s = colibri.Model(converted[(name, "f32")]).session(ctx=64, batch=7)
     s.forward(tokens)

@@ -9,7 +9,7 @@ import pytest
 
 from bad_models import CASES, make_case
 from colibri.targets import TARGETS, build, infer_command
-from conftest import FIXTURES, HF_MODELS, require_reference
+from conftest import FIXTURES, HF_MODELS, transformers_expert_load
 
 BUNDLED_HF = FIXTURES / "shakespeare-hf"
 
@@ -60,13 +60,8 @@ def test_greedy_tokens_match_transformers(target, model, converted, references):
 @pytest.mark.parametrize("target", TARGETS)
 def test_router_matches_transformers(target, model, converted, references, tmp_path):
     """Router semantics on the target: tokens per expert per layer equal transformers' top-k."""
-    torch, transformers = require_reference()
     tokens = references[model]["tokens"]
-    hf = transformers.MixtralForCausalLM.from_pretrained(FIXTURES / model).eval()
-    with torch.no_grad():
-        out = hf(torch.from_numpy(tokens.astype(np.int64))[None], output_router_logits=True)
-    k, E = hf.config.num_experts_per_tok, hf.config.num_local_experts
-    want = np.stack([np.bincount(g.topk(k, dim=-1).indices.reshape(-1).numpy(), minlength=E) for g in out.router_logits])
+    want = transformers_expert_load(model, tokens)
     path = tmp_path / "load.bin"
     infer(target, "--model", converted[(model, "f32")], "--tokens", ",".join(map(str, tokens)), "--max_tokens", 0,
           "--ids", "--batch", 5, "--expert_load", path)
