@@ -26,6 +26,7 @@ OPTIONS = {
                  "--buildtype=debugoptimized"],
     "aarch64": ["-Dpython=false", "--cross-file", "toolchains/aarch64-linux-gnu.ini"],
     "riscv64": ["-Dpython=false", "--cross-file", "toolchains/riscv64-linux-gnu.ini"],
+    "mps2-an386": ["-Dpython=false", "--cross-file", "toolchains/mps2-an386.ini"],   # bare metal
 }
 
 # How a target's programs run on this x86_64 host.
@@ -34,6 +35,19 @@ RUNNER = {
     "riscv64": ["qemu-riscv64", "-L", "/usr/riscv64-linux-gnu"],
 }
 TARGETS = ["native", "aarch64", "riscv64"]
+BOARDS = {   # bare-metal boards: QEMU system emulation, files and output through semihosting
+    "mps2-an386": ["qemu-system-arm", "-M", "mps2-an386", "-nographic", "-monitor", "none", "-serial", "none",
+                   "-chardev", "stdio,id=out"],   # semihosting output to stdout (QEMU's default is stderr)
+}
+
+
+def run_firmware(board, model_dir, tokens, max_tokens, timeout=600):
+    """Runs the board's firmware image on `tokens` (greedy); returns (exit status, output bytes)."""
+    image = build(board) / "firmware" / "colibri-firmware.elf"
+    args = f"enable=on,target=native,chardev=out,arg={model_dir},arg={':'.join(map(str, tokens))},arg={max_tokens}"
+    r = subprocess.run([*BOARDS[board], "-semihosting-config", args, "-kernel", str(image)],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    return r.returncode, r.stdout
 
 # Sanitizer findings must fail the run, never scroll past.
 SANITIZER_ENV = {

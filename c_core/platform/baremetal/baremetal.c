@@ -1,0 +1,26 @@
+/* The bare-metal platform: no heap, no file system, no environment.  Sessions live in an
+ * arena the firmware passes in (colibri_session_options.arena); models are loaded from
+ * memory with colibri_model_load. */
+#include "../../src/model/model.h"
+#include "../../src/platform.h"
+#include "../../src/util.h"
+
+colibri_status colibri_platform_map_arena(size_t size, void **base, size_t *mapped, int *hugepages,
+                                          colibri_error *err)
+{
+    (void)base; (void)mapped; (void)hugepages;
+    return colibri_fail(err, COLIBRI_E_NOMEM, "no heap on bare metal: pass an arena of %zu bytes in the session options",
+                        size);
+}
+
+void colibri_platform_unmap_arena(void *base, size_t mapped) { (void)base; (void)mapped; }
+
+int colibri_platform_wants_reference_kernels(void) { return 0; }
+
+colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model **model, colibri_error *err)
+{
+    (void)flags;
+    if (model) *model = NULL;
+    return colibri_fail(err, COLIBRI_E_IO, "%s: no file system on bare metal; load the model with colibri_model_load",
+                        dir ? dir : "(null)");
+}
