@@ -124,14 +124,15 @@ def test_seeded_sampling_repeats(target, converted):
     assert infer(target, *args).stdout == infer(target, *args).stdout
 
 
-def test_bare_metal_board_prints_the_host_text():
-    """The bundled model on a Cortex-M4F (QEMU mps2-an386, no OS, no heap): the same greedy text
-    as the host's strict mode."""
+@pytest.mark.parametrize("board", ["mps2-an386", "virt-rv32"])
+def test_bare_metal_board_prints_the_host_text(board):
+    """The bundled model with no OS and no heap (Cortex-M4F on QEMU's mps2-an386, RV32IMAC with
+    soft float on `virt`): the same greedy text as the host's strict mode."""
     from colibri.demo import MODEL_DIR
     from colibri.targets import run_firmware
 
     prompt = [1, 591, 47, 39, 49, 28]   # <s> ROMEO:
-    status, out = run_firmware("mps2-an386", MODEL_DIR, prompt, 20)
+    status, out = run_firmware(board, MODEL_DIR, prompt, 20)
     host = infer("native", "--model", MODEL_DIR, "--tokens", ",".join(map(str, prompt)), "--max_tokens", 20,
                  "--temperature", 0, "--reference", "--ignore_eos").stdout
     assert status == 0 and out == host, (status, out, host)

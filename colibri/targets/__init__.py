@@ -27,6 +27,7 @@ OPTIONS = {
     "aarch64": ["-Dpython=false", "--cross-file", "toolchains/aarch64-linux-gnu.ini"],
     "riscv64": ["-Dpython=false", "--cross-file", "toolchains/riscv64-linux-gnu.ini"],
     "mps2-an386": ["-Dpython=false", "--cross-file", "toolchains/mps2-an386.ini"],   # bare metal
+    "virt-rv32": ["-Dpython=false", "--cross-file", "toolchains/virt-rv32.ini"],
 }
 
 # How a target's programs run on this x86_64 host.
@@ -38,6 +39,8 @@ TARGETS = ["native", "aarch64", "riscv64"]
 BOARDS = {   # bare-metal boards: QEMU system emulation, files and output through semihosting
     "mps2-an386": ["qemu-system-arm", "-M", "mps2-an386", "-nographic", "-monitor", "none", "-serial", "none",
                    "-chardev", "stdio,id=out"],   # semihosting output to stdout (QEMU's default is stderr)
+    "virt-rv32": ["qemu-system-riscv32", "-M", "virt", "-bios", "none", "-m", "128M", "-nographic", "-monitor", "none",
+                  "-serial", "none", "-chardev", "stdio,id=out"],
 }
 
 
