@@ -176,6 +176,19 @@ def cmd_stats(args):
     return 0
 
 
+def cmd_firmware_run(args):
+    """The firmware image for a board, under QEMU: greedy text, as `colibri generate --temperature 0`."""
+    from colibri import targets
+
+    model = _model(args.model)
+    if model.tokenizer is None:
+        raise SystemExit(f"colibri firmware run: {model.path} has no tokenizer.json")
+    ids = model.tokenizer.encode(args.prompt).ids or [model.config["bos_token_id"]]
+    status, out = targets.run_firmware(args.board, model.path, ids, args.max_tokens)
+    sys.stdout.buffer.write(out)
+    return status
+
+
 def cmd_memdump(args):
     model = _model(args.model)
     session = model.session(ctx=args.ctx, batch=args.batch)
@@ -221,6 +234,15 @@ def build_parser():
     m.add_argument("--ctx", type=int, default=0, help="context length (default: the model's, at most 4096)")
     m.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
     m.set_defaults(func=cmd_memdump)
+
+    fw = sub.add_parser("firmware", help="bare-metal images, run under QEMU (needs a source checkout)")
+    fw_sub = fw.add_subparsers(dest="firmware_command", required=True)
+    fr = fw_sub.add_parser("run", help="build the board's image and generate with it (greedy)")
+    fr.add_argument("--board", required=True, choices=["mps2-an386", "virt-rv32"])
+    fr.add_argument("--model", help="colibri model directory (default: the bundled model)")
+    fr.add_argument("--prompt", default="", help="prompt text")
+    fr.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    fr.set_defaults(func=cmd_firmware_run)
 
     st = sub.add_parser("stats", help="per-expert load (and loss) on a text, or the training report's")
     st.add_argument("--model", help="colibri model directory (default: the bundled model)")

@@ -136,6 +136,11 @@ def test_bare_metal_board_prints_the_host_text(board):
     host = infer("native", "--model", MODEL_DIR, "--tokens", ",".join(map(str, prompt)), "--max_tokens", 20,
                  "--temperature", 0, "--reference", "--ignore_eos").stdout
     assert status == 0 and out == host, (status, out, host)
+    import sys
+
+    cli = subprocess.run([sys.executable, "-m", "colibri", "firmware", "run", "--board", board, "--prompt", "ROMEO:",
+                          "--max-tokens", "20"], capture_output=True, check=True, timeout=600).stdout
+    assert cli == host
 
 
 @pytest.mark.parametrize("target", ["aarch64", "riscv64"])
