@@ -54,7 +54,7 @@ def test_memdump_accounts_for_every_arena_byte(ctx, batch):
     assert f"= {total:,} B" in report
 
 
-def test_caller_cannot_shrink_the_plan():
+def test_plan_grows_with_the_context():
     m = colibri.Model(FIXTURE)
     assert m.memory_plan(ctx=64) < m.memory_plan(ctx=128) < m.memory_plan(ctx=256)
 

@@ -284,19 +284,6 @@ colibri_status json_parse(const char *text, size_t len, json_token *tokens, uint
     }
 }
 
-int32_t json_child(const json_token *tokens, int32_t parent, uint32_t i)
-{
-    const json_token *t = &tokens[parent];
-    int32_t j = parent + 1;
-    uint32_t k;
-    if (i >= t->n_children) return -1;
-    for (k = 0; k < i; k++) {
-        if (t->type == JSON_OBJECT) j += 1;
-        j += (int32_t)tokens[j].subtree;
-    }
-    return j;
-}
-
 int json_string_equals(const char *text, const json_token *t, const char *s)
 {
     size_t n = strlen(s);

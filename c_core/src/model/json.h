@@ -34,9 +34,6 @@ colibri_status json_parse(const char *text, size_t len, json_token *tokens, uint
 /* The value of `key` in the object at tokens[obj], or -1. Keys are compared byte-wise. */
 int32_t json_object_get(const char *text, const json_token *tokens, int32_t obj, const char *key);
 
-/* Index of the i-th element of the array (or i-th key of the object) at tokens[parent]. */
-int32_t json_child(const json_token *tokens, int32_t parent, uint32_t i);
-
 int json_string_equals(const char *text, const json_token *t, const char *s);
 
 /* Number conversions; return 0 when the token is not a number of that kind. */
