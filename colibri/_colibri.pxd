@@ -56,6 +56,8 @@ cdef extern from "colibri/colibri.h" nogil:
 
     enum: COLIBRI_LOAD_VERIFY
 
+    colibri_status colibri_model_meta_bytes(const char *json, size_t json_len, size_t *meta_bytes,
+                                            colibri_error *err)
     colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model **model,
                                       colibri_error *err)
     void colibri_model_close(colibri_model *model)

@@ -136,6 +136,18 @@ cdef class Model:
             raise_error(&err)
         return need
 
+    @property
+    def metadata_bytes(self):
+        """Bytes of the model's tables (what colibri_model_load needs as ``meta``): the same
+        on every target, as the arena plan is."""
+        cdef c.colibri_error err
+        cdef size_t need = 0
+        with open(os.path.join(self.path, "colibri_model.json"), "rb") as f:
+            text = f.read()
+        if c.colibri_model_meta_bytes(text, len(text), &need, &err) != c.COLIBRI_OK:
+            raise_error(&err)
+        return need
+
     def session(self, int ctx=0, int batch=0, str kernels="auto"):
         """A new session: a KV cache for ``ctx`` positions (0: the model's maximum, at most 4096),
         prefill computed ``batch`` tokens at a time (0: 64), with the fastest kernels this CPU runs

@@ -176,17 +176,54 @@ def cmd_stats(args):
     return 0
 
 
+def _firmware_session(args):
+    """(board, model directory, ctx, batch, stack) of a firmware command."""
+    model = _model(args.model)
+    return args.board, model.path, args.ctx, args.batch, args.stack
+
+
+def cmd_firmware_plan(args):
+    """Flash and RAM an image of this model and session needs on the board, before building."""
+    from colibri.targets import firmware
+
+    p = firmware.plan(*_firmware_session(args))
+    print(p.table())
+    return 1 if p.problems() else 0
+
+
+def cmd_firmware_build(args):
+    from colibri.targets import firmware
+
+    board = args.board
+    image = firmware.build_image(*_firmware_session(args))
+    flash, ram = firmware.image_usage(board, image)
+    mm = firmware.memory_map(board)
+    print(image)
+    print(firmware._run_tool(board, "size", "-A", "-d", image).split("\n.comment")[0].rstrip())
+    print(f"flash used {flash:,} of {mm['flash_size']:,} B; RAM used {ram:,} of {mm['ram_size']:,} B "
+          f"(stack reserved {firmware.stack_reserved(board, image):,} B)")
+    return 0
+
+
 def cmd_firmware_run(args):
-    """The firmware image for a board, under QEMU: greedy text, as `colibri generate --temperature 0`."""
-    from colibri import targets
+    """The board's image under QEMU: the text as `colibri generate` prints it (with the model's
+    own byte table), then with --verbose the image's timing and memory on stderr."""
+    from colibri.targets import firmware
 
     model = _model(args.model)
-    if model.tokenizer is None:
-        raise SystemExit(f"colibri firmware run: {model.path} has no tokenizer.json")
-    ids = model.tokenizer.encode(args.prompt).ids or [model.config["bos_token_id"]]
-    status, out = targets.run_firmware(args.board, model.path, ids, args.max_tokens)
-    sys.stdout.buffer.write(out)
-    return status
+    ids = _prompt_ids(model, args)
+    image = firmware.build_image(*_firmware_session(args))
+    result = firmware.run(args.board, image, firmware.arguments(
+        ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos),
+        timeout=args.timeout)
+    sys.stdout.buffer.write(result.output)
+    if args.verbose and result.report:
+        r = result.report
+        print(f"[{args.board}, emulated by QEMU: {r['prompt_tokens']} prompt tokens in "
+              f"{r['prefill_ticks'] / r['ticks_per_second'] * 1e3:.0f} ms, {r['generated_tokens']} generated at "
+              f"{result.tokens_per_second():.2f} tok/s; arena {r['arena_needed']:,} B, "
+              f"stack {r['stack_used']:,} of {r['stack_reserved']:,} B]", file=sys.stderr)
+    return result.status
 
 
 def cmd_memdump(args):
@@ -235,13 +272,36 @@ def build_parser():
     m.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
     m.set_defaults(func=cmd_memdump)
 
-    fw = sub.add_parser("firmware", help="bare-metal images, run under QEMU (needs a source checkout)")
+    fw = sub.add_parser("firmware", help="bare-metal images: plan, build, run under QEMU (needs a source checkout)")
     fw_sub = fw.add_subparsers(dest="firmware_command", required=True)
-    fr = fw_sub.add_parser("run", help="build the board's image and generate with it (greedy)")
-    fr.add_argument("--board", required=True, choices=["mps2-an386", "virt-rv32"])
-    fr.add_argument("--model", help="colibri model directory (default: the bundled model)")
-    fr.add_argument("--prompt", default="", help="prompt text")
+
+    def firmware_parser(name, help):
+        from colibri.targets.firmware import BOARDS, DEFAULT_BATCH, DEFAULT_CTX, DEFAULT_STACK
+
+        f = fw_sub.add_parser(name, help=help)
+        f.add_argument("--board", required=True, choices=list(BOARDS))
+        f.add_argument("--model", help="colibri model directory (default: the bundled model)")
+        f.add_argument("--ctx", type=int, default=DEFAULT_CTX, help=f"context the image reserves (default {DEFAULT_CTX})")
+        f.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
+        f.add_argument("--stack", type=int, default=DEFAULT_STACK, help=f"stack bytes (default {DEFAULT_STACK})")
+        return f
+
+    firmware_parser("plan", "flash and RAM the image needs on the board, and whether it fits").set_defaults(
+        func=cmd_firmware_plan)
+    firmware_parser("build", "build the board's image of a model; print its size").set_defaults(
+        func=cmd_firmware_build)
+    fr = firmware_parser("run", "build the board's image and generate with it under QEMU")
+    src = fr.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="prompt text (needs the model's tokenizer.json)")
+    src.add_argument("--tokens", help="prompt as comma-separated token ids")
     fr.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    fr.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
+    fr.add_argument("--top-k", type=int, default=40, help="0 = no limit (default 40)")
+    fr.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
+    fr.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    fr.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    fr.add_argument("--timeout", type=float, default=600, help="seconds before a hung image is stopped (default 600)")
+    fr.add_argument("--verbose", action="store_true", help="the image's timing and memory on stderr")
     fr.set_defaults(func=cmd_firmware_run)
 
     st = sub.add_parser("stats", help="per-expert load (and loss) on a text, or the training report's")
@@ -256,10 +316,11 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     import colibri
     from colibri.convert import ConvertError
+    from colibri.targets import TargetError
 
     try:
         return args.func(args)
-    except (colibri.Error, ConvertError) as e:
+    except (colibri.Error, ConvertError, TargetError) as e:
         print(f"colibri {args.command}: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:

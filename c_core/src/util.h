@@ -26,4 +26,12 @@ static inline uint64_t colibri_mul_u64(uint64_t a, uint64_t b, int *overflow)
 
 static inline size_t colibri_align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+/* Structs that hold pointers are 1.5-2x smaller on 32-bit targets than on 64-bit hosts.  The
+ * arena and the metadata block reserve each one's 64-bit size (its "slot") on every target,
+ * so a memory plan made on a 64-bit host is exact, byte for byte, for a microcontroller;
+ * 32-bit targets leave the difference unused.  This fails to compile when a struct outgrows
+ * its slot: raise the slot to the struct's new 64-bit size. */
+#define COLIBRI_SLOT_CHECK(type, slot) typedef char colibri_slot_check_##type[sizeof(type) <= (slot) ? 1 : -1]
+#define COLIBRI_POINTER_SLOT 8
+
 #endif

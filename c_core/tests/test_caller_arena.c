@@ -38,16 +38,27 @@ int main(int argc, char **argv)
     so.n_batch = 5;
     if (check(colibri_session_plan(model, &so, &need, &err), &err, "plan")) return 1;
 
-    /* one byte short of plan + alignment slack: refused, naming the size it needs */
-    buffer = malloc(need + 64);
-    so.arena = buffer;
-    so.arena_size = need + 64 - 1;
+    /* a 64-byte aligned buffer one byte short of the plan: refused, naming the size it needs */
+    buffer = malloc(need + 128);   /* room for the plan at 64 or at 16 bytes past a boundary */
+    so.arena = (char *)buffer + (64 - (uintptr_t)buffer % 64) % 64;
+    so.arena_size = need - 1;
     st = colibri_session_create(model, &so, &owned, &err);
     if (st != COLIBRI_E_NOMEM || !strstr(err.message, "too small")) {
         fprintf(stderr, "a short buffer gave status %s: %s\n", colibri_status_name(st), err.message);
         return 1;
     }
-    so.arena_size = need + 64;
+    /* 16 bytes past a boundary: the plan plus the 48 bytes up to the next one */
+    so.arena = (char *)so.arena + 16;
+    so.arena_size = need + 47;
+    if (colibri_session_create(model, &so, &owned, &err) != COLIBRI_E_NOMEM) {
+        fprintf(stderr, "a buffer 16 bytes past a boundary was accepted 1 byte short\n");
+        return 1;
+    }
+    so.arena_size = need + 48;
+    if (check(colibri_session_create(model, &so, &owned, &err), &err, "create 16 bytes past a boundary")) return 1;
+    colibri_session_destroy(owned);
+    so.arena = (char *)buffer + (64 - (uintptr_t)buffer % 64) % 64;
+    so.arena_size = need;   /* exactly the plan */
     if (check(colibri_session_create(model, &so, &owned, &err), &err, "create in caller buffer")) return 1;
     so.arena = NULL;
     so.arena_size = 0;
@@ -61,7 +72,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "logits differ between a caller buffer and a mapped arena\n");
         return 1;
     }
-    printf("caller arena of %zu bytes: logits identical to the mapped session's\n", need + 64);
+    printf("caller arena of exactly the planned %zu bytes: logits identical to the mapped session's\n", need);
     colibri_session_destroy(owned);
     colibri_session_destroy(mapped);
     colibri_model_close(model);

@@ -12,13 +12,17 @@ import os
 import subprocess
 from pathlib import Path
 
+class TargetError(RuntimeError):
+    """A target could not be built or run: what failed, with the tool's own output."""
+
+
 def source_dir():
     """The colibri source checkout that targets are built from."""
     candidates = [os.environ.get("COLIBRI_SOURCE"), os.getcwd(), Path(__file__).resolve().parents[2]]
     for c in candidates:
         if c and (Path(c) / "meson.build").is_file() and (Path(c) / "c_core").is_dir():
             return Path(c).resolve()
-    raise RuntimeError("building for a target needs the colibri sources: run from a checkout or set COLIBRI_SOURCE")
+    raise TargetError("building for a target needs the colibri sources: run from a checkout or set COLIBRI_SOURCE")
 OPTIONS = {
     "native": ["-Dpython=false"],
     "clang": ["-Dpython=false", "--native-file", "toolchains/clang.ini"],   # same -Werror flags
@@ -26,7 +30,9 @@ OPTIONS = {
                  "--buildtype=debugoptimized"],
     "aarch64": ["-Dpython=false", "--cross-file", "toolchains/aarch64-linux-gnu.ini"],
     "riscv64": ["-Dpython=false", "--cross-file", "toolchains/riscv64-linux-gnu.ini"],
-    "mps2-an386": ["-Dpython=false", "--cross-file", "toolchains/mps2-an386.ini"],   # bare metal
+    # bare-metal boards (the firmware image of the bundled model: colibri.targets.firmware)
+    "mps2-an386": ["-Dpython=false", "--cross-file", "toolchains/mps2-an386.ini"],
+    "mps2-an500": ["-Dpython=false", "--cross-file", "toolchains/mps2-an500.ini"],
     "virt-rv32": ["-Dpython=false", "--cross-file", "toolchains/virt-rv32.ini"],
 }
 
@@ -36,22 +42,6 @@ RUNNER = {
     "riscv64": ["qemu-riscv64", "-L", "/usr/riscv64-linux-gnu"],
 }
 TARGETS = ["native", "aarch64", "riscv64"]
-BOARDS = {   # bare-metal boards: QEMU system emulation, files and output through semihosting
-    "mps2-an386": ["qemu-system-arm", "-M", "mps2-an386", "-nographic", "-monitor", "none", "-serial", "none",
-                   "-chardev", "stdio,id=out"],   # semihosting output to stdout (QEMU's default is stderr)
-    "virt-rv32": ["qemu-system-riscv32", "-M", "virt", "-bios", "none", "-m", "128M", "-nographic", "-monitor", "none",
-                  "-serial", "none", "-chardev", "stdio,id=out"],
-}
-
-
-def run_firmware(board, model_dir, tokens, max_tokens, timeout=600):
-    """Runs the board's firmware image on `tokens` (greedy); returns (exit status, output bytes)."""
-    image = build(board) / "firmware" / "colibri-firmware.elf"
-    args = f"enable=on,target=native,chardev=out,arg={model_dir},arg={':'.join(map(str, tokens))},arg={max_tokens}"
-    r = subprocess.run([*BOARDS[board], "-semihosting-config", args, "-kernel", str(image)],
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-    return r.returncode, r.stdout
-
 # Sanitizer findings must fail the run, never scroll past.
 SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=86",
@@ -64,17 +54,21 @@ def build(kind):
     """Configures (once) and builds build/<kind>; returns its directory."""
     if kind not in OPTIONS:
         raise ValueError(f"unknown target {kind!r}: one of {', '.join(OPTIONS)}")
+    return meson_build(source_dir() / "build" / kind, OPTIONS[kind])
+
+
+def meson_build(out, options):
+    """Configures `out` with `options` (once) and builds it; returns `out`."""
     root = source_dir()
-    out = root / "build" / kind
     if not (out / "build.ninja").exists():
-        r = subprocess.run(["meson", "setup", str(out), *OPTIONS[kind]], cwd=root,
+        r = subprocess.run(["meson", "setup", str(out), *options], cwd=root,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:
-            raise RuntimeError(f"configuring build/{kind} failed:\n{r.stdout[-4000:]}")
+            raise TargetError(f"configuring {out} failed:\n{r.stdout[-4000:]}")
     r = subprocess.run(["ninja", "-C", str(out)], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"building build/{kind} failed:\n{r.stdout[-4000:]}")
+        raise TargetError(f"building {out} failed:\n{r.stdout[-4000:]}")
     return out
 
 

@@ -125,7 +125,8 @@ typedef struct colibri_session_options {
     int32_t kernels;        /* COLIBRI_KERNELS_*; AUTO yields to COLIBRI_KERNELS=reference in the environment */
     int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings, at most 4096 */
     int32_t n_batch;        /* tokens computed together in one forward chunk; 0: 64 */
-    void *arena;            /* NULL: the library maps one; else a caller buffer (16-byte aligned) */
+    void *arena;            /* NULL: the library maps one; else a caller buffer, 16-byte aligned: of
+                               colibri_session_plan bytes when 64-byte aligned, up to 48 more if not */
     size_t arena_size;
 } colibri_session_options;
 

@@ -22,6 +22,7 @@ typedef struct colibri_arena_record {
     size_t size;
     const char *shape;      /* static string, for the report, e.g. "(n_batch, dim) f32" */
 } colibri_arena_record;
+#define COLIBRI_RECORD_SLOT 40     /* bytes per record on every target (util.h) */
 
 typedef struct colibri_arena {
     uint8_t *base;          /* NULL while measuring */

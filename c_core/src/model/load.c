@@ -542,6 +542,10 @@ colibri_status colibri_token_bytes(const colibri_model *model, int32_t token, co
 
 /* ---- the metadata block: model struct, tensor table, layer table, JSON tokens ---- */
 
+COLIBRI_SLOT_CHECK(colibri_model, COLIBRI_MODEL_SLOT);
+COLIBRI_SLOT_CHECK(colibri_tensor, COLIBRI_TENSOR_SLOT);
+COLIBRI_SLOT_CHECK(colibri_layer_weights, COLIBRI_LAYER_SLOT);
+
 typedef struct meta_layout {
     size_t tensors, layers, order, tokens, total;   /* byte offsets */
     uint32_t max_tensors, max_layers;               /* table capacities */
@@ -555,9 +559,9 @@ static meta_layout layout_for(uint32_t n_tokens)
     meta_layout l;
     l.max_tensors = max_tensors;
     l.max_layers = max_tensors / T_PER_LAYER + 1;
-    l.tensors = colibri_align_up(sizeof(colibri_model), 16);
-    l.layers = l.tensors + colibri_align_up(max_tensors * sizeof(colibri_tensor), 16);
-    l.order = l.layers + colibri_align_up(l.max_layers * sizeof(colibri_layer_weights), 16);
+    l.tensors = colibri_align_up(COLIBRI_MODEL_SLOT, 16);
+    l.layers = l.tensors + colibri_align_up(max_tensors * COLIBRI_TENSOR_SLOT, 16);
+    l.order = l.layers + colibri_align_up(l.max_layers * COLIBRI_LAYER_SLOT, 16);
     /* order: the overlap sort, and before it one byte per tensor slot (<= max_tensors + 13) */
     l.tokens = l.order + colibri_align_up((max_tensors + 16) * sizeof(int32_t), 16);
     l.total = l.tokens + (size_t)n_tokens * sizeof(json_token);

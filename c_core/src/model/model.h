@@ -23,6 +23,7 @@ typedef struct colibri_layer_weights {
     colibri_weight w3;          /* (n_experts, ffn, dim)  up */
     colibri_weight w2;          /* (n_experts, dim, ffn)  down */
 } colibri_layer_weights;
+#define COLIBRI_LAYER_SLOT 160     /* bytes per entry on every target (util.h) */
 
 typedef struct colibri_tensor {
     char name[COLIBRI_MAX_NAME];
@@ -33,6 +34,7 @@ typedef struct colibri_tensor {
     uint64_t file_size;
     uint32_t crc32;
 } colibri_tensor;
+#define COLIBRI_TENSOR_SLOT 112
 
 struct colibri_model {
     colibri_hparams hp;
@@ -55,6 +57,7 @@ struct colibri_model {
     void (*release)(colibri_model *model);
     void *platform;
 };
+#define COLIBRI_MODEL_SLOT 224
 
 size_t colibri_dtype_size(colibri_dtype dtype);
 const char *colibri_dtype_name(colibri_dtype dtype);

@@ -13,6 +13,9 @@
 #include "../platform.h"
 #include "../util.h"
 
+COLIBRI_SLOT_CHECK(colibri_session, COLIBRI_SESSION_SLOT);
+COLIBRI_SLOT_CHECK(colibri_arena_record, COLIBRI_RECORD_SLOT);
+
 #define DEFAULT_BATCH 64
 #define DEFAULT_CTX 4096    /* a default, not a limit: a model may allow millions of positions */
 
@@ -34,7 +37,7 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     s->scores = colibri_arena_carve(a, colibri_arena_bytes(a, C, 1, f), ARENA_ACTIVATIONS, "attention_scores", -1, "(n_ctx) f32");
     s->block_out = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "block_out", -1, "(n_batch, dim) f32");
 
-    s->k_cache = colibri_arena_carve(a, 2 * (size_t)hp->n_layers * sizeof(float *), ARENA_KV_CACHE, "layer_table", -1, "(2, n_layers) pointers");
+    s->k_cache = colibri_arena_carve(a, 2 * (size_t)hp->n_layers * COLIBRI_POINTER_SLOT, ARENA_KV_CACHE, "layer_table", -1, "(2, n_layers) pointers");
     s->v_cache = s->k_cache ? s->k_cache + hp->n_layers : NULL;
     for (l = 0; l < hp->n_layers; l++) {
         float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, KV, f), ARENA_KV_CACHE, "k", l, "(n_ctx, n_kv_heads * head_dim) f32");
@@ -88,17 +91,17 @@ static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t
                                colibri_session *scratch)
 {
     int32_t n_records = record_count(&m->hp);
-    colibri_session *s = colibri_arena_carve(a, sizeof(colibri_session), ARENA_SESSION, "session", -1, "struct");
-    colibri_arena_record *records = colibri_arena_carve(a, (size_t)n_records * sizeof(colibri_arena_record),
+    colibri_session *s = colibri_arena_carve(a, COLIBRI_SESSION_SLOT, ARENA_SESSION, "session", -1, "struct");
+    colibri_arena_record *records = colibri_arena_carve(a, (size_t)n_records * COLIBRI_RECORD_SLOT,
                                                         ARENA_SESSION, "memory_records", -1, "(records) struct");
     if (s && records) {
         /* the two carves above were made before the table existed: enter them by hand */
         records[0].name = "session"; records[0].group = ARENA_SESSION; records[0].layer = -1;
         records[0].offset = (size_t)((uint8_t *)s - a->base);
-        records[0].size = sizeof(colibri_session); records[0].shape = "struct";
+        records[0].size = COLIBRI_SESSION_SLOT; records[0].shape = "struct";
         records[1].name = "memory_records"; records[1].group = ARENA_SESSION; records[1].layer = -1;
         records[1].offset = (size_t)((uint8_t *)records - a->base);
-        records[1].size = (size_t)n_records * sizeof(colibri_arena_record); records[1].shape = "(records) struct";
+        records[1].size = (size_t)n_records * COLIBRI_RECORD_SLOT; records[1].shape = "(records) struct";
         a->records = records;
         a->max_records = n_records;
     } else {
@@ -165,11 +168,12 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     resolve_options(model, options, &n_ctx, &n_batch, err);
 
     if (options && options->arena) {
+        size_t pad = colibri_align_up((size_t)(uintptr_t)options->arena, COLIBRI_ALIGNMENT) - (size_t)(uintptr_t)options->arena;
         if ((uintptr_t)options->arena % 16 != 0)
             return colibri_fail(err, COLIBRI_E_ARG, "arena buffer must be 16-byte aligned");
-        if (options->arena_size < need + COLIBRI_ALIGNMENT)
-            return colibri_fail(err, COLIBRI_E_NOMEM, "arena of %zu bytes is too small: this model and context need %zu",
-                                options->arena_size, need + COLIBRI_ALIGNMENT);
+        if (options->arena_size < need + pad)
+            return colibri_fail(err, COLIBRI_E_NOMEM, "arena of %zu bytes is too small: this model and context need %zu "
+                                "(%zu planned + %zu to reach a 64-byte boundary)", options->arena_size, need + pad, need, pad);
         base = options->arena;
         mapped = options->arena_size;
     } else {

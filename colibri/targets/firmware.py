@@ -1,0 +1,250 @@
+"""Firmware images: the core with no OS and no heap, the model linked into flash, run under QEMU
+system emulation with output and files through semihosting.
+
+    colibri firmware plan  --board mps2-an386 --model PATH --ctx 256   # flash and RAM, before building
+    colibri firmware build --board mps2-an386 [--model PATH]
+    colibri firmware run   --board mps2-an386 --prompt "ROMEO:" --max-tokens 64
+
+An image is the board's build of the core and firmware/ plus one generated assembly file that holds
+everything model-specific (firmware/plan/model_image.c), so its code is the same for every model.
+`plan` measures that code once per board, from the image of the bundled model (build/<board>),
+with the toolchain's size tool, and adds what the model and context need: the model's bytes, and
+the metadata and arena sizes the core computes on this host with the layout every target uses."""
+import hashlib
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from colibri.targets import OPTIONS, TargetError, build, meson_build, source_dir
+
+
+@dataclass(frozen=True)
+class Board:
+    name: str
+    cpu: str
+    float: str
+    qemu: tuple
+
+
+_SYSTEM = ("-nographic", "-monitor", "none", "-serial", "none", "-chardev", "stdio,id=out")
+BOARDS = {b.name: b for b in [
+    Board("mps2-an386", "Cortex-M4F", "single-precision FPU", ("qemu-system-arm", "-M", "mps2-an386", *_SYSTEM)),
+    Board("mps2-an500", "Cortex-M7", "double-precision FPU", ("qemu-system-arm", "-M", "mps2-an500", *_SYSTEM)),
+    Board("virt-rv32", "RV32IMAC", "soft float",
+          ("qemu-system-riscv32", "-M", "virt", "-bios", "none", "-m", "128M", *_SYSTEM)),
+]}
+DEFAULT_CTX, DEFAULT_BATCH, DEFAULT_STACK = 256, 16, 8192   # as meson.options
+
+
+class FirmwareError(TargetError):
+    """A model that does not fit a board, a board tool that failed, an image that hung."""
+
+
+def _board(name):
+    if name not in BOARDS:
+        raise FirmwareError(f"unknown board {name!r}: one of {', '.join(BOARDS)}")
+    return BOARDS[name]
+
+
+def memory_map(board):
+    """{flash, flash_size, ram, ram_size} from the board's cross file (picolibc's --defsym values)."""
+    text = (source_dir() / "toolchains" / f"{_board(board).name}.ini").read_text()
+    return {k: int(v, 0) for k, v in re.findall(r"--defsym=__(flash|flash_size|ram|ram_size)=(0x[0-9a-fA-F]+)", text)}
+
+
+def _tool(board, name):
+    """A binutils program of the board's toolchain, e.g. arm-none-eabi-size."""
+    text = (source_dir() / "toolchains" / f"{board}.ini").read_text()
+    return re.search(r"^size = '([^']+)-size'", text, re.M).group(1) + "-" + name
+
+
+def _run_tool(board, name, *args):
+    r = subprocess.run([_tool(board, name), *map(str, args)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise FirmwareError(f"{_tool(board, name)} failed: {r.stderr.strip()}")
+    return r.stdout
+
+
+def sections(board, elf):
+    """{section: (size, address)} of the image's allocated sections, from the size tool."""
+    out = {}
+    for line in _run_tool(board, "size", "-A", "-d", elf).splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and int(parts[2]) != 0:
+            out[parts[0]] = (int(parts[1]), int(parts[2]))
+    return out
+
+
+def image_usage(board, elf):
+    """(flash, ram) bytes the image occupies: flash from its start to the end of the code and
+    constants plus the load image of .data, RAM from its start to the end of the stack
+    reservation.  Both as the linker placed them."""
+    mm, secs = memory_map(board), sections(board, elf)
+    in_flash = [(s, a) for s, a in secs.values() if mm["flash"] <= a < mm["flash"] + mm["flash_size"]]
+    in_ram = [(s, a) for s, a in secs.values() if mm["ram"] <= a < mm["ram"] + mm["ram_size"]]
+    flash = max(a + s for s, a in in_flash) - mm["flash"] + sum(secs.get(n, (0, 0))[0] for n in (".data", ".tdata"))
+    ram = max(a + s for s, a in in_ram) - mm["ram"]
+    return flash, ram
+
+
+def symbol_size(board, elf, name):
+    for line in _run_tool(board, "nm", "-S", elf).splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[3] == name:
+            return int(parts[1], 16)
+    raise FirmwareError(f"{elf} has no symbol {name}")
+
+
+def _align64(n):
+    return (n + 63) // 64 * 64
+
+
+@dataclass
+class Plan:
+    board: str
+    model: str
+    ctx: int
+    batch: int
+    code_flash: int     # code and constants, the same for every model
+    model_flash: int    # weights.bin and the JSON, 64-byte aligned
+    code_ram: int       # the code's own data and bss
+    metadata: int       # the model's tables (colibri_model_load's meta)
+    arena: int          # the session: activations, KV cache, router, sampling
+    stack: int
+    flash_size: int
+    ram_size: int
+
+    @property
+    def flash(self):
+        return self.code_flash + self.model_flash
+
+    @property
+    def ram(self):
+        return self.code_ram + self.metadata + self.arena + self.stack
+
+    def problems(self):
+        out = []
+        if self.flash > self.flash_size:
+            out.append(f"flash: needs {self.flash:,} B, {self.board} has {self.flash_size:,} B "
+                       f"(over by {self.flash - self.flash_size:,} B; the model alone is {self.model_flash:,} B): "
+                       f"store the weights as f16 or bf16, or use a smaller model")
+        if self.ram > self.ram_size:
+            out.append(f"RAM: needs {self.ram:,} B, {self.board} has {self.ram_size:,} B "
+                       f"(over by {self.ram - self.ram_size:,} B; the session arena is {self.arena:,} B): "
+                       f"lower --ctx (the KV cache grows with it) or --batch")
+        return out
+
+    def table(self):
+        def row(label, n, total=None):
+            tail = f"{total:>14,}  {n / total:6.1%}" if total else ""
+            return f"  {label:<34}{n:>12,}{tail}"
+        b = BOARDS[self.board]
+        lines = [f"{self.model} on {self.board} ({b.cpu}, {b.float}), n_ctx {self.ctx}, n_batch {self.batch}",
+                 f"{'flash':<36}{'bytes':>12}{'of the board':>14}",
+                 row("code and constants", self.code_flash), row("model (weights.bin + JSON)", self.model_flash),
+                 row("total", self.flash, self.flash_size),
+                 "RAM", row("code's data and bss", self.code_ram), row("model tables (metadata)", self.metadata),
+                 row("session arena", self.arena), row("stack", self.stack), row("total", self.ram, self.ram_size)]
+        problems = self.problems()
+        lines.append("fits" if not problems else "does not fit:\n  " + "\n  ".join(problems))
+        return "\n".join(lines)
+
+
+@dataclass
+class CodeSize:
+    flash: int
+    ram: int
+
+
+def code_size(board):
+    """Flash and RAM of the board's image less everything model_image.S holds: measured on the
+    image of the bundled model.  Exact for any model: the model block and the RAM block are one
+    64-byte aligned object each, a multiple of 64 long, so changing them shifts what follows
+    without changing any padding."""
+    elf = build(board) / "firmware" / "colibri-firmware.elf"
+    flash, ram = image_usage(board, elf)
+    return CodeSize(flash - symbol_size(board, elf, "colibri_fw_model"),
+                    ram - symbol_size(board, elf, "colibri_fw_ram") - stack_reserved(board, elf))
+
+
+def stack_reserved(board, elf):
+    for line in _run_tool(board, "nm", elf).splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "__stack_size":
+            return int(parts[0], 16)
+    raise FirmwareError(f"{elf} has no __stack_size")
+
+
+def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK):
+    """What an image of this model and session needs on this board, without building it."""
+    from colibri import Model
+
+    _board(board)
+    model = Model(str(model_dir))
+    mm, code = memory_map(board), code_size(board)
+    path = Path(model.path)
+    blob = (path / "weights.bin").stat().st_size + (path / "colibri_model.json").stat().st_size
+    return Plan(board, path.name, ctx, min(batch, ctx), code.flash, _align64(blob), code.ram,
+                _align64(model.metadata_bytes), _align64(model.memory_plan(ctx, batch)), stack,
+                mm["flash_size"], mm["ram_size"])
+
+
+def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK):
+    """Plans, refuses what does not fit, builds; returns the image's path.  Each (board, model,
+    session) gets its own build directory under build/firmware/."""
+    p = plan(board, model_dir, ctx, batch, stack)
+    if p.problems():
+        raise FirmwareError(f"{p.model} does not fit {board}:\n  " + "\n  ".join(p.problems()))
+    model_dir = str(Path(model_dir).resolve())
+    key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}".encode()).hexdigest()[:12]
+    out = meson_build(source_dir() / "build" / "firmware" / f"{board}-{key}",
+                      [*OPTIONS[board], f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
+                       f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}"])
+    return out / "firmware" / "colibri-firmware.elf"
+
+
+@dataclass
+class Run:
+    status: int
+    output: bytes       # what the image printed: the text, or the failing step
+    report: dict        # memory and timing, from the image (firmware/app/firmware.c)
+
+    def tokens_per_second(self):
+        r = self.report
+        return r["generated_tokens"] * r["ticks_per_second"] / r["decode_ticks"] if r.get("decode_ticks") else 0.0
+
+
+def run(board, image, arguments, timeout=600):
+    """Runs `image` on the board under QEMU with the firmware's arguments ("ids=1:591:47",
+    "max_tokens=20", ...).  A fault ends QEMU with status 1 and the registers printed; a hang
+    is stopped after `timeout` seconds and reported with everything QEMU printed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.txt"
+        args = [*arguments, f"report={report}"]
+        config = "enable=on,target=native,chardev=out," + ",".join("arg=" + a.replace(",", ",,") for a in args)
+        command = [*_board(board).qemu, "-semihosting-config", config, "-kernel", str(image)]
+        try:
+            r = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            printed = (e.stdout or b"").decode(errors="replace")[-4000:]
+            raise FirmwareError(f"{board}: the image did not finish within {timeout} s (a hang or a fault loop); "
+                                f"QEMU printed:\n{printed}") from None
+        values = {}
+        if report.exists():
+            for line in report.read_text().splitlines():
+                key, _, value = line.partition(": ")
+                values[key] = int(value)
+        return Run(r.returncode, r.stdout + r.stderr, values)
+
+
+def arguments(ids, max_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, ignore_eos=False, logits=None):
+    """The firmware's argument list for one generation."""
+    args = ["ids=" + ":".join(map(str, ids)), f"max_tokens={max_tokens}", f"temperature={temperature!r}",
+            f"top_k={top_k}", f"top_p={top_p!r}", f"seed={seed}"]
+    if ignore_eos:
+        args.append("ignore_eos")
+    if logits:
+        args.append(f"logits={logits}")
+    return args

@@ -1,0 +1,191 @@
+/* One generation with the linked model: the same steps, output and stopping rules as
+ * colibri-infer, with every byte of RAM in the static block the build planned. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "firmware.h"
+
+#define STACK_PAINT 0xA5
+
+static int option(const char *arg, const char *key, const char **value)
+{
+    size_t n = strlen(key);
+    if (strncmp(arg, key, n) != 0 || (arg[n] != '=' && arg[n] != '\0')) return 0;
+    *value = arg[n] == '=' ? arg + n + 1 : "";
+    return 1;
+}
+
+static int parse_ids(const char *text, fw_request *r)
+{
+    while (*text) {   /* ids separated by any non-digit: QEMU's option parser takes ':' well */
+        char *end;
+        long v;
+        if (*text < '0' || *text > '9') { text++; continue; }
+        v = strtol(text, &end, 10);
+        if (r->n_prompt == FW_MAX_PROMPT || v > 2147483647L) {
+            printf("ids: at most %d ids, each below 2^31\n", FW_MAX_PROMPT);
+            return 1;
+        }
+        r->prompt[r->n_prompt++] = (int32_t)v;
+        text = end;
+    }
+    return 0;
+}
+
+int fw_parse_args(int argc, char **argv, fw_request *r)
+{
+    int i;
+    memset(r, 0, sizeof *r);
+    r->max_tokens = 32;
+    r->stop_at_eos = 1;
+    r->sampling.top_p = 1.0f;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (strstr(a, ".elf")) continue;   /* QEMU passes the image's own path first */
+        if (option(a, "ids", &v)) { if (parse_ids(v, r)) return 1; }
+        else if (option(a, "max_tokens", &v)) r->max_tokens = atoi(v);
+        else if (option(a, "temperature", &v)) r->sampling.temperature = (float)strtod(v, NULL);
+        else if (option(a, "top_k", &v)) r->sampling.top_k = atoi(v);
+        else if (option(a, "top_p", &v)) r->sampling.top_p = (float)strtod(v, NULL);
+        else if (option(a, "seed", &v)) r->seed = strtoull(v, NULL, 10);
+        else if (option(a, "ignore_eos", &v)) r->stop_at_eos = 0;
+        else if (option(a, "logits", &v)) r->logits_path = v;
+        else if (option(a, "report", &v)) r->report_path = v;
+        else {
+            printf("unknown argument '%s': ids=1:591:47 max_tokens=N temperature=T top_k=K top_p=P seed=S "
+                   "ignore_eos logits=FILE report=FILE\n", a);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int failed(const char *step, const colibri_error *err)
+{
+    printf("\ncolibri firmware: %s failed: %s (%s)\n", step, err->message, colibri_status_name(err->status));
+    return 1;
+}
+
+static void put_token_text(const colibri_model *model, int32_t token)
+{
+    const uint8_t *bytes;
+    size_t len;
+    if (colibri_token_bytes(model, token, &bytes, &len) == COLIBRI_OK) fwrite(bytes, 1, len, stdout);
+    fflush(stdout);
+}
+
+/* Semihosting files through picolibc's open/write: no FILE, so no allocation. */
+static int write_all(int fd, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n <= 0) return 1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void report_line(int fd, const char *key, uint64_t value)
+{
+    char line[96];
+    int n = snprintf(line, sizeof line, "%s: %llu\n", key, (unsigned long long)value);
+    if (fd >= 0 && n > 0) write_all(fd, line, (size_t)n);
+}
+
+int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (*stack_used)(void))
+{
+    const fw_image *img = &colibri_fw_image;
+    unsigned char *meta = colibri_fw_ram, *arena = colibri_fw_ram + img->meta_bytes;
+    colibri_model *model;
+    colibri_session *session;
+    colibri_session_options so;
+    colibri_error err;
+    size_t meta_needed, arena_needed, i;
+    uint64_t rng = r->seed, t0, t1, t2;
+    int32_t token, generated = 0, vocab;
+    int logits_fd = -1, report_fd = -1, rc = 0;
+
+    /* the model in flash, its tables and the session in the planned block */
+    if (colibri_model_meta_bytes(colibri_fw_json, img->json_bytes, &meta_needed, &err)) return failed("metadata", &err);
+    if (colibri_model_load(colibri_fw_json, img->json_bytes, colibri_fw_weights, img->weights_bytes, 0, meta,
+                           img->meta_bytes, &model, &err))
+        return failed("load", &err);
+    memset(&so, 0, sizeof so);
+    so.n_ctx = (int32_t)img->n_ctx;
+    so.n_batch = (int32_t)img->n_batch;
+    so.arena = arena;
+    so.arena_size = img->arena_bytes;
+    if (colibri_session_plan(model, &so, &arena_needed, &err)) return failed("plan", &err);
+    if (colibri_session_create(model, &so, &session, &err)) return failed("session", &err);
+    vocab = colibri_model_hparams(model)->vocab_size;
+
+    if (r->logits_path && (logits_fd = open(r->logits_path, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+        printf("cannot write %s\n", r->logits_path);
+        return 1;
+    }
+    for (i = 0; i < r->n_prompt; i++) put_token_text(model, r->prompt[i]);
+
+    /* prefill: one chunked forward, or position by position when every row's logits are wanted */
+    t0 = fw_ticks();
+    if (logits_fd < 0) {
+        if (colibri_forward(session, r->prompt, r->n_prompt, NULL, &err)) return failed("prefill", &err);
+    } else {
+        for (i = 0; i < r->n_prompt; i++) {
+            if (colibri_forward(session, &r->prompt[i], 1, NULL, &err)) return failed("prefill", &err);
+            if (write_all(logits_fd, colibri_session_logits(session), (size_t)vocab * sizeof(float))) rc = 1;
+        }
+    }
+    t1 = fw_ticks();
+    while (generated < r->max_tokens) {
+        if (colibri_sample(session, &r->sampling, &rng, &token, &err)) return failed("sampling", &err);
+        put_token_text(model, token);
+        generated++;
+        if (hook) hook(generated - 1, context);
+        if (r->stop_at_eos && token == colibri_model_hparams(model)->eos_token_id) break;
+        if (generated == r->max_tokens || colibri_session_position(session) >= colibri_session_n_ctx(session)) break;
+        if (colibri_forward(session, &token, 1, NULL, &err)) return failed("decode", &err);
+        if (logits_fd >= 0 && write_all(logits_fd, colibri_session_logits(session), (size_t)vocab * sizeof(float)))
+            rc = 1;
+    }
+    t2 = fw_ticks();
+    printf("\n");
+    if (logits_fd >= 0 && close(logits_fd) != 0) rc = 1;
+    if (rc) printf("colibri firmware: short write to %s\n", r->logits_path);
+
+    if (r->report_path && (report_fd = open(r->report_path, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+        printf("cannot write %s\n", r->report_path);
+        return 1;
+    }
+    report_line(report_fd, "ticks_per_second", fw_ticks_per_second());
+    report_line(report_fd, "stack_reserved", img->stack_bytes);
+    report_line(report_fd, "stack_used", stack_used ? stack_used() : 0);
+    report_line(report_fd, "prompt_tokens", r->n_prompt);
+    report_line(report_fd, "prefill_ticks", t1 - t0);
+    report_line(report_fd, "generated_tokens", (uint64_t)generated);
+    report_line(report_fd, "decode_ticks", t2 - t1);   /* generated - 1 forwards and generated samples */
+    report_line(report_fd, "meta_reserved", img->meta_bytes);
+    report_line(report_fd, "meta_needed", meta_needed);
+    report_line(report_fd, "arena_reserved", img->arena_bytes);
+    report_line(report_fd, "arena_needed", arena_needed);
+    if (report_fd >= 0) close(report_fd);
+    colibri_session_destroy(session);
+    colibri_model_close(model);
+    return rc;
+}
+
+void fw_stack_paint(unsigned char *bottom, unsigned char *top)
+{
+    while (bottom < top) *bottom++ = STACK_PAINT;
+}
+
+size_t fw_stack_used(const unsigned char *bottom, const unsigned char *top)
+{
+    const unsigned char *p = bottom;
+    while (p < top && *p == STACK_PAINT) p++;
+    return (size_t)(top - p);
+}

@@ -1,0 +1,64 @@
+/* What every firmware image runs: one generation with the model linked into the image.
+ *
+ * The image is the core + this app + one generated assembly file (firmware/plan) that holds
+ * everything model-specific: the model (weights.bin and colibri_model.json, in flash), the
+ * static RAM block (metadata + session arena, in .bss), the stack budget and the session
+ * shape.  The C code never changes with the model, so its size, measured once per board,
+ * plus the generated sizes is exactly what an image needs (colibri firmware plan). */
+#ifndef COLIBRI_FIRMWARE_H
+#define COLIBRI_FIRMWARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri/colibri.h"
+
+#define FW_MAX_PROMPT 256
+
+/* From the generated model_image.S. */
+typedef struct fw_image {
+    uint32_t n_ctx, n_batch;        /* the session the RAM block was planned for */
+    uint32_t meta_bytes;            /* colibri_model_meta_bytes, rounded up to 64 */
+    uint32_t arena_bytes;           /* colibri_session_plan */
+    uint32_t weights_bytes, json_bytes;
+    uint32_t stack_bytes;           /* the stack budget (__stack_size) */
+} fw_image;
+extern const fw_image colibri_fw_image;
+extern const unsigned char colibri_fw_weights[];    /* 64-byte aligned, then the JSON */
+extern const char colibri_fw_json[];
+extern unsigned char colibri_fw_ram[];               /* (meta_bytes + arena_bytes), 64-byte aligned */
+
+typedef struct fw_request {
+    int32_t prompt[FW_MAX_PROMPT];
+    size_t n_prompt;
+    int32_t max_tokens;
+    int stop_at_eos;
+    colibri_sampling sampling;
+    uint64_t seed;
+    const char *logits_path;        /* host file for every position's logits, (positions, vocab) f32 */
+    const char *report_path;        /* host file for the report (memory, timing), key: value lines */
+} fw_request;
+
+/* Called after each generated token: FreeRTOS uses it to show the rest of the system ran. */
+typedef void (*fw_token_hook)(int32_t index, void *context);
+
+/* Reads "ids=1:591:47 max_tokens=64 temperature=0 top_k=0 top_p=1 seed=0 ignore_eos
+ * logits=FILE report=FILE" (any order; arguments naming the image itself are skipped).
+ * Returns 0, or prints what is wrong and returns 1. */
+int fw_parse_args(int argc, char **argv, fw_request *request);
+
+/* Loads the linked model, runs the request, prints the prompt's and the generated text as
+ * colibri-infer does, writes the report (stack_used: the caller's high-water mark, may be
+ * NULL).  Returns 0, or prints the failing step with the core's message and returns 1. */
+int fw_generate(const fw_request *request, fw_token_hook hook, void *context, size_t (*stack_used)(void));
+
+/* The board's clock (firmware/boards/, or the FreeRTOS tick count). */
+uint64_t fw_ticks(void);
+uint32_t fw_ticks_per_second(void);
+
+/* Stack high-water mark: fw_stack_paint at the start of main, fw_stack_used at the end
+ * (bytes of the budget below `top` that were written). */
+void fw_stack_paint(unsigned char *bottom, unsigned char *top);
+size_t fw_stack_used(const unsigned char *bottom, const unsigned char *top);
+
+#endif
