@@ -52,14 +52,18 @@ def require_reference():
         pytest.skip(f"needs torch and transformers: {e}", allow_module_level=True)
 
 
-@pytest.fixture
-def make_fixtures():
-    """The fixture generator module (needs torch and transformers)."""
+def load_make_fixtures():
+    """The fixture generator module, fixtures/make_fixtures.py (needs torch and transformers)."""
     require_reference()
     spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def make_fixtures():
+    return load_make_fixtures()
 
 
 def transformers_expert_load(name, tokens):

@@ -5,14 +5,12 @@ transformers: a 100-token prefill in several chunks, KV-cache decoding, and a bf
 At this size float32 rounding alone moves logits by ~5e-5 (transformers' own float32 forward
 differs that much from its float64 one), so the reference is transformers in float64 on the same
 weights, and colibri must be at least about as accurate as transformers' float32 forward."""
-import importlib.util
-
 import numpy as np
 import pytest
 
 import colibri
 from colibri.convert import convert
-from conftest import FIXTURES, require_reference
+from conftest import load_make_fixtures, require_reference
 
 torch, _ = require_reference()
 
@@ -21,13 +19,6 @@ CONFIG = dict(vocab_size=32000, hidden_size=256, intermediate_size=640, num_hidd
               max_position_embeddings=1024, tie_word_embeddings=False,
               rope_parameters={"rope_type": "default", "rope_theta": 1e6})
 N_TOKENS = 100
-
-
-def _fixture_module():
-    spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _logits(model, tokens, dtype):
@@ -41,7 +32,7 @@ def _logits(model, tokens, dtype):
 
 @pytest.fixture(scope="module")
 def medium(tmp_path_factory):
-    mf = _fixture_module()
+    mf = load_make_fixtures()
     model = mf.build_model(CONFIG, seed=3)
     tokens = np.random.default_rng(3).integers(0, CONFIG["vocab_size"], N_TOKENS).astype(np.int32)
     root = tmp_path_factory.mktemp("medium")

@@ -124,25 +124,6 @@ def test_seeded_sampling_repeats(target, converted):
     assert infer(target, *args).stdout == infer(target, *args).stdout
 
 
-@pytest.mark.parametrize("board", ["mps2-an386", "virt-rv32"])
-def test_bare_metal_board_prints_the_host_text(board):
-    """The bundled model with no OS and no heap (Cortex-M4F on QEMU's mps2-an386, RV32IMAC with
-    soft float on `virt`): the same greedy text as the host's strict mode."""
-    from colibri.demo import MODEL_DIR
-    from colibri.targets import run_firmware
-
-    prompt = [1, 591, 47, 39, 49, 28]   # <s> ROMEO:
-    status, out = run_firmware(board, MODEL_DIR, prompt, 20)
-    host = infer("native", "--model", MODEL_DIR, "--tokens", ",".join(map(str, prompt)), "--max_tokens", 20,
-                 "--temperature", 0, "--reference", "--ignore_eos").stdout
-    assert status == 0 and out == host, (status, out, host)
-    import sys
-
-    cli = subprocess.run([sys.executable, "-m", "colibri", "firmware", "run", "--board", board, "--prompt", "ROMEO:",
-                          "--max-tokens", "20"], capture_output=True, check=True, timeout=600).stdout
-    assert cli == host
-
-
 @pytest.mark.parametrize("target", ["aarch64", "riscv64"])
 def test_one_flag_runs_the_cli_on_a_target(target):
     """`colibri generate --target T` is the host run, on T: the same text, greedy."""

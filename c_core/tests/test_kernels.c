@@ -66,7 +66,7 @@ int main(void)
                 if (fabs((double)y[t * rows + r] - y_ref[t * rows + r]) > budget) {
                     if (failures++ < 10)
                         fprintf(stderr, "%s matmul %s n=%d cols=%d rows=%d [%d,%d]: %.9g != reference %.9g (budget %.3g)\n",
-                                best->name, dtype == 0 ? "f32" : dtype == 1 ? "f16" : "bf16", n, cols, rows, t, r,
+                                best->name, dtype == 0 ? "f32" : dtype == 1 ? "f16" : "bf16", (int)n, (int)cols, (int)rows, (int)t, (int)r,
                                 y[t * rows + r], y_ref[t * rows + r], budget);
                 }
             }

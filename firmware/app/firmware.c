@@ -173,6 +173,11 @@ int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (
     report_line(report_fd, "arena_reserved", img->arena_bytes);
     report_line(report_fd, "arena_needed", arena_needed);
     if (report_fd >= 0) close(report_fd);
+    if (stack_used && stack_used() >= img->stack_bytes) {   /* the paint is gone to the very bottom */
+        printf("colibri firmware: the stack budget of %lu bytes was exhausted: build with a larger stack\n",
+               (unsigned long)img->stack_bytes);
+        rc = 1;
+    }
     colibri_session_destroy(session);
     colibri_model_close(model);
     return rc;

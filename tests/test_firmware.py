@@ -1,0 +1,132 @@
+"""Bare-metal firmware on every board (colibri.targets.firmware): the core with no OS and no heap,
+the model linked into flash, run under QEMU system emulation.  The reference is the host's
+colibri-infer in the strict mode (--reference), which every board must match bit for bit."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from colibri.demo import MODEL_DIR
+from colibri.targets import build, infer_command
+from colibri.targets import firmware as fw
+from conftest import FIXTURES, load_make_fixtures
+
+BOARDS = list(fw.BOARDS)
+PROMPT = [1, 591, 47, 39, 49, 28]   # <s> ROMEO:
+TINY = FIXTURES / "tiny-mixtral.colibri"
+
+
+def host(*args):
+    r = subprocess.run([*infer_command("native"), "--reference", *map(str, args)], capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r.stdout
+
+
+def image(board):
+    """The bundled model's image, as `meson test` builds it."""
+    return build(board) / "firmware" / "colibri-firmware.elf"
+
+
+def run_ok(board, elf, *args, **kw):
+    result = fw.run(board, elf, fw.arguments(*args, **kw), timeout=300)
+    assert result.status == 0, result.output.decode(errors="replace")
+    return result
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_c_tests_pass_on_the_board(board):
+    """The core's own C tests (loading from memory, the caller arena, elementary functions
+    against the board's libm) and the firmware image, through `meson test` and QEMU."""
+    r = subprocess.run(["meson", "test", "-C", str(build(board)), "--print-errorlogs"], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and "Fail:              0" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_greedy_and_sampled_text_match_the_host(board):
+    greedy = run_ok(board, image(board), PROMPT, 24, ignore_eos=True)
+    assert greedy.output == host("--model", MODEL_DIR, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", 24,
+                                 "--temperature", 0, "--ignore_eos")
+    sampled = run_ok(board, image(board), PROMPT, 24, temperature=0.9, top_k=50, top_p=0.9, seed=5)
+    assert sampled.output == host("--model", MODEL_DIR, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", 24,
+                                  "--temperature", 0.9, "--top_k", 50, "--top_p", 0.9, "--seed", 5)
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_logits_are_bit_identical_to_the_host(board, tmp_path):
+    """Every position's logits, the prompt's and each decode step's, in the same float bits as
+    the host's strict mode."""
+    n = 12
+    ids = [int(t) for t in host("--model", MODEL_DIR, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", n,
+                                "--temperature", 0, "--ignore_eos", "--ids").decode().split(",")]
+    run_ok(board, image(board), PROMPT, n, ignore_eos=True, logits=tmp_path / "board.f32")
+    fed = PROMPT + ids[:-1]   # what the board fed: the prompt, then each token it generated but the last
+    host("--model", MODEL_DIR, "--tokens", ",".join(map(str, fed)), "--max_tokens", 0, "--logits",
+         tmp_path / "host.f32")
+    board_bits = np.fromfile(tmp_path / "board.f32", dtype="<u4")
+    host_bits = np.fromfile(tmp_path / "host.f32", dtype="<u4")
+    assert board_bits.size == host_bits.size == len(fed) * 1024
+    assert np.array_equal(board_bits, host_bits), f"{np.count_nonzero(board_bits != host_bits)} logits differ"
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_plan_is_what_the_linker_and_the_arena_report(board):
+    """`plan` (made on this host, before building) equals the built image's flash and RAM as the
+    size tool reports them, and the board's own session and metadata sizes: for another model
+    and another context than the measured image's."""
+    p = fw.plan(board, TINY, ctx=48, batch=5, stack=4096)
+    elf = fw.build_image(board, TINY, ctx=48, batch=5, stack=4096)
+    assert (p.flash, p.ram) == fw.image_usage(board, elf)
+    assert fw.symbol_size(board, elf, "colibri_fw_ram") == p.metadata + p.arena
+    r = run_ok(board, elf, [1, 5, 9], 8, temperature=0.8, top_k=40, top_p=0.95).report
+    assert r["arena_needed"] == r["arena_reserved"] == p.arena
+    assert r["meta_reserved"] == p.metadata and p.metadata - 64 < r["meta_needed"] <= p.metadata
+    assert 0 < r["stack_used"] < r["stack_reserved"] == p.stack
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_the_image_links_no_allocator(board):
+    symbols = fw._run_tool(board, "nm", image(board)).split()
+    assert not {"malloc", "calloc", "realloc", "free", "_malloc_r", "__malloc_sbrk_base"} & set(symbols)
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory):
+    """A model of 21 MB (f32) and 65536 positions: too big for 4 MiB of flash, and its KV cache
+    at full context too big for any board's RAM."""
+    from colibri.convert import convert
+
+    cfg = dict(vocab_size=4096, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+               num_attention_heads=8, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+               max_position_embeddings=65536, tie_word_embeddings=False,
+               rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    root = tmp_path_factory.mktemp("big")
+    load_make_fixtures().build_model(cfg, seed=1).save_pretrained(root / "hf")
+    return convert(root / "hf", root / "big", dtype="f32", progress=False)
+
+
+def test_a_model_that_does_not_fit_is_refused_before_building(big_model):
+    p = fw.plan("mps2-an386", big_model, ctx=256)
+    assert p.flash > p.flash_size and len(p.problems()) == 1 and p.problems()[0].startswith("flash: needs")
+    p = fw.plan("mps2-an500", big_model, ctx=65536)
+    assert any(x.startswith("RAM: needs") and "lower --ctx" in x for x in p.problems())
+    for command in (["plan"], ["build"], ["run", "--tokens", "1"]):
+        r = subprocess.run([sys.executable, "-m", "colibri", "firmware", *command[:1], "--board", "mps2-an386",
+                            "--model", str(big_model), *command[1:]], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1, (command, r.stdout, r.stderr)
+        assert "flash: needs" in r.stdout + r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+
+
+def test_a_hung_image_is_stopped_and_reported_with_its_output():
+    with pytest.raises(fw.FirmwareError, match=r"did not finish within 1 s(.|\n)*ROMEO"):
+        fw.run("mps2-an386", image("mps2-an386"), fw.arguments(PROMPT, 10**6, ignore_eos=True), timeout=1)
+
+
+def test_the_cli_runs_the_board_as_generate_runs_the_host():
+    cli = subprocess.run([sys.executable, "-m", "colibri", "firmware", "run", "--board", "virt-rv32", "--prompt",
+                          "ROMEO:", "--max-tokens", "20", "--temperature", "0", "--verbose"],
+                         capture_output=True, check=True, timeout=600)
+    assert cli.stdout == host("--model", MODEL_DIR, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", 20,
+                              "--temperature", 0)
+    assert b"tok/s" in cli.stderr and b"emulated" in cli.stderr
