@@ -4,8 +4,9 @@
 
 A target is a Meson build of the core alone under <source>/build/<target>, made on first use
 and rebuilt (incrementally) on each: `native` (release flags), `clang`, `sanitize` (AddressSanitizer
-+ UBSan), and the Linux cross targets `aarch64` and `riscv64` (toolchains/*.ini), whose programs
-run under QEMU user mode.  The source checkout is $COLIBRI_SOURCE, else the current directory or
++ UBSan), the Linux cross targets `aarch64` and `riscv64` (toolchains/*.ini), whose programs
+run under QEMU user mode, and the bare-metal boards (`mps2-an386`, `mps2-an500`, `virt-rv32`),
+whose firmware images colibri.targets.firmware plans, builds and runs.  The source checkout is $COLIBRI_SOURCE, else the current directory or
 the one this package was imported from, whichever holds meson.build and c_core/."""
 import functools
 import os
