@@ -45,7 +45,7 @@ def convert(src_dir, out_dir, dtype="f32", progress=True):
             raise ConvertError(f"{src_dir / 'config.json'}: model_type {model_type!r} is not supported "
                                f"(supported: {', '.join(sorted(FAMILIES))})")
         family = FAMILIES[model_type]
-        desc = family.describe(ckpt.config)
+        desc = family.describe(ckpt.config, model_type)
         plan = family.plan(desc, ckpt)
         source_dtypes = set()
         for entry in plan:  # every missing tensor and wrong shape is reported before writing

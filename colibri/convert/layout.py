@@ -31,10 +31,26 @@ def direct(name, shape, source):
     return Entry(name, shape, ((source, shape),), _first)
 
 
+def reshaped(name, shape, source, source_shape):
+    """The source's elements in a new shape (e.g. a [1, E] bias as [E])."""
+    shape = tuple(shape)
+    return Entry(name, shape, ((source, tuple(source_shape)),), lambda arrays: arrays[0].reshape(shape))
+
+
 def stacked(name, shape, sources):
     """Per-expert source tensors stacked along a new first axis: [n, *each]."""
     shape = tuple(shape)
     return Entry(name, shape, tuple((s, shape[1:]) for s in sources), np.stack)
+
+
+def _slice_dim0(start, stop, arrays):
+    return arrays[0][start:stop]
+
+
+def dim0_slice(name, shape, source, source_shape, start):
+    """Rows start : start + shape[0] of a fused [rows, cols] source."""
+    shape = tuple(shape)
+    return Entry(name, shape, ((source, tuple(source_shape)),), partial(_slice_dim0, start, start + shape[0]))
 
 
 def dim1_slice(name, shape, source, source_shape, start):

@@ -64,7 +64,38 @@ typedef struct colibri_hparams {
     int32_t normalize_topk;         /* renormalise the top-k gate weights to sum 1 */
     float rope_theta;
     float rms_norm_eps;
+
+    /* What other families add to the Mixtral block (docs/FORMAT.md); the defaults are Mixtral's. */
+    int32_t dense_intermediate_size;    /* FFN of the dense layers; 0: every layer is MoE */
+    int32_t shared_intermediate_size;   /* FFN of the shared expert beside the routed ones; 0: none */
+    int32_t shared_gate;                /* the shared expert's output times sigmoid(gate . x) */
+    int32_t attention_bias;             /* biases on q, k and v */
+    int32_t attention_out_bias;         /* bias on the output projection */
+    int32_t qk_norm;                    /* COLIBRI_QK_NORM_*: RMSNorm of q and k before RoPE */
+    int32_t rope_dim;                   /* leading dimensions of each head that rotate: head_dim or fewer */
+    int32_t rope_interleaved;           /* rotate pairs (2j, 2j+1) instead of (j, j + rope_dim/2) */
+    float clip_qkv;                     /* q, k, v clamped to [-clip_qkv, clip_qkv]; 0: no clamp */
+    float attention_scale;              /* of q.k before the softmax: 1/sqrt(head_dim) unless set */
+    float embedding_multiplier;         /* embeddings times this */
+    float residual_multiplier;          /* each block's output times this before the residual add */
+    float logits_divisor;               /* logits divided by this */
+
+    /* The router: score every expert, choose top_k (from the best groups), weigh the chosen. */
+    int32_t router_score;               /* COLIBRI_SCORE_*: softmax or sigmoid of the logits, or the logits */
+    int32_t router_weights;             /* COLIBRI_WEIGHTS_*: the chosen experts' scores, or a softmax over their logits */
+    int32_t router_logit_bias;          /* a bias added to the router logits (tensor router.bias) */
+    int32_t router_selection_bias;      /* a bias added to the scores for choosing only (selection_bias) */
+    int32_t n_groups;                   /* experts in n_groups equal groups; 1: no groups */
+    int32_t topk_groups;                /* choose only among the experts of the best topk_groups groups */
+    int32_t group_score;                /* COLIBRI_GROUP_*: how a group ranks */
+    float normalize_eps;                /* added to the sum of the chosen weights when renormalising */
+    float routed_scale;                 /* the chosen weights' final factor */
 } colibri_hparams;
+
+enum { COLIBRI_QK_NORM_NONE = 0, COLIBRI_QK_NORM_HEAD = 1, COLIBRI_QK_NORM_FULL = 2 };
+enum { COLIBRI_SCORE_SOFTMAX = 0, COLIBRI_SCORE_SIGMOID = 1, COLIBRI_SCORE_LOGITS = 2 };
+enum { COLIBRI_WEIGHTS_SCORES = 0, COLIBRI_WEIGHTS_SOFTMAX_SELECTED = 1 };
+enum { COLIBRI_GROUP_MAX = 0, COLIBRI_GROUP_TOP2_SUM = 1 };
 
 /* One tensor of the model, as described in colibri_model.json. */
 typedef struct colibri_tensor_info {

@@ -21,6 +21,8 @@
 #define MAX_TOP_K        64
 #define MAX_POSITIONS    (1 << 24)
 
+#define MIN_LAYER_TENSORS 9
+
 /* ---- dtypes ---- */
 
 static const char *const dtype_names[COLIBRI_DTYPE_COUNT] = { "f32", "f16", "bf16", "u8", "i32" };
@@ -34,26 +36,50 @@ const char *colibri_dtype_name(colibri_dtype dtype)
 
 /* ---- the tensors an architecture needs ---- */
 
-/* Per-layer tensors of mixtral, in the order docs/FORMAT.md lists them. */
-enum {
-    T_ATTN_NORM, T_WQ, T_WK, T_WV, T_WO, T_FFN_NORM, T_ROUTER, T_W1, T_W3, T_W2, T_PER_LAYER
+/* Per-layer tensors (model.h's L_* kinds), in the order docs/FORMAT.md lists them. */
+static const char *const layer_tensor_names[L_KINDS] = {
+    "attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "attn.bq", "attn.bk", "attn.bv", "attn.bo",
+    "attn.q_norm", "attn.k_norm", "ffn_norm", "router", "router.bias", "router.selection_bias",
+    "experts.w1", "experts.w3", "experts.w2", "shared.w1", "shared.w3", "shared.w2", "shared.gate",
+    "mlp.w1", "mlp.w3", "mlp.w2",
 };
-static const char *const layer_tensor_names[T_PER_LAYER] = {
-    "attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn_norm", "router",
-    "experts.w1", "experts.w3", "experts.w2",
-};
+
+/* Whether layer `lw` has a tensor of `kind`, given the model's options. */
+static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw, int kind)
+{
+    switch (kind) {
+    case L_BQ: case L_BK: case L_BV: return hp->attention_bias;
+    case L_BO: return hp->attention_out_bias;
+    case L_Q_NORM: case L_K_NORM: return hp->qk_norm != COLIBRI_QK_NORM_NONE;
+    case L_ROUTER: case L_W1: case L_W3: case L_W2: return lw->moe;
+    case L_ROUTER_BIAS: return lw->moe && hp->router_logit_bias;
+    case L_SELECTION_BIAS: return lw->moe && hp->router_selection_bias;
+    case L_SHARED_W1: case L_SHARED_W3: case L_SHARED_W2: return lw->moe && hp->shared_intermediate_size > 0;
+    case L_SHARED_GATE: return lw->moe && hp->shared_intermediate_size > 0 && hp->shared_gate;
+    case L_MLP_W1: case L_MLP_W3: case L_MLP_W2: return !lw->moe;
+    default: return 1;   /* norms and the attention projections */
+    }
+}
 enum { G_TOK_EMBEDDINGS, G_NORM, G_LM_HEAD, G_TOKEN_BYTES, G_TOKEN_OFFSETS, T_GLOBAL };
 static const char *const global_tensor_names[T_GLOBAL] = {
     "tok_embeddings", "norm", "lm_head", "tokenizer.token_bytes", "tokenizer.token_offsets",
 };
 
-/* The vocabulary table is optional, the weights are not. */
-static int slot_optional(int64_t slot, const colibri_hparams *hp)
+/* Whether the model has a tensor in `slot` (layers: from layer_has; the vocabulary table is
+ * optional, so it counts as "has" too: read_tensor accepts it, the missing check skips it). */
+static int slot_used(int64_t slot, const colibri_model *m)
 {
-    return slot == G_TOKEN_BYTES || slot == G_TOKEN_OFFSETS || (slot == G_LM_HEAD && hp->tie_word_embeddings);
+    if (slot >= T_GLOBAL)
+        return layer_has(&m->hp, &m->layers[(slot - T_GLOBAL) / L_KINDS], (int)((slot - T_GLOBAL) % L_KINDS));
+    return slot != G_LM_HEAD || !m->hp.tie_word_embeddings;
 }
 
-/* Slot of a tensor name: global slots first, then layer * T_PER_LAYER + kind; -1 unknown. */
+static int slot_optional(int64_t slot)
+{
+    return slot == G_TOKEN_BYTES || slot == G_TOKEN_OFFSETS;
+}
+
+/* Slot of a tensor name: global slots first, then layer * L_KINDS + kind; -1 unknown. */
 static int64_t tensor_slot(const char *text, const json_token *t, int32_t n_layers)
 {
     const char *s = text + t->start;
@@ -70,32 +96,44 @@ static int64_t tensor_slot(const char *text, const json_token *t, int32_t n_laye
     }
     if (i >= n || s[i] != '.') return -1;
     i++;
-    for (k = 0; k < T_PER_LAYER; k++) {
+    for (k = 0; k < L_KINDS; k++) {
         size_t m = strlen(layer_tensor_names[k]);
         if (n - i == m && memcmp(s + i, layer_tensor_names[k], m) == 0)
-            return T_GLOBAL + layer * T_PER_LAYER + k;
+            return T_GLOBAL + layer * L_KINDS + k;
     }
     return -1;
 }
 
 static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape[4])
 {
-    int64_t d = hp->hidden_size, f = hp->intermediate_size, e = hp->n_experts;
-    int64_t q = (int64_t)hp->n_heads * hp->head_dim, kv = (int64_t)hp->n_kv_heads * hp->head_dim;
+    int64_t d = hp->hidden_size, f = hp->intermediate_size, e = hp->n_experts, hd = hp->head_dim;
+    int64_t q = (int64_t)hp->n_heads * hd, kv = (int64_t)hp->n_kv_heads * hd;
+    int64_t fs = hp->shared_intermediate_size, fd = hp->dense_intermediate_size;
+    int full = hp->qk_norm == COLIBRI_QK_NORM_FULL;
     if (slot < T_GLOBAL) {
         if (slot == G_NORM) { shape[0] = d; return 1; }
         if (slot == G_TOKEN_BYTES) { shape[0] = -1; return 1; }    /* any length */
         if (slot == G_TOKEN_OFFSETS) { shape[0] = (int64_t)hp->vocab_size + 1; return 1; }
         shape[0] = hp->vocab_size; shape[1] = d; return 2;
     }
-    switch ((slot - T_GLOBAL) % T_PER_LAYER) {
-    case T_ATTN_NORM: case T_FFN_NORM: shape[0] = d; return 1;
-    case T_WQ: shape[0] = q; shape[1] = d; return 2;
-    case T_WK: case T_WV: shape[0] = kv; shape[1] = d; return 2;
-    case T_WO: shape[0] = d; shape[1] = q; return 2;
-    case T_ROUTER: shape[0] = e; shape[1] = d; return 2;
-    case T_W1: case T_W3: shape[0] = e; shape[1] = f; shape[2] = d; return 3;
-    default: shape[0] = e; shape[1] = d; shape[2] = f; return 3;   /* T_W2 */
+    switch ((slot - T_GLOBAL) % L_KINDS) {
+    case L_ATTN_NORM: case L_FFN_NORM: case L_BO: shape[0] = d; return 1;
+    case L_WQ: shape[0] = q; shape[1] = d; return 2;
+    case L_WK: case L_WV: shape[0] = kv; shape[1] = d; return 2;
+    case L_WO: shape[0] = d; shape[1] = q; return 2;
+    case L_BQ: shape[0] = q; return 1;
+    case L_BK: case L_BV: shape[0] = kv; return 1;
+    case L_Q_NORM: shape[0] = full ? q : hd; return 1;
+    case L_K_NORM: shape[0] = full ? kv : hd; return 1;
+    case L_ROUTER: shape[0] = e; shape[1] = d; return 2;
+    case L_ROUTER_BIAS: case L_SELECTION_BIAS: shape[0] = e; return 1;
+    case L_W1: case L_W3: shape[0] = e; shape[1] = f; shape[2] = d; return 3;
+    case L_W2: shape[0] = e; shape[1] = d; shape[2] = f; return 3;
+    case L_SHARED_W1: case L_SHARED_W3: shape[0] = fs; shape[1] = d; return 2;
+    case L_SHARED_W2: shape[0] = d; shape[1] = fs; return 2;
+    case L_SHARED_GATE: shape[0] = 1; shape[1] = d; return 2;
+    case L_MLP_W1: case L_MLP_W3: shape[0] = fd; shape[1] = d; return 2;
+    default: shape[0] = d; shape[1] = fd; return 2;   /* L_MLP_W2 */
     }
 }
 
@@ -215,6 +253,38 @@ static colibri_status get_choice(loader *L, int32_t obj, const char *where, cons
     return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s: unsupported value \"%s\"", where, key, text);
 }
 
+/* Optional fields: absent means `fallback`; present, the field is checked as a required one. */
+static int has_field(loader *L, int32_t obj, const char *key) { return json_object_get(L->text, L->tok, obj, key) >= 0; }
+
+static colibri_status opt_int(loader *L, int32_t obj, const char *where, const char *key, int64_t lo, int64_t hi,
+                              int32_t fallback, int32_t *value)
+{
+    *value = fallback;
+    return has_field(L, obj, key) ? get_int(L, obj, where, key, lo, hi, value) : COLIBRI_OK;
+}
+
+static colibri_status opt_float(loader *L, int32_t obj, const char *where, const char *key, double lo, double hi,
+                                float fallback, float *value)
+{
+    *value = fallback;
+    return has_field(L, obj, key) ? get_float(L, obj, where, key, lo, hi, value) : COLIBRI_OK;
+}
+
+static colibri_status opt_bool(loader *L, int32_t obj, const char *where, const char *key, int32_t *value)
+{
+    *value = 0;
+    return has_field(L, obj, key) ? get_bool(L, obj, where, key, value) : COLIBRI_OK;
+}
+
+static colibri_status opt_choice(loader *L, int32_t obj, const char *where, const char *key,
+                                 const char *const *choices, int32_t *value)
+{
+    int choice = 0;
+    colibri_status st = has_field(L, obj, key) ? get_choice(L, obj, where, key, choices, &choice) : COLIBRI_OK;
+    *value = choice;
+    return st;
+}
+
 /* ---- sections ---- */
 
 static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
@@ -222,7 +292,8 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
     static const char *const top_keys[] = { "format", "version", "architecture", "hparams", "routing",
                                             "experts", "tokenizer", "metadata", "tensors", NULL };
     static const char *const formats[] = { "colibri", NULL };
-    static const char *const architectures[] = { "mixtral", NULL };
+    static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
+                                                     "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe", NULL };
     int32_t i = 0;
     int choice;
     colibri_status st;
@@ -264,15 +335,27 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     static const char *const keys[] = { "vocab_size", "hidden_size", "intermediate_size", "num_layers",
                                         "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings",
                                         "rope_theta", "rms_norm_eps", "sliding_window",
-                                        "tie_word_embeddings", "bos_token_id", "eos_token_id", NULL };
-    static const char *const routing_keys[] = { "type", "top_k", "normalize", NULL };
-    static const char *const routing_types[] = { "topk_softmax", NULL };
-    static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", NULL };
+                                        "tie_word_embeddings", "bos_token_id", "eos_token_id",
+                                        "mlp_layers", "attention_layers", "dense_intermediate_size", "attention_bias",
+                                        "attention_out_bias", "qk_norm", "rope_dim", "rope_interleaved",
+                                        "clip_qkv", "attention_scale", "embedding_multiplier",
+                                        "residual_multiplier", "logits_divisor", NULL };
+    static const char *const qk_norms[] = { "none", "head", "full", NULL };
+    static const char *const routing_keys[] = { "type", "top_k", "normalize", "score", "weights", "logit_bias",
+                                                "selection_bias", "groups", "topk_groups", "group_score",
+                                                "normalize_eps", "scale", NULL };
+    static const char *const routing_types[] = { "topk_softmax", "topk", NULL };
+    static const char *const scores[] = { "softmax", "sigmoid", "logits", NULL };
+    static const char *const weights[] = { "scores", "softmax_of_selected", NULL };
+    static const char *const group_scores[] = { "max", "top2_sum", NULL };
+    static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", "shared", NULL };
+    static const char *const shared_keys[] = { "intermediate_size", "gate", NULL };
+    static const char *const shared_gates[] = { "none", "sigmoid", NULL };
     static const char *const layouts[] = { "stacked", NULL };
     static const char *const quantizations[] = { "none", NULL };
     static const char *const activations[] = { "silu", NULL };
     const char *w = "hparams";
-    int32_t h = 0, r = 0, e = 0;
+    int32_t h = 0, r = 0, e = 0, sh = 0;
     int choice;
     colibri_status st;
 
@@ -300,6 +383,19 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.head_dim = %d must be even for RoPE", hp->head_dim);
     if ((int64_t)hp->n_heads * hp->head_dim > MAX_FFN)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.num_heads * head_dim exceeds %d", MAX_FFN);
+    TRY(opt_int(L, h, w, "dense_intermediate_size", 1, MAX_FFN, 0, &hp->dense_intermediate_size));
+    TRY(opt_bool(L, h, w, "attention_bias", &hp->attention_bias));
+    TRY(opt_bool(L, h, w, "attention_out_bias", &hp->attention_out_bias));
+    TRY(opt_choice(L, h, w, "qk_norm", qk_norms, &hp->qk_norm));
+    TRY(opt_int(L, h, w, "rope_dim", 2, hp->head_dim, hp->head_dim, &hp->rope_dim));
+    if (hp->rope_dim % 2 != 0)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.rope_dim = %d must be even", hp->rope_dim);
+    TRY(opt_bool(L, h, w, "rope_interleaved", &hp->rope_interleaved));
+    TRY(opt_float(L, h, w, "clip_qkv", 0.0, 1e30, 0.0f, &hp->clip_qkv));
+    TRY(opt_float(L, h, w, "attention_scale", 0.0, 1e6, (float)(1.0 / sqrt((double)hp->head_dim)), &hp->attention_scale));
+    TRY(opt_float(L, h, w, "embedding_multiplier", 0.0, 1e6, 1.0f, &hp->embedding_multiplier));
+    TRY(opt_float(L, h, w, "residual_multiplier", 0.0, 1e6, 1.0f, &hp->residual_multiplier));
+    TRY(opt_float(L, h, w, "logits_divisor", 0.0, 1e6, 1.0f, &hp->logits_divisor));
 
     TRY(get_field(L, root, "model", "routing", JSON_OBJECT, &r));
     TRY(check_keys(L, r, "routing", routing_keys));
@@ -310,14 +406,79 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(get_choice(L, e, "experts", "weight_layout", layouts, &choice));
     TRY(get_choice(L, e, "experts", "quantization", quantizations, &choice));
     TRY(get_choice(L, e, "experts", "activation", activations, &choice));
+    if (has_field(L, e, "shared")) {
+        TRY(get_field(L, e, "experts", "shared", JSON_OBJECT, &sh));
+        TRY(check_keys(L, sh, "experts.shared", shared_keys));
+        TRY(get_int(L, sh, "experts.shared", "intermediate_size", 1, MAX_FFN, &hp->shared_intermediate_size));
+        TRY(opt_choice(L, sh, "experts.shared", "gate", shared_gates, &hp->shared_gate));
+    }
     TRY(get_int(L, r, "routing", "top_k", 1, MAX_TOP_K, &hp->top_k));
     if (hp->top_k > hp->n_experts)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d exceeds experts.count = %d",
                             hp->top_k, hp->n_experts);
     hp->normalize_topk = 1;
-    if (json_object_get(L->text, L->tok, r, "normalize") >= 0)
+    if (has_field(L, r, "normalize"))
         TRY(get_bool(L, r, "routing", "normalize", &hp->normalize_topk));
+    TRY(opt_choice(L, r, "routing", "score", scores, &hp->router_score));
+    TRY(opt_choice(L, r, "routing", "weights", weights, &hp->router_weights));
+    TRY(opt_bool(L, r, "routing", "logit_bias", &hp->router_logit_bias));
+    TRY(opt_bool(L, r, "routing", "selection_bias", &hp->router_selection_bias));
+    TRY(opt_int(L, r, "routing", "groups", 1, MAX_EXPERTS, 1, &hp->n_groups));
+    TRY(opt_int(L, r, "routing", "topk_groups", 1, hp->n_groups, hp->n_groups, &hp->topk_groups));
+    TRY(opt_choice(L, r, "routing", "group_score", group_scores, &hp->group_score));
+    TRY(opt_float(L, r, "routing", "normalize_eps", -1.0, 1.0, 0.0f, &hp->normalize_eps));
+    TRY(opt_float(L, r, "routing", "scale", 0.0, 1e6, 1.0f, &hp->routed_scale));
+    if (hp->n_experts % hp->n_groups != 0)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.groups = %d does not divide experts.count = %d",
+                            hp->n_groups, hp->n_experts);
+    if (hp->top_k > hp->topk_groups * (hp->n_experts / hp->n_groups))
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d exceeds the %d experts of the %d chosen groups",
+                            hp->top_k, hp->topk_groups * (hp->n_experts / hp->n_groups), hp->topk_groups);
+    if (hp->group_score == COLIBRI_GROUP_TOP2_SUM && hp->n_experts / hp->n_groups < 2)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.group_score top2_sum needs 2 experts per group");
 #undef TRY
+    return COLIBRI_OK;
+}
+
+/* An optional per-layer array of strings, each `first` or `second`: flags[l] = 1 for `first`.
+ * Absent: every flag stays as it is. */
+static colibri_status read_layer_choices(loader *L, int32_t h, const char *key, const char *first, const char *second,
+                                         colibri_model *m, size_t flag_offset)
+{
+    int32_t a = 0, item, l;
+    colibri_status st;
+    if (!has_field(L, h, key)) return COLIBRI_OK;
+    st = get_field(L, h, "hparams", key, JSON_ARRAY, &a);
+    if (st) return st;
+    if ((int32_t)L->tok[a].n_children != m->hp.n_layers)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.%s has %u entries for %d layers", key,
+                            L->tok[a].n_children, m->hp.n_layers);
+    for (l = 0, item = a + 1; l < m->hp.n_layers; l++, item += (int32_t)L->tok[item].subtree) {
+        int is_first = L->tok[item].type == JSON_STRING && json_string_equals(L->text, &L->tok[item], first);
+        if (!is_first && !(L->tok[item].type == JSON_STRING && json_string_equals(L->text, &L->tok[item], second)))
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.%s[%d] must be \"%s\" or \"%s\"", key, l, first, second);
+        *(int32_t *)(void *)((uint8_t *)&m->layers[l] + flag_offset) = is_first;
+    }
+    return COLIBRI_OK;
+}
+
+/* hparams.mlp_layers ("moe" or "dense" per layer; absent: all MoE) and attention_layers
+ * ("sliding" or "full"; absent: all sliding when sliding_window is set). */
+static colibri_status read_layer_kinds(loader *L, int32_t root, colibri_model *m)
+{
+    int32_t h = json_object_get(L->text, L->tok, root, "hparams"), l, dense = 0;
+    colibri_status st;
+    for (l = 0; l < m->hp.n_layers; l++) { m->layers[l].moe = 1; m->layers[l].window = 1; }
+    st = read_layer_choices(L, h, "mlp_layers", "moe", "dense", m, offsetof(colibri_layer_weights, moe));
+    if (st) return st;
+    st = read_layer_choices(L, h, "attention_layers", "sliding", "full", m, offsetof(colibri_layer_weights, window));
+    if (st) return st;
+    for (l = 0; l < m->hp.n_layers; l++) {
+        dense += !m->layers[l].moe;
+        m->layers[l].window = m->layers[l].window ? m->hp.sliding_window : 0;
+    }
+    if (dense && !m->hp.dense_intermediate_size)
+        return colibri_fail(L->err, COLIBRI_E_MISSING, "hparams.dense_intermediate_size is missing (%d dense layers)", dense);
     return COLIBRI_OK;
 }
 
@@ -327,9 +488,10 @@ static int is_hex_digit(char c)
 }
 
 /* One entry of "tensors": fills t and returns its slot. */
-static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const colibri_hparams *hp,
+static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const colibri_model *m,
                                   colibri_tensor *t, int64_t *slot)
 {
+    const colibri_hparams *hp = &m->hp;
     static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum", NULL };
     static const char *const dtypes[] = { "f32", "f16", "bf16", "u8", "i32", NULL };
     char where[64];
@@ -347,10 +509,11 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
     if (st) return st;
     copy_token_text(t->name, sizeof t->name, L->text, &L->tok[i]);
     *slot = tensor_slot(L->text, &L->tok[i], hp->n_layers);
-    if (*slot < 0 || (*slot == G_LM_HEAD && hp->tie_word_embeddings))
+    if (*slot < 0 || !slot_used(*slot, m))
         return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `%s` is not part of a %s model with %d layers%s",
-                            t->name, "mixtral", hp->n_layers,
-                            *slot == G_LM_HEAD ? " and tied embeddings" : "");
+                            t->name, m->architecture, hp->n_layers,
+                            *slot == G_LM_HEAD ? " and tied embeddings"
+                            : *slot >= T_GLOBAL ? " and these options (docs/FORMAT.md)" : "");
     colibri_format(where, sizeof where, "tensor `%s`", t->name);
     st = check_keys(L, obj, where, keys);
     if (st) return st;
@@ -553,16 +716,18 @@ typedef struct meta_layout {
 
 static meta_layout layout_for(uint32_t n_tokens)
 {
-    /* Each tensor entry needs at least 14 tokens and each layer at least 10 tensors, so
-     * n_tokens / 14 bounds both tables without reading the JSON first. */
+    /* Each tensor entry needs at least 14 tokens and each layer at least 9 tensors (norm,
+     * attention, norm, a dense MLP), so n_tokens / 14 bounds both tables without reading the
+     * JSON first. */
     uint32_t max_tensors = n_tokens / 14 + 1;
     meta_layout l;
     l.max_tensors = max_tensors;
-    l.max_layers = max_tensors / T_PER_LAYER + 1;
+    l.max_layers = max_tensors / MIN_LAYER_TENSORS + 1;
     l.tensors = colibri_align_up(COLIBRI_MODEL_SLOT, 16);
     l.layers = l.tensors + colibri_align_up(max_tensors * COLIBRI_TENSOR_SLOT, 16);
     l.order = l.layers + colibri_align_up(l.max_layers * COLIBRI_LAYER_SLOT, 16);
-    /* order: the overlap sort, and before it one byte per tensor slot (<= max_tensors + 13) */
+    /* order: the overlap sort, and before it one byte per tensor slot (T_GLOBAL + max_layers * L_KINDS,
+     * below 3 * max_tensors + 30) */
     l.tokens = l.order + colibri_align_up((max_tensors + 16) * sizeof(int32_t), 16);
     l.total = l.tokens + (size_t)n_tokens * sizeof(json_token);
     return l;
@@ -626,7 +791,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     st = get_field(&L, 0, "model", "tensors", JSON_ARRAY, &tensors_tok);
     if (st) return st;
     n_tensors = tokens[tensors_tok].n_children;
-    n_slots = T_GLOBAL + (int64_t)hp->n_layers * T_PER_LAYER;
+    n_slots = T_GLOBAL + (int64_t)hp->n_layers * L_KINDS;
     /* A valid entry takes at least 14 tokens, so these hold only for a broken tensor table. */
     if (n_tensors > lay.max_tensors || (uint32_t)hp->n_layers > lay.max_layers)
         return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u entries for a %d-layer %s model, which has %lld tensors",
@@ -638,6 +803,8 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     m->weights_len = weights_len;
     m->meta_bytes = lay.total;
 
+    st = read_layer_kinds(&L, 0, m);
+    if (st) return st;
     seen = (uint8_t *)order;   /* one byte per slot; the overlap sort reuses the room later */
     memset(seen, 0, (size_t)n_slots);
 
@@ -645,7 +812,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         colibri_tensor *t = &m->tensors[k];
         int64_t slot = 0;
         colibri_weight w;
-        st = read_tensor(&L, entry, k, hp, t, &slot);
+        st = read_tensor(&L, entry, k, m, t, &slot);
         if (st) return st;
         if (seen[slot])
             return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is listed twice", t->name);
@@ -664,24 +831,17 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         else if (slot == G_LM_HEAD) m->lm_head = w;
         else if (slot == G_TOKEN_BYTES) m->token_bytes = m->weights + t->file_offset;
         else if (slot == G_TOKEN_OFFSETS) m->token_offsets = (const int32_t *)(const void *)(m->weights + t->file_offset);
-        else {
-            colibri_layer_weights *lw = &m->layers[(slot - T_GLOBAL) / T_PER_LAYER];
-            colibri_weight *fields[T_PER_LAYER];
-            fields[T_ATTN_NORM] = &lw->attn_norm; fields[T_WQ] = &lw->wq; fields[T_WK] = &lw->wk;
-            fields[T_WV] = &lw->wv; fields[T_WO] = &lw->wo; fields[T_FFN_NORM] = &lw->ffn_norm;
-            fields[T_ROUTER] = &lw->router; fields[T_W1] = &lw->w1; fields[T_W3] = &lw->w3; fields[T_W2] = &lw->w2;
-            *fields[(slot - T_GLOBAL) % T_PER_LAYER] = w;
-        }
+        else m->layers[(slot - T_GLOBAL) / L_KINDS].w[(slot - T_GLOBAL) % L_KINDS] = w;
     }
     {
         int64_t s;
         for (s = 0; s < n_slots; s++) {
-            if (seen[s] || slot_optional(s, hp)) continue;
+            if (seen[s] || slot_optional(s) || !slot_used(s, m)) continue;
             if (s < T_GLOBAL)
                 return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is missing", global_tensor_names[s]);
             return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `layers.%lld.%s` is missing",
-                                (long long)((s - T_GLOBAL) / T_PER_LAYER),
-                                layer_tensor_names[(s - T_GLOBAL) % T_PER_LAYER]);
+                                (long long)((s - T_GLOBAL) / L_KINDS),
+                                layer_tensor_names[(s - T_GLOBAL) % L_KINDS]);
         }
     }
     if (hp->tie_word_embeddings) m->lm_head = m->tok_embeddings;

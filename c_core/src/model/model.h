@@ -10,20 +10,30 @@ typedef struct colibri_weight {
     colibri_dtype dtype;
 } colibri_weight;
 
-/* One decoder layer of the mixtral architecture. */
+/* The tensors a decoder layer may have, as named in colibri_model.json ("layers.{i}." + name,
+ * load.c lists the names and shapes).  Which ones a layer has follows from the hyper-parameters:
+ * the attention options, and whether the layer's MLP is the MoE block or a dense one. */
+enum {
+    L_ATTN_NORM,                            /* (dim) */
+    L_WQ, L_WK, L_WV, L_WO,                 /* (q_dim, dim), (kv_dim, dim) x 2, (dim, q_dim) */
+    L_BQ, L_BK, L_BV, L_BO,                 /* attention biases: (q_dim), (kv_dim) x 2, (dim) */
+    L_Q_NORM, L_K_NORM,                     /* QK-norm: (head_dim) per head, or (q_dim) / (kv_dim) whole */
+    L_FFN_NORM,                             /* (dim) */
+    L_ROUTER, L_ROUTER_BIAS,                /* (n_experts, dim), (n_experts) added to the logits */
+    L_SELECTION_BIAS,                       /* (n_experts): added to the scores for choosing only */
+    L_W1, L_W3, L_W2,                       /* experts: (E, ffn, dim) gate, (E, ffn, dim) up, (E, dim, ffn) down */
+    L_SHARED_W1, L_SHARED_W3, L_SHARED_W2,  /* shared expert: (shared_ffn, dim) x 2, (dim, shared_ffn) */
+    L_SHARED_GATE,                          /* (1, dim): sigmoid gate of the shared expert */
+    L_MLP_W1, L_MLP_W3, L_MLP_W2,           /* dense layers: (dense_ffn, dim) x 2, (dim, dense_ffn) */
+    L_KINDS
+};
+
 typedef struct colibri_layer_weights {
-    colibri_weight attn_norm;   /* (dim) */
-    colibri_weight wq;          /* (n_heads * head_dim, dim) */
-    colibri_weight wk;          /* (n_kv_heads * head_dim, dim) */
-    colibri_weight wv;          /* (n_kv_heads * head_dim, dim) */
-    colibri_weight wo;          /* (dim, n_heads * head_dim) */
-    colibri_weight ffn_norm;    /* (dim) */
-    colibri_weight router;      /* (n_experts, dim) */
-    colibri_weight w1;          /* (n_experts, ffn, dim)  gate */
-    colibri_weight w3;          /* (n_experts, ffn, dim)  up */
-    colibri_weight w2;          /* (n_experts, dim, ffn)  down */
+    colibri_weight w[L_KINDS];  /* data NULL: the layer has no such tensor */
+    int32_t moe;                /* the MLP is the MoE block (else dense) */
+    int32_t window;             /* attention sees this many positions, the query's included; 0: all */
 } colibri_layer_weights;
-#define COLIBRI_LAYER_SLOT 160     /* bytes per entry on every target (util.h) */
+#define COLIBRI_LAYER_SLOT 416     /* bytes per entry on every target (util.h) */
 
 typedef struct colibri_tensor {
     char name[COLIBRI_MAX_NAME];
@@ -38,7 +48,7 @@ typedef struct colibri_tensor {
 
 struct colibri_model {
     colibri_hparams hp;
-    char architecture[16];
+    char architecture[24];
 
     const uint8_t *weights;         /* weights.bin, mapped or linked in */
     size_t weights_len;
@@ -57,7 +67,7 @@ struct colibri_model {
     void (*release)(colibri_model *model);
     void *platform;
 };
-#define COLIBRI_MODEL_SLOT 224
+#define COLIBRI_MODEL_SLOT 320
 
 size_t colibri_dtype_size(colibri_dtype dtype);
 const char *colibri_dtype_name(colibri_dtype dtype);

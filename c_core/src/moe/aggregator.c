@@ -29,8 +29,12 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
     int32_t E = hp->n_experts, K = hp->top_k, d = hp->hidden_size;
     int32_t t, j, e, i;
 
-    k->matmul(b->router_logits, x, lw->router.data, lw->router.dtype, n, d, E);
-    moe->router->route(hp, b->router_logits, n, b->ids, b->gates);
+    k->matmul(b->router_logits, x, lw->w[L_ROUTER].data, lw->w[L_ROUTER].dtype, n, d, E);   /* (n, E) */
+    if (hp->router_logit_bias)
+        for (t = 0; t < n; t++)
+            for (e = 0; e < E; e++)
+                b->router_logits[(size_t)t * E + e] += colibri_load_f32(lw->w[L_ROUTER_BIAS].data, lw->w[L_ROUTER_BIAS].dtype, (size_t)e);
+    moe->router->route(hp, lw, b->router_logits, n, b->router_scratch, b->ids, b->gates);
 
     for (e = 0; e <= E; e++) b->expert_start[e] = 0;
     for (i = 0; i < n * K; i++) b->expert_start[b->ids[i] + 1]++;
@@ -55,5 +59,16 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
             memcpy(b->xe + (size_t)i * d, x + (size_t)b->pair_token[first + i] * d, (size_t)d * sizeof(float));
         moe->expert->forward(k, hp, lw, e, b->xe, m, b->h1, b->h3, b->ye);
         moe->aggregator->combine(out, b->ye, b->pair_token + first, b->pair_gate + first, m, d);
+    }
+
+    if (hp->shared_intermediate_size) {   /* every token, after the routed sum, as transformers adds it */
+        float *gate = b->router_logits;    /* (n, 1): the logits are spent */
+        colibri_swiglu(k, lw->w[L_SHARED_W1], lw->w[L_SHARED_W3], lw->w[L_SHARED_W2], d, hp->shared_intermediate_size,
+                       x, n, b->h1, b->h3, b->ye);
+        if (hp->shared_gate) k->matmul(gate, x, lw->w[L_SHARED_GATE].data, lw->w[L_SHARED_GATE].dtype, n, d, 1);
+        for (t = 0; t < n; t++) {
+            float g = hp->shared_gate ? 1.0f / (1.0f + colibri_expf(-gate[t])) : 1.0f;
+            for (i = 0; i < d; i++) out[(size_t)t * d + i] += g * b->ye[(size_t)t * d + i];
+        }
     }
 }

@@ -3,7 +3,8 @@
  *
  *   router      logits (n, E)            -> ids (n, k), gates (n, k)
  *   expert      x (m, dim) of one expert -> y (m, dim)
- *   aggregator  y (m, dim), gates        -> out (n, dim) += gate * y, per routed token */
+ *   aggregator  y (m, dim), gates        -> out (n, dim) += gate * y, per routed token
+ * and beside them, when the model has one, a shared expert every token goes through. */
 #ifndef COLIBRI_MOE_H
 #define COLIBRI_MOE_H
 
@@ -12,8 +13,9 @@
 
 typedef struct colibri_router {
     const char *name;
-    void (*route)(const colibri_hparams *hp, const float *logits, int32_t n,
-                  int32_t *ids, float *gates);
+    /* scratch: (n_experts + n_groups) floats */
+    void (*route)(const colibri_hparams *hp, const colibri_layer_weights *lw, const float *logits, int32_t n,
+                  float *scratch, int32_t *ids, float *gates);
 } colibri_router;
 
 /* Scratch an expert may use: h1, h3 (m, ffn). */
@@ -30,13 +32,20 @@ typedef struct colibri_aggregator {
                     int32_t m, int32_t dim);
 } colibri_aggregator;
 
-extern const colibri_router colibri_router_topk_softmax;
+extern const colibri_router colibri_router_topk;
 extern const colibri_expert colibri_expert_swiglu;
 extern const colibri_aggregator colibri_aggregator_weighted;
+
+/* y (m, dim) = W2 @ (silu(W1 @ x) * (W3 @ x)) for x (m, dim): one gated FFN of width f with
+ * weights (f, dim), (f, dim), (dim, f); h1, h3 (m, f) scratch.  Experts, shared experts and
+ * dense layers all are one. */
+void colibri_swiglu(const colibri_kernels *k, colibri_weight w1, colibri_weight w3, colibri_weight w2,
+                    int32_t dim, int32_t f, const float *x, int32_t m, float *h1, float *h3, float *y);
 
 /* Buffers of one MoE block, carved from the session arena. */
 typedef struct colibri_moe_buffers {
     float *router_logits;   /* (n_batch, n_experts) */
+    float *router_scratch;  /* (n_experts + n_groups) one token's choice values and group scores */
     int32_t *ids;           /* (n_batch, top_k) */
     float *gates;           /* (n_batch, top_k) */
     int32_t *expert_start;  /* (n_experts + 1): routed pairs grouped by expert */

@@ -1,33 +1,95 @@
-/* Routers: logits (n, E) -> expert ids (n, k) and gate weights (n, k). */
+/* Routers: logits (n, E) -> expert ids (n, k) and gate weights (n, k).
+ *
+ * One parameterised router covers the families (hparams: router_*, n_groups, ...):
+ *   score     s = softmax(logits), sigmoid(logits) or the logits themselves
+ *   choose    c = s (+ selection_bias: DeepSeek-V3's correction, for choosing only); with
+ *             groups, only the experts of the topk_groups best groups (a group ranks by its
+ *             best c, or the sum of its best two); then the top_k largest c
+ *   weigh     w = s of the chosen, or a softmax over their logits; renormalised to sum 1
+ *             (+ normalize_eps) when asked; times routed_scale
+ * Ties go to the lowest id, so every target chooses the same experts. */
+#include <math.h>
+
 #include "moe.h"
 
-/* Mixtral: softmax over all experts, keep the k largest (lowest id on ties),
- * renormalise them to sum 1 when hp->normalize_topk. */
-static void route_topk_softmax(const colibri_hparams *hp, const float *logits, int32_t n,
-                               int32_t *ids, float *gates)
+/* Index of the largest v[i] over i < n not yet in taken[0..n_taken), lowest index on ties;
+ * -1 when all are taken. */
+static int32_t best_untaken(const float *v, int32_t n, const int32_t *taken, int32_t n_taken)
 {
-    int32_t E = hp->n_experts, K = hp->top_k, t, i, j;
+    int32_t best = -1, i, p;
+    for (i = 0; i < n; i++) {
+        int is_taken = 0;
+        for (p = 0; p < n_taken; p++) is_taken |= taken[p] == i;
+        if (!is_taken && (best < 0 || v[i] > v[best])) best = i;
+    }
+    return best;
+}
+
+static float sigmoidf(float x) { return 1.0f / (1.0f + colibri_expf(-x)); }
+
+static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *lw, const float *logits, int32_t n,
+                       float *scratch, int32_t *ids, float *gates)
+{
+    int32_t E = hp->n_experts, K = hp->top_k, G = hp->n_groups, per_group = E / G, t, i, j, g;
+    float *choice = scratch, *group_value = scratch + E;   /* (E), (G) */
+    const colibri_weight *bias = &lw->w[L_SELECTION_BIAS];
     for (t = 0; t < n; t++) {
         const float *lt = logits + (size_t)t * E;
         int32_t *id = ids + (size_t)t * K;
-        float *g = gates + (size_t)t * K;
+        float *w = gates + (size_t)t * K;
         float max = lt[0], sum = 0.0f, kept = 0.0f;
+
+        /* score, into choice[] (the chosen experts' scores are read back from it before the bias) */
         for (i = 1; i < E; i++) if (lt[i] > max) max = lt[i];
-        for (i = 0; i < E; i++) sum += colibri_expf(lt[i] - max);
-        for (j = 0; j < K; j++) {
-            int32_t best = -1;
-            for (i = 0; i < E; i++) {
-                int32_t taken = 0, p;
-                for (p = 0; p < j; p++) taken |= id[p] == i;
-                if (!taken && (best < 0 || lt[i] > lt[best])) best = i;
-            }
-            id[j] = best;
-            g[j] = colibri_expf(lt[best] - max) / sum;
-            kept += g[j];
+        if (hp->router_score == COLIBRI_SCORE_SOFTMAX) {
+            for (i = 0; i < E; i++) sum += colibri_expf(lt[i] - max);
+            for (i = 0; i < E; i++) choice[i] = colibri_expf(lt[i] - max) / sum;
+        } else {
+            for (i = 0; i < E; i++) choice[i] = hp->router_score == COLIBRI_SCORE_SIGMOID ? sigmoidf(lt[i]) : lt[i];
         }
-        if (hp->normalize_topk)
-            for (j = 0; j < K; j++) g[j] /= kept;
+        if (hp->router_selection_bias)
+            for (i = 0; i < E; i++) choice[i] += colibri_load_f32(bias->data, bias->dtype, (size_t)i);
+
+        if (G > 1) {   /* rank the groups; the topk_groups best are marked +inf, the rest leave the running */
+            for (g = 0; g < G; g++) {
+                const float *cg = choice + (size_t)g * per_group;
+                int32_t first = best_untaken(cg, per_group, NULL, 0);
+                group_value[g] = cg[first];
+                if (hp->group_score == COLIBRI_GROUP_TOP2_SUM) group_value[g] += cg[best_untaken(cg, per_group, &first, 1)];
+            }
+            for (j = 0; j < hp->topk_groups; j++) {
+                int32_t best = -1;
+                for (g = 0; g < G; g++)
+                    if (group_value[g] != HUGE_VALF && (best < 0 || group_value[g] > group_value[best])) best = g;
+                group_value[best] = HUGE_VALF;
+            }
+            for (g = 0; g < G; g++)
+                if (group_value[g] != HUGE_VALF)
+                    for (i = 0; i < per_group; i++) choice[(size_t)g * per_group + i] = -HUGE_VALF;
+        }
+        for (j = 0; j < K; j++) id[j] = best_untaken(choice, E, id, j);
+
+        /* weigh: the scores again (without the selection bias), or a softmax over the chosen logits */
+        if (hp->router_weights == COLIBRI_WEIGHTS_SOFTMAX_SELECTED) {
+            float top = lt[id[0]], total = 0.0f;
+            for (j = 1; j < K; j++) if (lt[id[j]] > top) top = lt[id[j]];
+            for (j = 0; j < K; j++) { w[j] = colibri_expf(lt[id[j]] - top); total += w[j]; }
+            for (j = 0; j < K; j++) w[j] /= total;
+        } else {
+            for (j = 0; j < K; j++) {
+                float l = lt[id[j]];
+                w[j] = hp->router_score == COLIBRI_SCORE_SOFTMAX ? colibri_expf(l - max) / sum
+                     : hp->router_score == COLIBRI_SCORE_SIGMOID ? sigmoidf(l) : l;
+            }
+        }
+        if (hp->normalize_topk) {
+            for (j = 0; j < K; j++) kept += w[j];
+            kept += hp->normalize_eps;
+            for (j = 0; j < K; j++) w[j] /= kept;
+        }
+        if (hp->routed_scale != 1.0f)
+            for (j = 0; j < K; j++) w[j] *= hp->routed_scale;
     }
 }
 
-const colibri_router colibri_router_topk_softmax = { "topk_softmax", route_topk_softmax };
+const colibri_router colibri_router_topk = { "topk", route_topk };

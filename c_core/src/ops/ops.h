@@ -45,8 +45,10 @@ float colibri_expf(float x);
 void colibri_softmax(float *x, int32_t n);
 /* g (n) <- silu(g) * u */
 void colibri_silu_mul(float *g, const float *u, size_t n);
-/* Rotates each head of v (n_heads, head_dim) by the angle table of one position:
- * pair (j, j + head_dim/2), cos/sin (head_dim/2). */
-void colibri_rope(float *v, int32_t n_heads, int32_t head_dim, const float *cos_t, const float *sin_t);
+/* Rotates the first rope_dim dimensions of each head of v (n_heads, head_dim) by the angle
+ * table of one position, cos/sin (rope_dim/2): pairs (j, j + rope_dim/2), or (2j, 2j+1)
+ * when interleaved. */
+void colibri_rope(float *v, int32_t n_heads, int32_t head_dim, int32_t rope_dim, int interleaved,
+                  const float *cos_t, const float *sin_t);
 
 #endif

@@ -92,15 +92,17 @@ void colibri_silu_mul(float *g, const float *u, size_t n)
     for (i = 0; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
-void colibri_rope(float *v, int32_t n_heads, int32_t head_dim, const float *cos_t, const float *sin_t)
+void colibri_rope(float *v, int32_t n_heads, int32_t head_dim, int32_t rope_dim, int interleaved,
+                  const float *cos_t, const float *sin_t)
 {
-    int32_t h, j, half = head_dim / 2;
+    int32_t h, j, half = rope_dim / 2;
     for (h = 0; h < n_heads; h++) {
         float *vh = v + (size_t)h * head_dim;
         for (j = 0; j < half; j++) {
-            float a = vh[j], b = vh[j + half];
-            vh[j] = a * cos_t[j] - b * sin_t[j];
-            vh[j + half] = b * cos_t[j] + a * sin_t[j];
+            float *pa = interleaved ? vh + 2 * j : vh + j, *pb = interleaved ? vh + 2 * j + 1 : vh + j + half;
+            float a = *pa, b = *pb;
+            *pa = a * cos_t[j] - b * sin_t[j];
+            *pb = b * cos_t[j] + a * sin_t[j];
         }
     }
 }

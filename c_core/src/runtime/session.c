@@ -27,7 +27,10 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     size_t B = (size_t)n_batch, C = (size_t)n_ctx, D = (size_t)hp->hidden_size;
     size_t Q = (size_t)hp->n_heads * hp->head_dim, KV = (size_t)hp->n_kv_heads * hp->head_dim;
     size_t E = (size_t)hp->n_experts, K = (size_t)hp->top_k, F = (size_t)hp->intermediate_size;
-    size_t V = (size_t)hp->vocab_size, half = (size_t)hp->head_dim / 2, f = sizeof(float);
+    size_t V = (size_t)hp->vocab_size, half = (size_t)hp->rope_dim / 2, f = sizeof(float);
+    size_t FF = F;   /* the widest FFN: routed, shared or dense */
+    if ((size_t)hp->shared_intermediate_size > FF) FF = (size_t)hp->shared_intermediate_size;
+    if ((size_t)hp->dense_intermediate_size > FF) FF = (size_t)hp->dense_intermediate_size;
     int32_t l;
 
     s->x = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "x", -1, "(n_batch, dim) f32");
@@ -44,20 +47,21 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
         float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, KV, f), ARENA_KV_CACHE, "v", l, "(n_ctx, n_kv_heads * head_dim) f32");
         if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
     }
-    s->rope_cos = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "cos", -1, "(n_ctx, head_dim / 2) f32");
-    s->rope_sin = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "sin", -1, "(n_ctx, head_dim / 2) f32");
+    s->rope_cos = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "cos", -1, "(n_ctx, rope_dim / 2) f32");
+    s->rope_sin = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "sin", -1, "(n_ctx, rope_dim / 2) f32");
 
     s->moe_buf.router_logits = colibri_arena_carve(a, colibri_arena_bytes(a, B, E, f), ARENA_ROUTER, "router_logits", -1, "(n_batch, n_experts) f32");
     s->moe_buf.ids = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "expert_ids", -1, "(n_batch, top_k) i32");
     s->moe_buf.gates = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "gates", -1, "(n_batch, top_k) f32");
+    s->moe_buf.router_scratch = colibri_arena_carve(a, (E + (size_t)hp->n_groups) * f, ARENA_ROUTER, "router_scratch", -1, "(n_experts + n_groups) f32");
     s->moe_buf.expert_start = colibri_arena_carve(a, (E + 1) * sizeof(int32_t), ARENA_ROUTER, "expert_start", -1, "(n_experts + 1) i32");
     s->moe_buf.pair_token = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "pair_token", -1, "(n_batch * top_k) i32");
     s->moe_buf.pair_gate = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "pair_gate", -1, "(n_batch * top_k) f32");
     s->expert_load = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_layers, E, sizeof(uint64_t)), ARENA_ROUTER,
                                          "expert_load", -1, "(n_layers, n_experts) u64");
     s->moe_buf.xe = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_EXPERTS, "expert_in", -1, "(n_batch, dim) f32");
-    s->moe_buf.h1 = colibri_arena_carve(a, colibri_arena_bytes(a, B, F, f), ARENA_EXPERTS, "gate_act", -1, "(n_batch, ffn) f32");
-    s->moe_buf.h3 = colibri_arena_carve(a, colibri_arena_bytes(a, B, F, f), ARENA_EXPERTS, "up_act", -1, "(n_batch, ffn) f32");
+    s->moe_buf.h1 = colibri_arena_carve(a, colibri_arena_bytes(a, B, FF, f), ARENA_EXPERTS, "gate_act", -1, "(n_batch, widest ffn) f32");
+    s->moe_buf.h3 = colibri_arena_carve(a, colibri_arena_bytes(a, B, FF, f), ARENA_EXPERTS, "up_act", -1, "(n_batch, widest ffn) f32");
     s->moe_buf.ye = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_EXPERTS, "expert_out", -1, "(n_batch, dim) f32");
 
     s->logits = colibri_arena_carve(a, V * f, ARENA_OUTPUT, "logits", -1, "(vocab) f32");
@@ -66,7 +70,7 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
 }
 
 /* Carves: the session struct, the record table, then carve_session's 23 + 2 per layer. */
-static int32_t record_count(const colibri_hparams *hp) { return 25 + 2 * hp->n_layers; }
+static int32_t record_count(const colibri_hparams *hp) { return 26 + 2 * hp->n_layers; }
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
                                       int32_t *n_ctx, int32_t *n_batch, colibri_error *err)
@@ -137,9 +141,9 @@ colibri_status colibri_session_plan(const colibri_model *model, const colibri_se
 static void fill_rope_tables(colibri_session *s)
 {
     const colibri_hparams *hp = &s->model->hp;
-    int32_t half = hp->head_dim / 2, p, j;
+    int32_t half = hp->rope_dim / 2, p, j;
     for (j = 0; j < half; j++) {
-        float exponent = (float)(2 * j) / (float)hp->head_dim;
+        float exponent = (float)(2 * j) / (float)hp->rope_dim;
         float inv_freq = 1.0f / (float)colibri_exp((double)exponent * colibri_log((double)hp->rope_theta));
         for (p = 0; p < s->n_ctx; p++) {
             float angle = (float)p * inv_freq;
@@ -197,7 +201,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->model = model;
     s->kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
                      ? colibri_kernels_reference() : colibri_kernels_best();
-    s->moe.router = &colibri_router_topk_softmax;
+    s->moe.router = &colibri_router_topk;
     s->moe.expert = &colibri_expert_swiglu;
     s->moe.aggregator = &colibri_aggregator_weighted;
     s->n_ctx = n_ctx;
@@ -235,35 +239,74 @@ static void embed(const colibri_session *s, const int32_t *tokens, int32_t n)
     int32_t t;
     for (t = 0; t < n; t++) {
         size_t row = (size_t)tokens[t] * d;
-        for (i = 0; i < d; i++) s->x[(size_t)t * d + i] = colibri_load_f32(w->data, w->dtype, row + i);
+        for (i = 0; i < d; i++) s->x[(size_t)t * d + i] = colibri_load_f32(w->data, w->dtype, row + i) * hp->embedding_multiplier;
     }
 }
 
-/* x (n, dim) += wo @ attention(x_normed) for the n tokens at positions pos0 .. pos0 + n - 1. */
+/* rows (n, cols) += bias (cols) */
+static void add_bias(float *rows, colibri_weight bias, int32_t n, int32_t cols)
+{
+    int32_t t, i;
+    for (t = 0; t < n; t++)
+        for (i = 0; i < cols; i++) rows[(size_t)t * cols + i] += colibri_load_f32(bias.data, bias.dtype, (size_t)i);
+}
+
+static void clamp(float *x, size_t n, float limit)
+{
+    size_t i;
+    for (i = 0; i < n; i++) x[i] = x[i] > limit ? limit : x[i] < -limit ? -limit : x[i];
+}
+
+/* QK-norm of rows (n, n_heads * head_dim) in place: RMSNorm per head or over the whole row. */
+static void qk_norm(const colibri_session *s, float *rows, colibri_weight w, int32_t n, int32_t n_heads)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    int32_t hd = hp->head_dim, width = hp->qk_norm == COLIBRI_QK_NORM_HEAD ? hd : n_heads * hd;
+    size_t r, n_rows = (size_t)n * n_heads * hd / width;
+    for (r = 0; r < n_rows; r++)
+        s->kernels->rmsnorm(rows + r * width, rows + r * width, w.data, w.dtype, width, hp->rms_norm_eps);
+}
+
+/* block_out (n, dim) = wo @ attention(x_normed) for the n tokens at positions pos0 .. pos0 + n - 1. */
 static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
 {
     const colibri_hparams *hp = &s->model->hp;
-    const colibri_layer_weights *lw = &s->model->layers[layer];
+    const colibri_weight *w = s->model->layers[layer].w;
     const colibri_kernels *k = s->kernels;
-    int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hd / 2;
+    int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hp->rope_dim / 2;
     int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd, group = H / hp->n_kv_heads;
     float *k_rows = s->k_cache[layer] + (size_t)pos0 * kv_dim;     /* (n, kv_dim) */
     float *v_rows = s->v_cache[layer] + (size_t)pos0 * kv_dim;
-    float scale = (float)(1.0 / sqrt((double)hd));
+    float scale = hp->attention_scale;
     int32_t t, h, j, i;
 
-    k->matmul(s->q, s->xn, lw->wq.data, lw->wq.dtype, n, d, q_dim);
-    k->matmul(k_rows, s->xn, lw->wk.data, lw->wk.dtype, n, d, kv_dim);
-    k->matmul(v_rows, s->xn, lw->wv.data, lw->wv.dtype, n, d, kv_dim);
+    k->matmul(s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, q_dim);
+    k->matmul(k_rows, s->xn, w[L_WK].data, w[L_WK].dtype, n, d, kv_dim);
+    k->matmul(v_rows, s->xn, w[L_WV].data, w[L_WV].dtype, n, d, kv_dim);
+    if (hp->attention_bias) {
+        add_bias(s->q, w[L_BQ], n, q_dim);
+        add_bias(k_rows, w[L_BK], n, kv_dim);
+        add_bias(v_rows, w[L_BV], n, kv_dim);
+    }
+    if (hp->qk_norm != COLIBRI_QK_NORM_NONE) {
+        qk_norm(s, s->q, w[L_Q_NORM], n, H);
+        qk_norm(s, k_rows, w[L_K_NORM], n, hp->n_kv_heads);
+    }
+    if (hp->clip_qkv > 0.0f) {
+        clamp(s->q, (size_t)n * q_dim, hp->clip_qkv);
+        clamp(k_rows, (size_t)n * kv_dim, hp->clip_qkv);
+        clamp(v_rows, (size_t)n * kv_dim, hp->clip_qkv);
+    }
     for (t = 0; t < n; t++) {
         const float *c = s->rope_cos + (size_t)(pos0 + t) * half, *sn = s->rope_sin + (size_t)(pos0 + t) * half;
-        colibri_rope(s->q + (size_t)t * q_dim, H, hd, c, sn);
-        colibri_rope(k_rows + (size_t)t * kv_dim, hp->n_kv_heads, hd, c, sn);
+        colibri_rope(s->q + (size_t)t * q_dim, H, hd, hp->rope_dim, hp->rope_interleaved, c, sn);
+        colibri_rope(k_rows + (size_t)t * kv_dim, hp->n_kv_heads, hd, hp->rope_dim, hp->rope_interleaved, c, sn);
     }
 
     for (t = 0; t < n; t++) {
         int32_t pos = pos0 + t;
-        int32_t first = hp->sliding_window > 0 && pos - hp->sliding_window + 1 > 0 ? pos - hp->sliding_window + 1 : 0;
+        int32_t window = s->model->layers[layer].window;
+        int32_t first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
         for (h = 0; h < H; h++) {
             const float *qh = s->q + (size_t)t * q_dim + (size_t)h * hd;
             size_t kv_off = (size_t)(h / group) * hd;
@@ -283,13 +326,15 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
             }
         }
     }
-    k->matmul(s->block_out, s->attn, lw->wo.data, lw->wo.dtype, n, q_dim, d);
+    k->matmul(s->block_out, s->attn, w[L_WO].data, w[L_WO].dtype, n, q_dim, d);
+    if (hp->attention_out_bias) add_bias(s->block_out, w[L_BO], n, d);
 }
 
-static void add_into(float *x, const float *y, size_t n)
+/* x += y * multiplier (the residual add; Granite scales the block's output) */
+static void add_into(float *x, const float *y, size_t n, float multiplier)
 {
     size_t i;
-    for (i = 0; i < n; i++) x[i] += y[i];
+    for (i = 0; i < n; i++) x[i] += y[i] * multiplier;
 }
 
 /* Adds the tokens each expert of `layer` received in the last MoE block (expert_start is the
@@ -316,6 +361,12 @@ void colibri_expert_load_clear(colibri_session *s)
     memset(s->expert_load, 0, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
 }
 
+static void divide(float *x, size_t n, float divisor)
+{
+    size_t i;
+    for (i = 0; i < n; i++) x[i] /= divisor;
+}
+
 /* One chunk of at most n_batch tokens; logits (n, vocab) or NULL for the last row only. */
 static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, float *logits)
 {
@@ -328,16 +379,22 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
     embed(s, tokens, n);
     for (l = 0; l < hp->n_layers; l++) {
         const colibri_layer_weights *lw = &m->layers[l];
+        const colibri_weight *w = lw->w;
         for (t = 0; t < n; t++)
-            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, lw->attn_norm.data, lw->attn_norm.dtype, d, hp->rms_norm_eps);
+            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_ATTN_NORM].data, w[L_ATTN_NORM].dtype, d, hp->rms_norm_eps);
         attention(s, l, s->position, n);
-        add_into(s->x, s->block_out, nd);
+        add_into(s->x, s->block_out, nd, hp->residual_multiplier);
 
         for (t = 0; t < n; t++)
-            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, lw->ffn_norm.data, lw->ffn_norm.dtype, d, hp->rms_norm_eps);
-        colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, s->xn, n, s->block_out);
-        count_expert_load(s, l);
-        add_into(s->x, s->block_out, nd);
+            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_FFN_NORM].data, w[L_FFN_NORM].dtype, d, hp->rms_norm_eps);
+        if (lw->moe) {
+            colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, s->xn, n, s->block_out);
+            count_expert_load(s, l);
+        } else {
+            colibri_swiglu(k, w[L_MLP_W1], w[L_MLP_W3], w[L_MLP_W2], d, hp->dense_intermediate_size, s->xn, n,
+                           s->moe_buf.h1, s->moe_buf.h3, s->block_out);
+        }
+        add_into(s->x, s->block_out, nd, hp->residual_multiplier);
     }
     s->position += n;
 
@@ -345,10 +402,12 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
         for (t = 0; t < n; t++)
             k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, m->norm.data, m->norm.dtype, d, hp->rms_norm_eps);
         k->matmul(logits, s->xn, m->lm_head.data, m->lm_head.dtype, n, d, hp->vocab_size);
+        if (hp->logits_divisor != 1.0f) divide(logits, (size_t)n * hp->vocab_size, hp->logits_divisor);
         memcpy(s->logits, logits + (size_t)(n - 1) * hp->vocab_size, (size_t)hp->vocab_size * sizeof(float));
     } else {
         k->rmsnorm(s->xn, s->x + (size_t)(n - 1) * d, m->norm.data, m->norm.dtype, d, hp->rms_norm_eps);
         k->matmul(s->logits, s->xn, m->lm_head.data, m->lm_head.dtype, 1, d, hp->vocab_size);
+        if (hp->logits_divisor != 1.0f) divide(s->logits, (size_t)hp->vocab_size, hp->logits_divisor);
     }
 }
 

@@ -42,6 +42,6 @@ struct colibri_session {
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 320   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 384   /* bytes reserved for the struct on every target (util.h) */
 
 #endif

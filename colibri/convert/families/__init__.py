@@ -1,10 +1,20 @@
 """One module per model family; each maps a Hugging Face config and checkpoint to colibri's format.
 
 A family module has:
-  describe(config) -> dict with "architecture", "hparams", "routing", "experts" (docs/FORMAT.md)
+  describe(config, family) -> dict with "architecture", "hparams", "routing", "experts" (docs/FORMAT.md)
   plan(description, checkpoint) -> list of layout.Entry, in the file order FORMAT.md lists
 """
 
-from . import mixtral
+from . import deepseek, ernie, granite, mixtral, qwen_moe
 
-FAMILIES = {"mixtral": mixtral}  # HF config "model_type" -> family module
+FAMILIES = {  # HF config "model_type" -> family module
+    "mixtral": mixtral,
+    "qwen3_moe": qwen_moe,
+    "qwen2_moe": qwen_moe,
+    "olmoe": qwen_moe,
+    "granitemoe": granite,
+    "granitemoeshared": granite,
+    "glm4_moe": deepseek,
+    "dots1": deepseek,
+    "ernie4_5_moe": ernie,
+}

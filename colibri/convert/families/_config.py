@@ -1,0 +1,98 @@
+"""Reading a Hugging Face config.json: typed fields, and what every family's description shares."""
+
+from ..errors import ConvertError
+
+MISSING = object()
+_KINDS = {int: "an integer", float: "a number", bool: "true or false"}
+
+
+def get(config, key, default=MISSING, kind=int):
+    """config[key] checked to be of `kind` (float accepts integers too). An optional key that is
+    absent or null gives `default`."""
+    value = config.get(key, default)
+    if value is None and default is not MISSING:
+        return default
+    if value is MISSING or value is None:
+        raise ConvertError(f"config.json: `{key}` missing")
+    ok = isinstance(value, bool) if kind is bool else (
+        isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool))
+    if not ok:
+        raise ConvertError(f"config.json: `{key}` = {value!r} is not {_KINDS[kind]}")
+    return value
+
+
+def dim(config, key, default=MISSING):
+    value = get(config, key, default)
+    if value is not None and value < 1:
+        raise ConvertError(f"config.json: `{key}` = {value} must be at least 1")
+    return value
+
+
+def unsupported(family, feature):
+    return ConvertError(f"unsupported: {feature} in {family}")
+
+
+def rope_theta(config, family):
+    """v5 configs nest it in rope_parameters; older ones have top-level rope_theta."""
+    rope = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if rope_type != "default":
+        raise unsupported(family, f"rope_type {rope_type!r} (only plain RoPE so far)")
+    theta = get(rope if "rope_theta" in rope else config, "rope_theta", 1e4, kind=float)
+    if theta <= 0:
+        raise ConvertError(f"config.json: rope_theta = {theta!r} is not a positive number")
+    return float(theta)
+
+
+def token_id(config, key, default, vocab):
+    value = config.get(key, default)
+    if isinstance(value, list):  # several eos ids: colibri stores one, the first
+        value = value[0] if value else None
+    value = -1 if value is None else get({key: value}, key)
+    return value if 0 <= value < vocab else -1   # ids outside the vocabulary mean none
+
+
+def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=1e-6):
+    """hparams every decoder family shares, in docs/FORMAT.md's order: sizes (`expert_ffn` is
+    the routed experts' FFN), attention shape, RoPE, norms, token ids."""
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise unsupported(family, f"hidden_act {act!r} (the experts use silu)")
+    hidden = dim(config, "hidden_size")
+    heads = dim(config, "num_attention_heads")
+    kv_heads = dim(config, "num_key_value_heads", heads)
+    head_dim = dim(config, "head_dim", None) or hidden // heads
+    vocab = dim(config, "vocab_size")
+    if heads % kv_heads:
+        raise ConvertError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if head_dim % 2:
+        raise ConvertError(f"config.json: head_dim {head_dim} is odd; RoPE needs it even")
+    config = dict(config)
+    if "rope_theta" not in (config.get("rope_parameters") or {}) and "rope_theta" not in config:
+        config["rope_theta"] = rope_default
+    return {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": expert_ffn,
+        "num_layers": dim(config, "num_hidden_layers"),
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": dim(config, "max_position_embeddings", 4096 * 32),
+        "rope_theta": rope_theta(config, family),
+        "rms_norm_eps": float(get(config, "rms_norm_eps", eps_default, kind=float)),
+        "sliding_window": 0,
+        "tie_word_embeddings": get(config, "tie_word_embeddings", False, kind=bool),
+        "bos_token_id": token_id(config, "bos_token_id", None, vocab),
+        "eos_token_id": token_id(config, "eos_token_id", None, vocab),
+    }
+
+
+def experts(config, count_keys, top_k_key="num_experts_per_tok"):
+    """(n_experts, top_k) from the first of `count_keys` present."""
+    key = next((k for k in count_keys if config.get(k) is not None), count_keys[0])
+    n_experts, top_k = dim(config, key), dim(config, top_k_key)
+    if not 1 <= top_k <= n_experts:
+        raise ConvertError(f"config.json: {top_k_key} {top_k} not in [1, {key}={n_experts}]")
+    return n_experts, top_k

@@ -1,0 +1,139 @@
+"""Every supported MoE family against transformers' own implementation: a tiny checkpoint with
+random weights is built here from the family's config class (norm weights and biases moved away
+from their initial 1 and 0, so an ignored tensor fails), saved with save_pretrained, converted by
+colibri, and run on the same tokens.  Each config turns on what its family adds to Mixtral: dense
+and MoE layers, sliding windows, shared experts, biases, QK-norm, multipliers."""
+import numpy as np
+import pytest
+
+import colibri
+from colibri.convert import ConvertError, convert
+from conftest import require_reference
+
+torch, transformers = require_reference()
+
+COMMON = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256, tie_word_embeddings=False)
+# family -> (config class, kwargs)
+FAMILIES = {
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, head_dim=32, num_experts=8,
+        num_experts_per_tok=3, norm_topk_prob=True, mlp_only_layers=[1], attention_bias=True,
+        use_sliding_window=True, sliding_window=5, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(
+        intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_hidden_layers=4,
+        num_experts=8, num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2, qkv_bias=True,
+        use_sliding_window=True, sliding_window=5, max_window_layers=3,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    "olmoe": ("OlmoeConfig", dict(
+        intermediate_size=32, num_hidden_layers=3, num_experts=8, num_experts_per_tok=3, norm_topk_prob=False,
+        clip_qkv=0.8, attention_bias=True, pad_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    "granitemoe": ("GraniteMoeConfig", dict(
+        intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, attention_bias=True,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.3, logits_scaling=4.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    "granitemoeshared": ("GraniteMoeSharedConfig", dict(
+        intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, attention_bias=True,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.3, logits_scaling=4.0,
+        shared_intermediate_size=48, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        tie_word_embeddings=True)),
+    "glm4_moe": ("Glm4MoeConfig", dict(
+        intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, head_dim=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1,
+        norm_topk_prob=True, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5})),
+    "dots1": ("Dots1Config", dict(
+        intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, head_dim=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+        norm_topk_prob=True, routed_scaling_factor=2.5, attention_bias=True, sliding_window=3, max_window_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(
+        num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, moe_num_experts=8, moe_k=3,
+        moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=2, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e5})),
+}
+N_TOKENS = 24
+N_GREEDY = 12
+
+
+def build(family, seed=0):
+    """The family's tiny model: every weight random (norms around 1), in eval mode, float32."""
+    class_name, kwargs = FAMILIES[family]
+    config = getattr(transformers, class_name)(**{**COMMON, **kwargs})
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                w = rng.uniform(0.5, 1.5, size=p.shape)
+            else:
+                w = rng.standard_normal(size=p.shape) * (0.5 if name.endswith("bias") else 0.1)
+            p.copy_(torch.from_numpy(w.astype(np.float32)))
+        for name, b in model.named_buffers():   # the experts' selection bias is a buffer, zero at init
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.from_numpy((rng.standard_normal(size=b.shape) * 0.1).astype(np.float32)))
+    return model
+
+
+def hf_logits(model, tokens):
+    with torch.no_grad():
+        return model(torch.from_numpy(np.asarray(tokens, dtype=np.int64))[None]).logits[0].float().numpy()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    """(name, transformers model, colibri model, tokens)"""
+    name = request.param
+    model = build(name)
+    root = tmp_path_factory.mktemp(name)
+    model.save_pretrained(root / "hf")
+    tokens = np.random.default_rng(1).integers(0, COMMON["vocab_size"], N_TOKENS).astype(np.int32)
+    return name, model, colibri.Model(convert(root / "hf", root / "colibri", dtype="f32", progress=False)), tokens
+
+
+def test_logits_match_transformers(family):
+    name, hf, model, tokens = family
+    ours = model.session(ctx=64).forward(tokens)
+    ref = hf_logits(hf, tokens)
+    print(f"{name}: max |colibri - transformers| = {np.abs(ours - ref).max():.2e} over {ours.size} logits")
+    np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+def test_greedy_tokens_match_transformers(family):
+    name, hf, model, tokens = family
+    prompt, seq = list(tokens[:8]), list(tokens[:8])
+    for _ in range(N_GREEDY):
+        seq.append(int(np.argmax(hf_logits(hf, seq)[-1])))
+    ours = model.session(ctx=64).generate(prompt, max_tokens=N_GREEDY, temperature=0.0, stop_at_eos=False)
+    assert ours == seq[len(prompt):]
+
+
+def test_kv_cache_decode_equals_recompute(family):
+    """Position by position through the KV cache, and in uneven chunks: the same logits as one
+    forward over the whole sequence."""
+    name, hf, model, tokens = family
+    full = model.session(ctx=64, kernels="reference").forward(tokens)
+    s = model.session(ctx=64, kernels="reference")
+    stepped = np.concatenate([s.forward(tokens[i:i + 1]) for i in range(N_TOKENS)])
+    s = model.session(ctx=64, batch=5, kernels="reference")
+    chunked = np.concatenate([s.forward(tokens[:7]), s.forward(tokens[7:])])
+    np.testing.assert_array_equal(stepped, full)
+    np.testing.assert_array_equal(chunked, full)
+
+
+@pytest.mark.parametrize("family, change, feature", [
+    ("qwen3_moe", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "rope_type 'yarn'"),
+    ("olmoe", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ("qwen2_moe", {"layer_types": ["sliding_attention", "chunked", "full_attention", "full_attention"]}, "layer_types"),
+])
+def test_an_unsupported_feature_is_refused_at_convert_time(family, change, feature, tmp_path):
+    import json
+
+    build(family).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    config.update(change)
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConvertError, match=f"unsupported: {feature}.* in {family}"):
+        convert(tmp_path / "hf", tmp_path / "out", progress=False)
