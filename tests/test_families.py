@@ -52,6 +52,11 @@ FAMILIES = {
         num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, moe_num_experts=8, moe_k=3,
         moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=2, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 5e5})),
+    # YaRN (factor 32, not truncated: with head_dim 16 the ramp spans dimensions 2..4), sinks,
+    # sliding/full layers, the clamps hit (limit lowered to 1.5)
+    "gpt_oss": ("GptOssConfig", dict(
+        intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+        sliding_window=4, max_position_embeddings=131072, swiglu_limit=1.5)),
 }
 N_TOKENS = 24
 N_GREEDY = 12
@@ -126,6 +131,7 @@ def test_kv_cache_decode_equals_recompute(family):
     ("qwen3_moe", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "rope_type 'yarn'"),
     ("olmoe", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ("qwen2_moe", {"layer_types": ["sliding_attention", "chunked", "full_attention", "full_attention"]}, "layer_types"),
+    ("granitemoe", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type 'longrope'"),
 ])
 def test_an_unsupported_feature_is_refused_at_convert_time(family, change, feature, tmp_path):
     import json

@@ -74,6 +74,13 @@ typedef struct colibri_hparams {
     int32_t qk_norm;                    /* COLIBRI_QK_NORM_*: RMSNorm of q and k before RoPE */
     int32_t rope_dim;                   /* leading dimensions of each head that rotate: head_dim or fewer */
     int32_t rope_interleaved;           /* rotate pairs (2j, 2j+1) instead of (j, j + rope_dim/2) */
+    int32_t rope_type;                  /* COLIBRI_ROPE_*: plain, or YaRN's blend of scaled frequencies */
+    int32_t rope_original_max;          /* YaRN: the context the model was trained with */
+    int32_t rope_truncate;              /* YaRN: round the correction range to whole dimensions */
+    float rope_factor;                  /* YaRN: the context extension factor */
+    float rope_beta_fast, rope_beta_slow;   /* YaRN: the correction range, in rotations */
+    float rope_attention_factor;        /* cos and sin are multiplied by it (YaRN's mscale; 1 otherwise) */
+    int32_t attention_sinks;            /* one learned logit per head joins each softmax (tensor attn.sinks) */
     float clip_qkv;                     /* q, k, v clamped to [-clip_qkv, clip_qkv]; 0: no clamp */
     float attention_scale;              /* of q.k before the softmax: 1/sqrt(head_dim) unless set */
     float embedding_multiplier;         /* embeddings times this */
@@ -90,12 +97,20 @@ typedef struct colibri_hparams {
     int32_t group_score;                /* COLIBRI_GROUP_*: how a group ranks */
     float normalize_eps;                /* added to the sum of the chosen weights when renormalising */
     float routed_scale;                 /* the chosen weights' final factor */
+
+    /* The experts' FFN. */
+    int32_t expert_kind;                /* COLIBRI_EXPERT_*: SwiGLU, or gpt-oss's clamped SwiGLU */
+    int32_t expert_bias;                /* biases on the experts' projections (experts.b1, b3, b2) */
+    float swiglu_limit;                 /* clamped SwiGLU: gate <= limit, |up| <= limit */
+    float swiglu_alpha;                 /* clamped SwiGLU: gate * sigmoid(alpha * gate) */
 } colibri_hparams;
 
 enum { COLIBRI_QK_NORM_NONE = 0, COLIBRI_QK_NORM_HEAD = 1, COLIBRI_QK_NORM_FULL = 2 };
 enum { COLIBRI_SCORE_SOFTMAX = 0, COLIBRI_SCORE_SIGMOID = 1, COLIBRI_SCORE_LOGITS = 2 };
 enum { COLIBRI_WEIGHTS_SCORES = 0, COLIBRI_WEIGHTS_SOFTMAX_SELECTED = 1 };
 enum { COLIBRI_GROUP_MAX = 0, COLIBRI_GROUP_TOP2_SUM = 1 };
+enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1 };
+enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };
 
 /* One tensor of the model, as described in colibri_model.json. */
 typedef struct colibri_tensor_info {

@@ -39,8 +39,8 @@ const char *colibri_dtype_name(colibri_dtype dtype)
 /* Per-layer tensors (model.h's L_* kinds), in the order docs/FORMAT.md lists them. */
 static const char *const layer_tensor_names[L_KINDS] = {
     "attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "attn.bq", "attn.bk", "attn.bv", "attn.bo",
-    "attn.q_norm", "attn.k_norm", "ffn_norm", "router", "router.bias", "router.selection_bias",
-    "experts.w1", "experts.w3", "experts.w2", "shared.w1", "shared.w3", "shared.w2", "shared.gate",
+    "attn.q_norm", "attn.k_norm", "attn.sinks", "ffn_norm", "router", "router.bias", "router.selection_bias",
+    "experts.w1", "experts.w3", "experts.w2", "experts.b1", "experts.b3", "experts.b2", "shared.w1", "shared.w3", "shared.w2", "shared.gate",
     "mlp.w1", "mlp.w3", "mlp.w2",
 };
 
@@ -51,6 +51,8 @@ static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw,
     case L_BQ: case L_BK: case L_BV: return hp->attention_bias;
     case L_BO: return hp->attention_out_bias;
     case L_Q_NORM: case L_K_NORM: return hp->qk_norm != COLIBRI_QK_NORM_NONE;
+    case L_SINKS: return hp->attention_sinks;
+    case L_B1: case L_B3: case L_B2: return lw->moe && hp->expert_bias;
     case L_ROUTER: case L_W1: case L_W3: case L_W2: return lw->moe;
     case L_ROUTER_BIAS: return lw->moe && hp->router_logit_bias;
     case L_SELECTION_BIAS: return lw->moe && hp->router_selection_bias;
@@ -129,6 +131,9 @@ static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape
     case L_ROUTER_BIAS: case L_SELECTION_BIAS: shape[0] = e; return 1;
     case L_W1: case L_W3: shape[0] = e; shape[1] = f; shape[2] = d; return 3;
     case L_W2: shape[0] = e; shape[1] = d; shape[2] = f; return 3;
+    case L_B1: case L_B3: shape[0] = e; shape[1] = f; return 2;
+    case L_B2: shape[0] = e; shape[1] = d; return 2;
+    case L_SINKS: shape[0] = hp->n_heads; return 1;
     case L_SHARED_W1: case L_SHARED_W3: shape[0] = fs; shape[1] = d; return 2;
     case L_SHARED_W2: shape[0] = d; shape[1] = fs; return 2;
     case L_SHARED_GATE: shape[0] = 1; shape[1] = d; return 2;
@@ -293,7 +298,8 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
                                             "experts", "tokenizer", "metadata", "tensors", NULL };
     static const char *const formats[] = { "colibri", NULL };
     static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
-                                                     "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe", NULL };
+                                                     "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe",
+                                                     "gpt_oss", NULL };
     int32_t i = 0;
     int choice;
     colibri_status st;
@@ -339,7 +345,11 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
                                         "mlp_layers", "attention_layers", "dense_intermediate_size", "attention_bias",
                                         "attention_out_bias", "qk_norm", "rope_dim", "rope_interleaved",
                                         "clip_qkv", "attention_scale", "embedding_multiplier",
-                                        "residual_multiplier", "logits_divisor", NULL };
+                                        "residual_multiplier", "logits_divisor", "rope_scaling",
+                                        "attention_sinks", NULL };
+    static const char *const rope_keys[] = { "type", "factor", "original_max_position_embeddings", "beta_fast",
+                                             "beta_slow", "truncate", "attention_factor", NULL };
+    static const char *const rope_types[] = { "default", "yarn", NULL };
     static const char *const qk_norms[] = { "none", "head", "full", NULL };
     static const char *const routing_keys[] = { "type", "top_k", "normalize", "score", "weights", "logit_bias",
                                                 "selection_bias", "groups", "topk_groups", "group_score",
@@ -348,14 +358,15 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     static const char *const scores[] = { "softmax", "sigmoid", "logits", NULL };
     static const char *const weights[] = { "scores", "softmax_of_selected", NULL };
     static const char *const group_scores[] = { "max", "top2_sum", NULL };
-    static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", "shared", NULL };
+    static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", "shared",
+                                               "bias", "swiglu_limit", "swiglu_alpha", NULL };
     static const char *const shared_keys[] = { "intermediate_size", "gate", NULL };
     static const char *const shared_gates[] = { "none", "sigmoid", NULL };
     static const char *const layouts[] = { "stacked", NULL };
     static const char *const quantizations[] = { "none", NULL };
-    static const char *const activations[] = { "silu", NULL };
+    static const char *const activations[] = { "silu", "swiglu_clamped", NULL };
     const char *w = "hparams";
-    int32_t h = 0, r = 0, e = 0, sh = 0;
+    int32_t h = 0, r = 0, e = 0, sh = 0, rs = 0;
     int choice;
     colibri_status st;
 
@@ -396,6 +407,24 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_float(L, h, w, "embedding_multiplier", 0.0, 1e6, 1.0f, &hp->embedding_multiplier));
     TRY(opt_float(L, h, w, "residual_multiplier", 0.0, 1e6, 1.0f, &hp->residual_multiplier));
     TRY(opt_float(L, h, w, "logits_divisor", 0.0, 1e6, 1.0f, &hp->logits_divisor));
+    TRY(opt_bool(L, h, w, "attention_sinks", &hp->attention_sinks));
+    hp->rope_attention_factor = 1.0f;
+    if (has_field(L, h, "rope_scaling")) {
+        const char *where = "hparams.rope_scaling";
+        TRY(get_field(L, h, w, "rope_scaling", JSON_OBJECT, &rs));
+        TRY(check_keys(L, rs, where, rope_keys));
+        TRY(get_choice(L, rs, where, "type", rope_types, &choice));
+        hp->rope_type = choice;
+        TRY(opt_float(L, rs, where, "attention_factor", 0.0, 1e6, 1.0f, &hp->rope_attention_factor));
+        if (hp->rope_type == COLIBRI_ROPE_YARN) {
+            TRY(get_float(L, rs, where, "factor", 0.0, 1e6, &hp->rope_factor));
+            TRY(get_int(L, rs, where, "original_max_position_embeddings", 1, MAX_POSITIONS, &hp->rope_original_max));
+            TRY(opt_float(L, rs, where, "beta_fast", 0.0, 1e6, 32.0f, &hp->rope_beta_fast));
+            TRY(opt_float(L, rs, where, "beta_slow", 0.0, 1e6, 1.0f, &hp->rope_beta_slow));
+            hp->rope_truncate = 1;
+            if (has_field(L, rs, "truncate")) TRY(get_bool(L, rs, where, "truncate", &hp->rope_truncate));
+        }
+    }
 
     TRY(get_field(L, root, "model", "routing", JSON_OBJECT, &r));
     TRY(check_keys(L, r, "routing", routing_keys));
@@ -406,6 +435,10 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(get_choice(L, e, "experts", "weight_layout", layouts, &choice));
     TRY(get_choice(L, e, "experts", "quantization", quantizations, &choice));
     TRY(get_choice(L, e, "experts", "activation", activations, &choice));
+    hp->expert_kind = choice;
+    TRY(opt_bool(L, e, "experts", "bias", &hp->expert_bias));
+    TRY(opt_float(L, e, "experts", "swiglu_limit", 0.0, 1e6, 7.0f, &hp->swiglu_limit));
+    TRY(opt_float(L, e, "experts", "swiglu_alpha", 0.0, 1e6, 1.702f, &hp->swiglu_alpha));
     if (has_field(L, e, "shared")) {
         TRY(get_field(L, e, "experts", "shared", JSON_OBJECT, &sh));
         TRY(check_keys(L, sh, "experts.shared", shared_keys));

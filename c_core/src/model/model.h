@@ -18,10 +18,12 @@ enum {
     L_WQ, L_WK, L_WV, L_WO,                 /* (q_dim, dim), (kv_dim, dim) x 2, (dim, q_dim) */
     L_BQ, L_BK, L_BV, L_BO,                 /* attention biases: (q_dim), (kv_dim) x 2, (dim) */
     L_Q_NORM, L_K_NORM,                     /* QK-norm: (head_dim) per head, or (q_dim) / (kv_dim) whole */
+    L_SINKS,                                /* (n_heads): one more logit per head in the softmax */
     L_FFN_NORM,                             /* (dim) */
     L_ROUTER, L_ROUTER_BIAS,                /* (n_experts, dim), (n_experts) added to the logits */
     L_SELECTION_BIAS,                       /* (n_experts): added to the scores for choosing only */
     L_W1, L_W3, L_W2,                       /* experts: (E, ffn, dim) gate, (E, ffn, dim) up, (E, dim, ffn) down */
+    L_B1, L_B3, L_B2,                       /* their biases: (E, ffn), (E, ffn), (E, dim) */
     L_SHARED_W1, L_SHARED_W3, L_SHARED_W2,  /* shared expert: (shared_ffn, dim) x 2, (dim, shared_ffn) */
     L_SHARED_GATE,                          /* (1, dim): sigmoid gate of the shared expert */
     L_MLP_W1, L_MLP_W3, L_MLP_W2,           /* dense layers: (dense_ffn, dim) x 2, (dim, dense_ffn) */
@@ -33,7 +35,7 @@ typedef struct colibri_layer_weights {
     int32_t moe;                /* the MLP is the MoE block (else dense) */
     int32_t window;             /* attention sees this many positions, the query's included; 0: all */
 } colibri_layer_weights;
-#define COLIBRI_LAYER_SLOT 416     /* bytes per entry on every target (util.h) */
+#define COLIBRI_LAYER_SLOT 480     /* bytes per entry on every target (util.h) */
 
 typedef struct colibri_tensor {
     char name[COLIBRI_MAX_NAME];
@@ -67,7 +69,7 @@ struct colibri_model {
     void (*release)(colibri_model *model);
     void *platform;
 };
-#define COLIBRI_MODEL_SLOT 320
+#define COLIBRI_MODEL_SLOT 368
 
 size_t colibri_dtype_size(colibri_dtype dtype);
 const char *colibri_dtype_name(colibri_dtype dtype);

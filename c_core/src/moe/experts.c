@@ -19,6 +19,15 @@ static colibri_weight expert_slice(colibri_weight w, int32_t e, int32_t rows, in
     return slice;
 }
 
+/* rows (m, cols) += row `e` of a bias (n_experts, cols) */
+static void add_expert_bias(float *rows, colibri_weight bias, int32_t e, int32_t m, int32_t cols)
+{
+    int32_t t, i;
+    for (t = 0; t < m; t++)
+        for (i = 0; i < cols; i++)
+            rows[(size_t)t * cols + i] += colibri_load_f32(bias.data, bias.dtype, (size_t)e * cols + i);
+}
+
 static void expert_swiglu(const colibri_kernels *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
                           int32_t e, const float *x, int32_t m, float *h1, float *h3, float *y)
 {
@@ -27,4 +36,30 @@ static void expert_swiglu(const colibri_kernels *k, const colibri_hparams *hp, c
                    expert_slice(lw->w[L_W2], e, d, f), d, f, x, m, h1, h3, y);
 }
 
+/* gpt-oss: y = W2 @ ((clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)) + b2, with
+ * g = min(gate, limit); gate and up with their biases. */
+static void expert_swiglu_clamped(const colibri_kernels *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
+                                  int32_t e, const float *x, int32_t m, float *h1, float *h3, float *y)
+{
+    int32_t d = hp->hidden_size, f = hp->intermediate_size;
+    colibri_weight w1 = expert_slice(lw->w[L_W1], e, f, d), w3 = expert_slice(lw->w[L_W3], e, f, d);
+    colibri_weight w2 = expert_slice(lw->w[L_W2], e, d, f);
+    float limit = hp->swiglu_limit;
+    size_t i, n = (size_t)m * f;
+    k->matmul(h1, x, w1.data, w1.dtype, m, d, f);   /* (m, f) gate */
+    k->matmul(h3, x, w3.data, w3.dtype, m, d, f);   /* (m, f) up */
+    if (hp->expert_bias) {
+        add_expert_bias(h1, lw->w[L_B1], e, m, f);
+        add_expert_bias(h3, lw->w[L_B3], e, m, f);
+    }
+    for (i = 0; i < n; i++) {
+        float g = h1[i] < limit ? h1[i] : limit;
+        float u = h3[i] > limit ? limit : h3[i] < -limit ? -limit : h3[i];
+        h1[i] = (u + 1.0f) * (g / (1.0f + colibri_expf(-(g * hp->swiglu_alpha))));
+    }
+    k->matmul(y, h1, w2.data, w2.dtype, m, f, d);   /* (m, dim) */
+    if (hp->expert_bias) add_expert_bias(y, lw->w[L_B2], e, m, d);
+}
+
 const colibri_expert colibri_expert_swiglu = { "swiglu", expert_swiglu };
+const colibri_expert colibri_expert_swiglu_clamped = { "swiglu_clamped", expert_swiglu_clamped };

@@ -34,6 +34,7 @@ typedef struct colibri_aggregator {
 
 extern const colibri_router colibri_router_topk;
 extern const colibri_expert colibri_expert_swiglu;
+extern const colibri_expert colibri_expert_swiglu_clamped;
 extern const colibri_aggregator colibri_aggregator_weighted;
 
 /* y (m, dim) = W2 @ (silu(W1 @ x) * (W3 @ x)) for x (m, dim): one gated FFN of width f with

@@ -136,19 +136,48 @@ colibri_status colibri_session_plan(const colibri_model *model, const colibri_se
     return COLIBRI_OK;
 }
 
-/* Angles as transformers computes them in float32: inv_freq = 1 / theta^(2j/d), angle = pos * inv_freq;
- * cos and sin of our own (ops/math.c), so every platform fills the same table. */
+static const colibri_expert *hp_expert(const colibri_hparams *hp)
+{
+    return hp->expert_kind == COLIBRI_EXPERT_SWIGLU_CLAMPED ? &colibri_expert_swiglu_clamped : &colibri_expert_swiglu;
+}
+
+/* YaRN's correction range: the dimension at which a frequency makes `rotations` turns over the
+ * original context (transformers' find_correction_dim, in double as it computes it). */
+static double yarn_dim(double rotations, const colibri_hparams *hp)
+{
+    const double two_pi = 6.283185307179586;
+    return hp->rope_dim * colibri_log(hp->rope_original_max / (rotations * two_pi)) / (2.0 * colibri_log((double)hp->rope_theta));
+}
+
+/* Angles as transformers computes them in float32: inv_freq = 1 / theta^(2j/d) (YaRN blends it
+ * with inv_freq / factor across its correction range), angle = pos * inv_freq; cos and sin of our
+ * own (ops/math.c), so every platform fills the same table, times the attention factor. */
 static void fill_rope_tables(colibri_session *s)
 {
     const colibri_hparams *hp = &s->model->hp;
     int32_t half = hp->rope_dim / 2, p, j;
+    double low = 0.0, high = 0.0;
+    if (hp->rope_type == COLIBRI_ROPE_YARN) {
+        low = yarn_dim(hp->rope_beta_fast, hp);
+        high = yarn_dim(hp->rope_beta_slow, hp);
+        if (hp->rope_truncate) { low = floor(low); high = ceil(high); }
+        if (low < 0.0) low = 0.0;
+        if (high > hp->rope_dim - 1) high = hp->rope_dim - 1;
+        if (low == high) high += 0.001;
+    }
     for (j = 0; j < half; j++) {
         float exponent = (float)(2 * j) / (float)hp->rope_dim;
-        float inv_freq = 1.0f / (float)colibri_exp((double)exponent * colibri_log((double)hp->rope_theta));
+        float pos_freq = (float)colibri_exp((double)exponent * colibri_log((double)hp->rope_theta));
+        float inv_freq = 1.0f / pos_freq;
+        if (hp->rope_type == COLIBRI_ROPE_YARN) {
+            float ramp = ((float)j - (float)low) / (float)(high - low);
+            float extrapolation = 1.0f - (ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp);
+            inv_freq = 1.0f / (hp->rope_factor * pos_freq) * (1.0f - extrapolation) + inv_freq * extrapolation;
+        }
         for (p = 0; p < s->n_ctx; p++) {
             float angle = (float)p * inv_freq;
-            s->rope_cos[(size_t)p * half + j] = (float)colibri_cos((double)angle);
-            s->rope_sin[(size_t)p * half + j] = (float)colibri_sin((double)angle);
+            s->rope_cos[(size_t)p * half + j] = (float)colibri_cos((double)angle) * hp->rope_attention_factor;
+            s->rope_sin[(size_t)p * half + j] = (float)colibri_sin((double)angle) * hp->rope_attention_factor;
         }
     }
 }
@@ -202,7 +231,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
                      ? colibri_kernels_reference() : colibri_kernels_best();
     s->moe.router = &colibri_router_topk;
-    s->moe.expert = &colibri_expert_swiglu;
+    s->moe.expert = hp_expert(&model->hp);
     s->moe.aggregator = &colibri_aggregator_weighted;
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
@@ -267,6 +296,17 @@ static void qk_norm(const colibri_session *s, float *rows, colibri_weight w, int
         s->kernels->rmsnorm(rows + r * width, rows + r * width, w.data, w.dtype, width, hp->rms_norm_eps);
 }
 
+/* x (n) <- the first n of softmax(x, sink): the sink takes its share of the probability and is dropped */
+static void softmax_with_sink(float *x, int32_t n, float sink)
+{
+    float max = sink, sum;
+    int32_t i;
+    for (i = 0; i < n; i++) if (x[i] > max) max = x[i];
+    sum = colibri_expf(sink - max);
+    for (i = 0; i < n; i++) { x[i] = colibri_expf(x[i] - max); sum += x[i]; }
+    for (i = 0; i < n; i++) x[i] /= sum;
+}
+
 /* block_out (n, dim) = wo @ attention(x_normed) for the n tokens at positions pos0 .. pos0 + n - 1. */
 static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
 {
@@ -318,7 +358,8 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
                 for (i = 0; i < hd; i++) dot += qh[i] * kj[i];
                 s->scores[j] = dot * scale;
             }
-            colibri_softmax(s->scores, span);
+            if (hp->attention_sinks) softmax_with_sink(s->scores, span, colibri_load_f32(w[L_SINKS].data, w[L_SINKS].dtype, (size_t)h));
+            else colibri_softmax(s->scores, span);
             for (i = 0; i < hd; i++) out[i] = 0.0f;
             for (j = 0; j < span; j++) {
                 const float *vj = s->v_cache[layer] + (size_t)(first + j) * kv_dim + kv_off;

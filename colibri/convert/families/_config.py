@@ -1,5 +1,7 @@
 """Reading a Hugging Face config.json: typed fields, and what every family's description shares."""
 
+import math
+
 from ..errors import ConvertError
 
 MISSING = object()
@@ -32,17 +34,40 @@ def unsupported(family, feature):
     return ConvertError(f"unsupported: {feature} in {family}")
 
 
-def rope_theta(config, family):
-    """v5 configs nest it in rope_parameters; older ones have top-level rope_theta."""
-    rope = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    if rope_type != "default":
-        raise unsupported(family, f"rope_type {rope_type!r} (only plain RoPE so far)")
+def _yarn_mscale(scale, mscale=1.0):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope(config, family, rope_types=("default",)):
+    """{"rope_theta": ..., and for YaRN "rope_scaling": {...}}.  v5 configs nest everything in
+    rope_parameters; older ones have a top-level rope_theta and rope_scaling.  YaRN's attention
+    factor is computed here as transformers computes it (in Python floats, from mscale and
+    mscale_all_dim); its frequencies are the core's to compute."""
+    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in rope_types:
+        raise unsupported(family, f"rope_type {rope_type!r}")
     theta = get(rope if "rope_theta" in rope else config, "rope_theta", 1e4, kind=float)
     if theta <= 0:
         raise ConvertError(f"config.json: rope_theta = {theta!r} is not a positive number")
-    return float(theta)
+    out = {"rope_theta": float(theta)}
+    if rope_type == "yarn":
+        original = config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings") \
+            or config.get("max_position_embeddings")
+        original = dim({"original_max_position_embeddings": original}, "original_max_position_embeddings")
+        factor = rope.get("factor") or dim(config, "max_position_embeddings") / original
+        factor = float(get({"factor": factor}, "factor", kind=float))
+        attention_factor = rope.get("attention_factor")
+        if attention_factor is None:
+            mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+            attention_factor = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+                                if mscale and mscale_all_dim else _yarn_mscale(factor))
+        out["rope_scaling"] = {"type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+                               "beta_fast": float(rope.get("beta_fast") or 32.0),
+                               "beta_slow": float(rope.get("beta_slow") or 1.0),
+                               "truncate": bool(rope.get("truncate", True)),
+                               "attention_factor": float(attention_factor)}
+    return out
 
 
 def token_id(config, key, default, vocab):
@@ -53,12 +78,13 @@ def token_id(config, key, default, vocab):
     return value if 0 <= value < vocab else -1   # ids outside the vocabulary mean none
 
 
-def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=1e-6):
+def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=1e-6, rope_types=("default",),
+                      activations=("silu",)):
     """hparams every decoder family shares, in docs/FORMAT.md's order: sizes (`expert_ffn` is
     the routed experts' FFN), attention shape, RoPE, norms, token ids."""
     act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise unsupported(family, f"hidden_act {act!r} (the experts use silu)")
+    if act not in activations:
+        raise unsupported(family, f"hidden_act {act!r}")
     hidden = dim(config, "hidden_size")
     heads = dim(config, "num_attention_heads")
     kv_heads = dim(config, "num_key_value_heads", heads)
@@ -71,7 +97,8 @@ def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=
     config = dict(config)
     if "rope_theta" not in (config.get("rope_parameters") or {}) and "rope_theta" not in config:
         config["rope_theta"] = rope_default
-    return {
+    positional = rope(config, family, rope_types)
+    hp = {
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": expert_ffn,
@@ -80,13 +107,16 @@ def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=
         "num_kv_heads": kv_heads,
         "head_dim": head_dim,
         "max_position_embeddings": dim(config, "max_position_embeddings", 4096 * 32),
-        "rope_theta": rope_theta(config, family),
+        "rope_theta": positional["rope_theta"],
         "rms_norm_eps": float(get(config, "rms_norm_eps", eps_default, kind=float)),
         "sliding_window": 0,
         "tie_word_embeddings": get(config, "tie_word_embeddings", False, kind=bool),
         "bos_token_id": token_id(config, "bos_token_id", None, vocab),
         "eos_token_id": token_id(config, "eos_token_id", None, vocab),
     }
+    if "rope_scaling" in positional:
+        hp["rope_scaling"] = positional["rope_scaling"]
+    return hp
 
 
 def experts(config, count_keys, top_k_key="num_experts_per_tok"):
