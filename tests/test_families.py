@@ -52,6 +52,22 @@ FAMILIES = {
         num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32, moe_num_experts=8, moe_k=3,
         moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_interval=2, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 5e5})),
+    # multi-head latent attention: q through its LoRA, YaRN with mscale != mscale_all_dim (both the
+    # cos/sin factor and the softmax scale), interleaved RoPE, 4 groups of 2 experts
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=4,
+        topk_group=2, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=24,
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64,
+                         "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0})),
+    # q straight from q_proj, biases, group-limited greedy routing (k 3 > 2 kept groups)
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2, n_group=4,
+        topk_group=2, topk_method="group_limited_greedy", first_k_dense_replace=1, routed_scaling_factor=2.0,
+        q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
     # YaRN (factor 32, not truncated: with head_dim 16 the ramp spans dimensions 2..4), sinks,
     # sliding/full layers, the clamps hit (limit lowered to 1.5)
     "gpt_oss": ("GptOssConfig", dict(

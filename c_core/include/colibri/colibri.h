@@ -81,6 +81,14 @@ typedef struct colibri_hparams {
     float rope_beta_fast, rope_beta_slow;   /* YaRN: the correction range, in rotations */
     float rope_attention_factor;        /* cos and sin are multiplied by it (YaRN's mscale; 1 otherwise) */
     int32_t attention_sinks;            /* one learned logit per head joins each softmax (tensor attn.sinks) */
+    /* Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is
+     * nope_dim + rope_dim for queries and keys, values have v_head_dim, and the cache holds
+     * per position one normed latent (kv_lora_rank) and one rotary key (rope_dim). */
+    int32_t q_lora_rank;                /* 0: queries straight from wq */
+    int32_t kv_lora_rank;
+    int32_t nope_dim;                   /* the part of a query/key head that does not rotate (first) */
+    int32_t v_head_dim;
+    float latent_norm_eps;              /* of the q and kv latent RMSNorms */
     float clip_qkv;                     /* q, k, v clamped to [-clip_qkv, clip_qkv]; 0: no clamp */
     float attention_scale;              /* of q.k before the softmax: 1/sqrt(head_dim) unless set */
     float embedding_multiplier;         /* embeddings times this */

@@ -39,7 +39,8 @@ const char *colibri_dtype_name(colibri_dtype dtype)
 /* Per-layer tensors (model.h's L_* kinds), in the order docs/FORMAT.md lists them. */
 static const char *const layer_tensor_names[L_KINDS] = {
     "attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "attn.bq", "attn.bk", "attn.bv", "attn.bo",
-    "attn.q_norm", "attn.k_norm", "attn.sinks", "ffn_norm", "router", "router.bias", "router.selection_bias",
+    "attn.q_norm", "attn.k_norm", "attn.sinks", "attn.wq_a", "attn.bq_a", "attn.q_a_norm", "attn.wq_b",
+    "attn.wkv_a", "attn.bkv_a", "attn.kv_a_norm", "attn.wkv_b", "ffn_norm", "router", "router.bias", "router.selection_bias",
     "experts.w1", "experts.w3", "experts.w2", "experts.b1", "experts.b3", "experts.b2", "shared.w1", "shared.w3", "shared.w2", "shared.gate",
     "mlp.w1", "mlp.w3", "mlp.w2",
 };
@@ -47,8 +48,15 @@ static const char *const layer_tensor_names[L_KINDS] = {
 /* Whether layer `lw` has a tensor of `kind`, given the model's options. */
 static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw, int kind)
 {
+    int mla = hp->kv_lora_rank > 0;
     switch (kind) {
-    case L_BQ: case L_BK: case L_BV: return hp->attention_bias;
+    case L_WQ: return !mla || hp->q_lora_rank == 0;
+    case L_WK: case L_WV: return !mla;
+    case L_WQ_A: case L_Q_A_NORM: case L_WQ_B: return mla && hp->q_lora_rank > 0;
+    case L_BQ_A: return mla && hp->q_lora_rank > 0 && hp->attention_bias;
+    case L_WKV_A: case L_KV_A_NORM: case L_WKV_B: return mla;
+    case L_BKV_A: return mla && hp->attention_bias;
+    case L_BQ: case L_BK: case L_BV: return !mla && hp->attention_bias;
     case L_BO: return hp->attention_out_bias;
     case L_Q_NORM: case L_K_NORM: return hp->qk_norm != COLIBRI_QK_NORM_NONE;
     case L_SINKS: return hp->attention_sinks;
@@ -122,7 +130,14 @@ static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape
     case L_ATTN_NORM: case L_FFN_NORM: case L_BO: shape[0] = d; return 1;
     case L_WQ: shape[0] = q; shape[1] = d; return 2;
     case L_WK: case L_WV: shape[0] = kv; shape[1] = d; return 2;
-    case L_WO: shape[0] = d; shape[1] = q; return 2;
+    case L_WO: shape[0] = d; shape[1] = hp->kv_lora_rank ? (int64_t)hp->n_heads * hp->v_head_dim : q; return 2;
+    case L_WQ_A: shape[0] = hp->q_lora_rank; shape[1] = d; return 2;
+    case L_BQ_A: case L_Q_A_NORM: shape[0] = hp->q_lora_rank; return 1;
+    case L_WQ_B: shape[0] = q; shape[1] = hp->q_lora_rank; return 2;
+    case L_WKV_A: shape[0] = (int64_t)hp->kv_lora_rank + hp->rope_dim; shape[1] = d; return 2;
+    case L_BKV_A: shape[0] = (int64_t)hp->kv_lora_rank + hp->rope_dim; return 1;
+    case L_KV_A_NORM: shape[0] = hp->kv_lora_rank; return 1;
+    case L_WKV_B: shape[0] = (int64_t)hp->n_heads * (hp->nope_dim + hp->v_head_dim); shape[1] = hp->kv_lora_rank; return 2;
     case L_BQ: shape[0] = q; return 1;
     case L_BK: case L_BV: shape[0] = kv; return 1;
     case L_Q_NORM: shape[0] = full ? q : hd; return 1;
@@ -299,7 +314,7 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
     static const char *const formats[] = { "colibri", NULL };
     static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
                                                      "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe",
-                                                     "gpt_oss", NULL };
+                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", NULL };
     int32_t i = 0;
     int choice;
     colibri_status st;
@@ -346,7 +361,8 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
                                         "attention_out_bias", "qk_norm", "rope_dim", "rope_interleaved",
                                         "clip_qkv", "attention_scale", "embedding_multiplier",
                                         "residual_multiplier", "logits_divisor", "rope_scaling",
-                                        "attention_sinks", NULL };
+                                        "attention_sinks", "latent_attention", NULL };
+    static const char *const latent_keys[] = { "q_lora_rank", "kv_lora_rank", "v_head_dim", "norm_eps", NULL };
     static const char *const rope_keys[] = { "type", "factor", "original_max_position_embeddings", "beta_fast",
                                              "beta_slow", "truncate", "attention_factor", NULL };
     static const char *const rope_types[] = { "default", "yarn", NULL };
@@ -366,7 +382,7 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     static const char *const quantizations[] = { "none", NULL };
     static const char *const activations[] = { "silu", "swiglu_clamped", NULL };
     const char *w = "hparams";
-    int32_t h = 0, r = 0, e = 0, sh = 0, rs = 0;
+    int32_t h = 0, r = 0, e = 0, sh = 0, rs = 0, la = 0;
     int choice;
     colibri_status st;
 
@@ -408,6 +424,18 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_float(L, h, w, "residual_multiplier", 0.0, 1e6, 1.0f, &hp->residual_multiplier));
     TRY(opt_float(L, h, w, "logits_divisor", 0.0, 1e6, 1.0f, &hp->logits_divisor));
     TRY(opt_bool(L, h, w, "attention_sinks", &hp->attention_sinks));
+    if (has_field(L, h, "latent_attention")) {   /* MLA: head_dim = nope + rope dimensions, every head its own key */
+        const char *where = "hparams.latent_attention";
+        TRY(get_field(L, h, w, "latent_attention", JSON_OBJECT, &la));
+        TRY(check_keys(L, la, where, latent_keys));
+        TRY(get_int(L, la, where, "q_lora_rank", 0, MAX_FFN, &hp->q_lora_rank));
+        TRY(get_int(L, la, where, "kv_lora_rank", 1, MAX_FFN, &hp->kv_lora_rank));
+        TRY(get_int(L, la, where, "v_head_dim", 1, MAX_HEAD_DIM, &hp->v_head_dim));
+        TRY(get_float(L, la, where, "norm_eps", 0.0, 1.0, &hp->latent_norm_eps));
+        if (!has_field(L, h, "rope_dim") || hp->rope_dim >= hp->head_dim || hp->n_kv_heads != hp->n_heads)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.latent_attention needs rope_dim < head_dim and num_kv_heads = num_heads");
+        hp->nope_dim = hp->head_dim - hp->rope_dim;
+    }
     hp->rope_attention_factor = 1.0f;
     if (has_field(L, h, "rope_scaling")) {
         const char *where = "hparams.rope_scaling";

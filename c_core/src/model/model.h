@@ -19,6 +19,10 @@ enum {
     L_BQ, L_BK, L_BV, L_BO,                 /* attention biases: (q_dim), (kv_dim) x 2, (dim) */
     L_Q_NORM, L_K_NORM,                     /* QK-norm: (head_dim) per head, or (q_dim) / (kv_dim) whole */
     L_SINKS,                                /* (n_heads): one more logit per head in the softmax */
+    /* multi-head latent attention (DeepSeek): L_WQ is (heads * head_dim, dim) when q_lora_rank is 0 */
+    L_WQ_A, L_BQ_A, L_Q_A_NORM, L_WQ_B,     /* (q_lora, dim), (q_lora), (q_lora), (heads * head_dim, q_lora) */
+    L_WKV_A, L_BKV_A, L_KV_A_NORM,          /* (kv_lora + rope_dim, dim), (kv_lora + rope_dim), (kv_lora) */
+    L_WKV_B,                                /* (heads * (nope_dim + v_head_dim), kv_lora) */
     L_FFN_NORM,                             /* (dim) */
     L_ROUTER, L_ROUTER_BIAS,                /* (n_experts, dim), (n_experts) added to the logits */
     L_SELECTION_BIAS,                       /* (n_experts): added to the scores for choosing only */
@@ -35,7 +39,7 @@ typedef struct colibri_layer_weights {
     int32_t moe;                /* the MLP is the MoE block (else dense) */
     int32_t window;             /* attention sees this many positions, the query's included; 0: all */
 } colibri_layer_weights;
-#define COLIBRI_LAYER_SLOT 480     /* bytes per entry on every target (util.h) */
+#define COLIBRI_LAYER_SLOT 608     /* bytes per entry on every target (util.h) */
 
 typedef struct colibri_tensor {
     char name[COLIBRI_MAX_NAME];
@@ -69,7 +73,7 @@ struct colibri_model {
     void (*release)(colibri_model *model);
     void *platform;
 };
-#define COLIBRI_MODEL_SLOT 368
+#define COLIBRI_MODEL_SLOT 384
 
 size_t colibri_dtype_size(colibri_dtype dtype);
 const char *colibri_dtype_name(colibri_dtype dtype);

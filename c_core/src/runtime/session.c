@@ -29,22 +29,33 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     size_t E = (size_t)hp->n_experts, K = (size_t)hp->top_k, F = (size_t)hp->intermediate_size;
     size_t V = (size_t)hp->vocab_size, half = (size_t)hp->rope_dim / 2, f = sizeof(float);
     size_t FF = F;   /* the widest FFN: routed, shared or dense */
+    size_t R = (size_t)hp->kv_lora_rank, DR = (size_t)hp->rope_dim, O = Q;   /* O: attention output width */
+    size_t KW = R ? R : KV, VW = R ? DR : KV;   /* cache widths: latent attention keeps the latent and the rotary key */
+    int32_t l;
     if ((size_t)hp->shared_intermediate_size > FF) FF = (size_t)hp->shared_intermediate_size;
     if ((size_t)hp->dense_intermediate_size > FF) FF = (size_t)hp->dense_intermediate_size;
-    int32_t l;
+    if (R && (size_t)hp->n_heads * hp->v_head_dim > O) O = (size_t)hp->n_heads * hp->v_head_dim;
 
     s->x = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "x", -1, "(n_batch, dim) f32");
     s->xn = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "x_normed", -1, "(n_batch, dim) f32");
     s->q = colibri_arena_carve(a, colibri_arena_bytes(a, B, Q, f), ARENA_ACTIVATIONS, "q", -1, "(n_batch, n_heads * head_dim) f32");
-    s->attn = colibri_arena_carve(a, colibri_arena_bytes(a, B, Q, f), ARENA_ACTIVATIONS, "attention_out", -1, "(n_batch, n_heads * head_dim) f32");
+    s->attn = colibri_arena_carve(a, colibri_arena_bytes(a, B, O, f), ARENA_ACTIVATIONS, "attention_out", -1, "(n_batch, n_heads * value dim) f32");
     s->scores = colibri_arena_carve(a, colibri_arena_bytes(a, C, 1, f), ARENA_ACTIVATIONS, "attention_scores", -1, "(n_ctx) f32");
+    if (R) {
+        size_t in = (size_t)hp->q_lora_rank > R + DR ? (size_t)hp->q_lora_rank : R + DR;
+        s->latent_in = colibri_arena_carve(a, colibri_arena_bytes(a, B, in, f), ARENA_ACTIVATIONS, "latent_in", -1, "(n_batch, max(q_lora, kv_lora + rope_dim)) f32");
+        s->q_latent = colibri_arena_carve(a, R * f, ARENA_ACTIVATIONS, "q_latent", -1, "(kv_lora) f32");
+        s->ctx_latent = colibri_arena_carve(a, R * f, ARENA_ACTIVATIONS, "ctx_latent", -1, "(kv_lora) f32");
+    }
     s->block_out = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "block_out", -1, "(n_batch, dim) f32");
 
     s->k_cache = colibri_arena_carve(a, 2 * (size_t)hp->n_layers * COLIBRI_POINTER_SLOT, ARENA_KV_CACHE, "layer_table", -1, "(2, n_layers) pointers");
     s->v_cache = s->k_cache ? s->k_cache + hp->n_layers : NULL;
     for (l = 0; l < hp->n_layers; l++) {
-        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, KV, f), ARENA_KV_CACHE, "k", l, "(n_ctx, n_kv_heads * head_dim) f32");
-        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, KV, f), ARENA_KV_CACHE, "v", l, "(n_ctx, n_kv_heads * head_dim) f32");
+        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, KW, f), ARENA_KV_CACHE, R ? "latent" : "k", l,
+                                       R ? "(n_ctx, kv_lora) f32" : "(n_ctx, n_kv_heads * head_dim) f32");
+        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, VW, f), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
+                                       R ? "(n_ctx, rope_dim) f32" : "(n_ctx, n_kv_heads * head_dim) f32");
         if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
     }
     s->rope_cos = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "cos", -1, "(n_ctx, rope_dim / 2) f32");
@@ -70,7 +81,7 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
 }
 
 /* Carves: the session struct, the record table, then carve_session's 23 + 2 per layer. */
-static int32_t record_count(const colibri_hparams *hp) { return 26 + 2 * hp->n_layers; }
+static int32_t record_count(const colibri_hparams *hp) { return 26 + 2 * hp->n_layers + (hp->kv_lora_rank ? 3 : 0); }
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
                                       int32_t *n_ctx, int32_t *n_batch, colibri_error *err)
@@ -296,6 +307,71 @@ static void qk_norm(const colibri_session *s, float *rows, colibri_weight w, int
         s->kernels->rmsnorm(rows + r * width, rows + r * width, w.data, w.dtype, width, hp->rms_norm_eps);
 }
 
+/* block_out (n, dim) for DeepSeek's multi-head latent attention.  The cache holds per position the
+ * normed latent c (kv_lora) and the rotary key k_pe (rope_dim) every head shares; each head's key
+ * and value up-projections (wkv_b) are folded into its query and its output instead of expanding
+ * the cache:  q_nope . (Wk c) = (Wk^T q_nope) . c  and  sum_j p_j Wv c_j = Wv sum_j p_j c_j. */
+static void attention_latent(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    const colibri_weight *w = s->model->layers[layer].w;
+    const colibri_kernels *k = s->kernels;
+    int32_t d = hp->hidden_size, H = hp->n_heads, dn = hp->nope_dim, dr = hp->rope_dim, dv = hp->v_head_dim;
+    int32_t R = hp->kv_lora_rank, qd = hp->head_dim, QL = hp->q_lora_rank, half = dr / 2, t, h, j, i, r;
+    float *latent = s->k_cache[layer], *k_rope = s->v_cache[layer];   /* (n_ctx, R), (n_ctx, dr) */
+    size_t wkv_row = (size_t)R * colibri_dtype_size(w[L_WKV_B].dtype);   /* bytes of one wkv_b row */
+
+    /* queries (n, H * qd): [nope | rope] per head */
+    if (QL) {
+        k->matmul(s->latent_in, s->xn, w[L_WQ_A].data, w[L_WQ_A].dtype, n, d, QL);
+        if (hp->attention_bias) add_bias(s->latent_in, w[L_BQ_A], n, QL);
+        for (t = 0; t < n; t++)
+            k->rmsnorm(s->latent_in + (size_t)t * QL, s->latent_in + (size_t)t * QL, w[L_Q_A_NORM].data,
+                       w[L_Q_A_NORM].dtype, QL, hp->latent_norm_eps);
+        k->matmul(s->q, s->latent_in, w[L_WQ_B].data, w[L_WQ_B].dtype, n, QL, H * qd);
+    } else {
+        k->matmul(s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, H * qd);
+    }
+    /* the new positions' latent and rotary key, into the cache */
+    k->matmul(s->latent_in, s->xn, w[L_WKV_A].data, w[L_WKV_A].dtype, n, d, R + dr);   /* (n, R + dr) */
+    if (hp->attention_bias) add_bias(s->latent_in, w[L_BKV_A], n, R + dr);
+    for (t = 0; t < n; t++) {
+        const float *row = s->latent_in + (size_t)t * (R + dr);
+        const float *c = s->rope_cos + (size_t)(pos0 + t) * half, *sn = s->rope_sin + (size_t)(pos0 + t) * half;
+        k->rmsnorm(latent + (size_t)(pos0 + t) * R, row, w[L_KV_A_NORM].data, w[L_KV_A_NORM].dtype, R, hp->latent_norm_eps);
+        memcpy(k_rope + (size_t)(pos0 + t) * dr, row + R, (size_t)dr * sizeof(float));
+        colibri_rope(k_rope + (size_t)(pos0 + t) * dr, 1, dr, dr, hp->rope_interleaved, c, sn);
+        colibri_rope(s->q + (size_t)t * H * qd + dn, H, qd, dr, hp->rope_interleaved, c, sn);
+    }
+
+    for (t = 0; t < n; t++) {
+        int32_t span = pos0 + t + 1;
+        for (h = 0; h < H; h++) {
+            const float *qh = s->q + ((size_t)t * H + h) * qd;
+            const uint8_t *wk = (const uint8_t *)w[L_WKV_B].data + (size_t)h * (dn + dv) * wkv_row;   /* (dn, R) */
+            for (r = 0; r < R; r++) s->q_latent[r] = 0.0f;
+            for (i = 0; i < dn; i++)
+                for (r = 0; r < R; r++)
+                    s->q_latent[r] += qh[i] * colibri_load_f32(wk, w[L_WKV_B].dtype, (size_t)i * R + r);
+            for (j = 0; j < span; j++) {
+                const float *cj = latent + (size_t)j * R, *pj = k_rope + (size_t)j * dr;
+                float dot = 0.0f;
+                for (r = 0; r < R; r++) dot += s->q_latent[r] * cj[r];
+                for (i = 0; i < dr; i++) dot += qh[dn + i] * pj[i];
+                s->scores[j] = dot * hp->attention_scale;
+            }
+            colibri_softmax(s->scores, span);
+            for (r = 0; r < R; r++) s->ctx_latent[r] = 0.0f;
+            for (j = 0; j < span; j++)
+                for (r = 0; r < R; r++) s->ctx_latent[r] += s->scores[j] * latent[(size_t)j * R + r];
+            k->matmul(s->attn + ((size_t)t * H + h) * dv, s->ctx_latent, wk + (size_t)dn * wkv_row, w[L_WKV_B].dtype,
+                      1, R, dv);
+        }
+    }
+    k->matmul(s->block_out, s->attn, w[L_WO].data, w[L_WO].dtype, n, H * dv, d);
+    if (hp->attention_out_bias) add_bias(s->block_out, w[L_BO], n, d);
+}
+
 /* x (n) <- the first n of softmax(x, sink): the sink takes its share of the probability and is dropped */
 static void softmax_with_sink(float *x, int32_t n, float sink)
 {
@@ -423,7 +499,8 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
         const colibri_weight *w = lw->w;
         for (t = 0; t < n; t++)
             k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_ATTN_NORM].data, w[L_ATTN_NORM].dtype, d, hp->rms_norm_eps);
-        attention(s, l, s->position, n);
+        if (hp->kv_lora_rank) attention_latent(s, l, s->position, n);
+        else attention(s, l, s->position, n);
         add_into(s->x, s->block_out, nd, hp->residual_multiplier);
 
         for (t = 0; t < n; t++)

@@ -27,6 +27,10 @@ struct colibri_session {
     float *q;                   /* (n_batch, n_heads * head_dim) */
     float *attn;                /* (n_batch, n_heads * head_dim) attention output */
     float *scores;              /* (n_ctx) one head's attention weights */
+    /* latent attention only (hparams.kv_lora_rank > 0) */
+    float *latent_in;           /* (n_batch, max(q_lora_rank, kv_lora_rank + rope_dim)) projections before their norms */
+    float *q_latent;            /* (kv_lora_rank) one head's query, folded into the latent space */
+    float *ctx_latent;          /* (kv_lora_rank) one head's attention-weighted latent */
     float *block_out;           /* (n_batch, dim) attention or MoE output before the residual add */
     /* KV cache, per layer */
     float **k_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) */

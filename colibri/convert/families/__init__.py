@@ -16,6 +16,8 @@ FAMILIES = {  # HF config "model_type" -> family module
     "granitemoeshared": granite,
     "glm4_moe": deepseek,
     "dots1": deepseek,
+    "deepseek_v2": deepseek,
+    "deepseek_v3": deepseek,
     "ernie4_5_moe": ernie,
     "gpt_oss": gpt_oss,
 }

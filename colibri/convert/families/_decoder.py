@@ -4,8 +4,9 @@ QK-norm as the hparams say) and an MLP the family supplies, the final norm and l
 from ..layout import dim1_slice, direct, stacked
 
 
-def plan(desc, mlp):
-    """`mlp(layer, source prefix, colibri prefix)` -> the entries of that layer's MLP."""
+def plan(desc, mlp, attention=None):
+    """`mlp(layer, source prefix, colibri prefix)` -> the entries of that layer's MLP;
+    `attention` likewise for the attention projections (default: q, k, v, o and their options)."""
     hp = desc["hparams"]
     V, D, hd = hp["vocab_size"], hp["hidden_size"], hp["head_dim"]
     q_dim, kv_dim = hp["num_heads"] * hd, hp["num_kv_heads"] * hd
@@ -14,8 +15,13 @@ def plan(desc, mlp):
     for i in range(hp["num_layers"]):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         att = src + "self_attn."
+        entries.append(direct(dst + "attn_norm", (D,), src + "input_layernorm.weight"))
+        if attention:
+            entries += attention(i, src, dst)
+            entries.append(direct(dst + "ffn_norm", (D,), src + "post_attention_layernorm.weight"))
+            entries += mlp(i, src, dst)
+            continue
         entries += [
-            direct(dst + "attn_norm", (D,), src + "input_layernorm.weight"),
             direct(dst + "attn.wq", (q_dim, D), att + "q_proj.weight"),
             direct(dst + "attn.wk", (kv_dim, D), att + "k_proj.weight"),
             direct(dst + "attn.wv", (kv_dim, D), att + "v_proj.weight"),
