@@ -68,6 +68,15 @@ FAMILIES = {
         topk_group=2, topk_method="group_limited_greedy", first_k_dense_replace=1, routed_scaling_factor=2.0,
         q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
         attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
+    # LayerNorm with biases, attention and lm_head biases, a window, the sparsemixer (jitter 0.3 so
+    # that second experts often stay in the softmax), LongRoPE short factors and mscale
+    "phimoe": ("PhimoeConfig", dict(
+        intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, attention_bias=True,
+        lm_head_bias=True, sliding_window=5, router_jitter_noise=0.3,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                         "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                         "long_factor": [2.0 + 0.3 * i for i in range(8)],
+                         "short_mscale": 1.2, "long_mscale": 1.35, "original_max_position_embeddings": 64})),
     # YaRN (factor 32, not truncated: with head_dim 16 the ramp spans dimensions 2..4), sinks,
     # sliding/full layers, the clamps hit (limit lowered to 1.5)
     "gpt_oss": ("GptOssConfig", dict(
@@ -159,3 +168,24 @@ def test_an_unsupported_feature_is_refused_at_convert_time(family, change, featu
     path.write_text(json.dumps(config))
     with pytest.raises(ConvertError, match=f"unsupported: {feature}.* in {family}"):
         convert(tmp_path / "hf", tmp_path / "out", progress=False)
+
+
+def test_longrope_switches_to_the_long_factor_past_the_trained_context(tmp_path):
+    """Phi-3.5-MoE's LongRoPE multiplies cos/sin by short_mscale, or long_mscale once a call reaches
+    past original_max_position_embeddings (64 here).  transformers decides per call, colibri per
+    position: the two agree when the positions past 64 come one at a time, as in generation.
+    Reference: transformers prefilling 60 tokens, then decoding 16 through its KV cache."""
+    hf = build("phimoe")
+    hf.save_pretrained(tmp_path / "hf")
+    model = colibri.Model(convert(tmp_path / "hf", tmp_path / "colibri", dtype="f32", progress=False))
+    tokens = np.random.default_rng(2).integers(0, COMMON["vocab_size"], 76)
+    with torch.no_grad():
+        out = hf(torch.from_numpy(tokens[None, :60]), use_cache=True)
+        ref, cache = [out.logits[0, -1].numpy()], out.past_key_values
+        for t in tokens[60:]:
+            out = hf(torch.tensor([[t]]), cache=cache, use_cache=True)
+            ref.append(out.logits[0, -1].numpy())
+            cache = out.past_key_values
+    s = model.session(ctx=128)
+    ours = [s.forward(tokens[:60])[-1]] + [s.forward(tokens[i:i + 1])[-1] for i in range(60, 76)]
+    np.testing.assert_allclose(np.array(ours), np.array(ref), atol=1e-4, rtol=0)

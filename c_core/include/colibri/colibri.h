@@ -80,6 +80,7 @@ typedef struct colibri_hparams {
     float rope_factor;                  /* YaRN: the context extension factor */
     float rope_beta_fast, rope_beta_slow;   /* YaRN: the correction range, in rotations */
     float rope_attention_factor;        /* cos and sin are multiplied by it (YaRN's mscale; 1 otherwise) */
+    float rope_short_mscale, rope_long_mscale;   /* LongRoPE: the factor within / beyond rope_original_max */
     int32_t attention_sinks;            /* one learned logit per head joins each softmax (tensor attn.sinks) */
     /* Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is
      * nope_dim + rope_dim for queries and keys, values have v_head_dim, and the cache holds
@@ -94,8 +95,12 @@ typedef struct colibri_hparams {
     float embedding_multiplier;         /* embeddings times this */
     float residual_multiplier;          /* each block's output times this before the residual add */
     float logits_divisor;               /* logits divided by this */
+    int32_t norm_kind;                  /* COLIBRI_NORM_*: RMSNorm, or LayerNorm with biases (attn_norm_bias, ...) */
+    int32_t lm_head_bias;               /* a bias on the logits (tensor lm_head_bias) */
 
     /* The router: score every expert, choose top_k (from the best groups), weigh the chosen. */
+    int32_t router_kind;                /* COLIBRI_ROUTER_*: the parameterised top-k below, or Phi's sparsemixer */
+    float jitter_eps;                   /* sparsemixer: how far below the best an expert may score and stay */
     int32_t router_score;               /* COLIBRI_SCORE_*: softmax or sigmoid of the logits, or the logits */
     int32_t router_weights;             /* COLIBRI_WEIGHTS_*: the chosen experts' scores, or a softmax over their logits */
     int32_t router_logit_bias;          /* a bias added to the router logits (tensor router.bias) */
@@ -117,7 +122,9 @@ enum { COLIBRI_QK_NORM_NONE = 0, COLIBRI_QK_NORM_HEAD = 1, COLIBRI_QK_NORM_FULL 
 enum { COLIBRI_SCORE_SOFTMAX = 0, COLIBRI_SCORE_SIGMOID = 1, COLIBRI_SCORE_LOGITS = 2 };
 enum { COLIBRI_WEIGHTS_SCORES = 0, COLIBRI_WEIGHTS_SOFTMAX_SELECTED = 1 };
 enum { COLIBRI_GROUP_MAX = 0, COLIBRI_GROUP_TOP2_SUM = 1 };
-enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1 };
+enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1, COLIBRI_ROPE_LONGROPE = 2 };
+enum { COLIBRI_NORM_RMS = 0, COLIBRI_NORM_LAYER = 1 };
+enum { COLIBRI_ROUTER_TOPK = 0, COLIBRI_ROUTER_SPARSEMIXER = 1 };
 enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };
 
 /* One tensor of the model, as described in colibri_model.json. */

@@ -38,9 +38,9 @@ const char *colibri_dtype_name(colibri_dtype dtype)
 
 /* Per-layer tensors (model.h's L_* kinds), in the order docs/FORMAT.md lists them. */
 static const char *const layer_tensor_names[L_KINDS] = {
-    "attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "attn.bq", "attn.bk", "attn.bv", "attn.bo",
+    "attn_norm", "attn_norm_bias", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "attn.bq", "attn.bk", "attn.bv", "attn.bo",
     "attn.q_norm", "attn.k_norm", "attn.sinks", "attn.wq_a", "attn.bq_a", "attn.q_a_norm", "attn.wq_b",
-    "attn.wkv_a", "attn.bkv_a", "attn.kv_a_norm", "attn.wkv_b", "ffn_norm", "router", "router.bias", "router.selection_bias",
+    "attn.wkv_a", "attn.bkv_a", "attn.kv_a_norm", "attn.wkv_b", "ffn_norm", "ffn_norm_bias", "router", "router.bias", "router.selection_bias",
     "experts.w1", "experts.w3", "experts.w2", "experts.b1", "experts.b3", "experts.b2", "shared.w1", "shared.w3", "shared.w2", "shared.gate",
     "mlp.w1", "mlp.w3", "mlp.w2",
 };
@@ -60,6 +60,7 @@ static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw,
     case L_BO: return hp->attention_out_bias;
     case L_Q_NORM: case L_K_NORM: return hp->qk_norm != COLIBRI_QK_NORM_NONE;
     case L_SINKS: return hp->attention_sinks;
+    case L_ATTN_NORM_BIAS: case L_FFN_NORM_BIAS: return hp->norm_kind == COLIBRI_NORM_LAYER;
     case L_B1: case L_B3: case L_B2: return lw->moe && hp->expert_bias;
     case L_ROUTER: case L_W1: case L_W3: case L_W2: return lw->moe;
     case L_ROUTER_BIAS: return lw->moe && hp->router_logit_bias;
@@ -70,9 +71,11 @@ static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw,
     default: return 1;   /* norms and the attention projections */
     }
 }
-enum { G_TOK_EMBEDDINGS, G_NORM, G_LM_HEAD, G_TOKEN_BYTES, G_TOKEN_OFFSETS, T_GLOBAL };
+enum { G_TOK_EMBEDDINGS, G_NORM, G_LM_HEAD, G_TOKEN_BYTES, G_TOKEN_OFFSETS, G_NORM_BIAS, G_LM_HEAD_BIAS,
+       G_ROPE_FACTORS, T_GLOBAL };
 static const char *const global_tensor_names[T_GLOBAL] = {
-    "tok_embeddings", "norm", "lm_head", "tokenizer.token_bytes", "tokenizer.token_offsets",
+    "tok_embeddings", "norm", "lm_head", "tokenizer.token_bytes", "tokenizer.token_offsets", "norm_bias",
+    "lm_head_bias", "rope.factors",
 };
 
 /* Whether the model has a tensor in `slot` (layers: from layer_has; the vocabulary table is
@@ -81,7 +84,13 @@ static int slot_used(int64_t slot, const colibri_model *m)
 {
     if (slot >= T_GLOBAL)
         return layer_has(&m->hp, &m->layers[(slot - T_GLOBAL) / L_KINDS], (int)((slot - T_GLOBAL) % L_KINDS));
-    return slot != G_LM_HEAD || !m->hp.tie_word_embeddings;
+    switch (slot) {
+    case G_LM_HEAD: return !m->hp.tie_word_embeddings;
+    case G_NORM_BIAS: return m->hp.norm_kind == COLIBRI_NORM_LAYER;
+    case G_LM_HEAD_BIAS: return m->hp.lm_head_bias;
+    case G_ROPE_FACTORS: return m->hp.rope_type == COLIBRI_ROPE_LONGROPE;
+    default: return 1;
+    }
 }
 
 static int slot_optional(int64_t slot)
@@ -121,13 +130,15 @@ static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape
     int64_t fs = hp->shared_intermediate_size, fd = hp->dense_intermediate_size;
     int full = hp->qk_norm == COLIBRI_QK_NORM_FULL;
     if (slot < T_GLOBAL) {
-        if (slot == G_NORM) { shape[0] = d; return 1; }
+        if (slot == G_NORM || slot == G_NORM_BIAS) { shape[0] = d; return 1; }
+        if (slot == G_LM_HEAD_BIAS) { shape[0] = hp->vocab_size; return 1; }
+        if (slot == G_ROPE_FACTORS) { shape[0] = hp->rope_dim / 2; return 1; }
         if (slot == G_TOKEN_BYTES) { shape[0] = -1; return 1; }    /* any length */
         if (slot == G_TOKEN_OFFSETS) { shape[0] = (int64_t)hp->vocab_size + 1; return 1; }
         shape[0] = hp->vocab_size; shape[1] = d; return 2;
     }
     switch ((slot - T_GLOBAL) % L_KINDS) {
-    case L_ATTN_NORM: case L_FFN_NORM: case L_BO: shape[0] = d; return 1;
+    case L_ATTN_NORM: case L_FFN_NORM: case L_BO: case L_ATTN_NORM_BIAS: case L_FFN_NORM_BIAS: shape[0] = d; return 1;
     case L_WQ: shape[0] = q; shape[1] = d; return 2;
     case L_WK: case L_WV: shape[0] = kv; shape[1] = d; return 2;
     case L_WO: shape[0] = d; shape[1] = hp->kv_lora_rank ? (int64_t)hp->n_heads * hp->v_head_dim : q; return 2;
@@ -314,7 +325,7 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
     static const char *const formats[] = { "colibri", NULL };
     static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
                                                      "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe",
-                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", NULL };
+                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", "phimoe", NULL };
     int32_t i = 0;
     int choice;
     colibri_status st;
@@ -361,16 +372,18 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
                                         "attention_out_bias", "qk_norm", "rope_dim", "rope_interleaved",
                                         "clip_qkv", "attention_scale", "embedding_multiplier",
                                         "residual_multiplier", "logits_divisor", "rope_scaling",
-                                        "attention_sinks", "latent_attention", NULL };
+                                        "attention_sinks", "latent_attention", "norm", "lm_head_bias", NULL };
+    static const char *const norms[] = { "rms", "layer", NULL };
     static const char *const latent_keys[] = { "q_lora_rank", "kv_lora_rank", "v_head_dim", "norm_eps", NULL };
     static const char *const rope_keys[] = { "type", "factor", "original_max_position_embeddings", "beta_fast",
-                                             "beta_slow", "truncate", "attention_factor", NULL };
-    static const char *const rope_types[] = { "default", "yarn", NULL };
+                                             "beta_slow", "truncate", "attention_factor", "short_mscale",
+                                             "long_mscale", NULL };
+    static const char *const rope_types[] = { "default", "yarn", "longrope", NULL };
     static const char *const qk_norms[] = { "none", "head", "full", NULL };
     static const char *const routing_keys[] = { "type", "top_k", "normalize", "score", "weights", "logit_bias",
                                                 "selection_bias", "groups", "topk_groups", "group_score",
-                                                "normalize_eps", "scale", NULL };
-    static const char *const routing_types[] = { "topk_softmax", "topk", NULL };
+                                                "normalize_eps", "scale", "jitter_eps", NULL };
+    static const char *const routing_types[] = { "topk_softmax", "topk", "sparsemixer", NULL };
     static const char *const scores[] = { "softmax", "sigmoid", "logits", NULL };
     static const char *const weights[] = { "scores", "softmax_of_selected", NULL };
     static const char *const group_scores[] = { "max", "top2_sum", NULL };
@@ -424,6 +437,8 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_float(L, h, w, "residual_multiplier", 0.0, 1e6, 1.0f, &hp->residual_multiplier));
     TRY(opt_float(L, h, w, "logits_divisor", 0.0, 1e6, 1.0f, &hp->logits_divisor));
     TRY(opt_bool(L, h, w, "attention_sinks", &hp->attention_sinks));
+    TRY(opt_choice(L, h, w, "norm", norms, &hp->norm_kind));
+    TRY(opt_bool(L, h, w, "lm_head_bias", &hp->lm_head_bias));
     if (has_field(L, h, "latent_attention")) {   /* MLA: head_dim = nope + rope dimensions, every head its own key */
         const char *where = "hparams.latent_attention";
         TRY(get_field(L, h, w, "latent_attention", JSON_OBJECT, &la));
@@ -451,12 +466,17 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
             TRY(opt_float(L, rs, where, "beta_slow", 0.0, 1e6, 1.0f, &hp->rope_beta_slow));
             hp->rope_truncate = 1;
             if (has_field(L, rs, "truncate")) TRY(get_bool(L, rs, where, "truncate", &hp->rope_truncate));
+        } else if (hp->rope_type == COLIBRI_ROPE_LONGROPE) {   /* the per-frequency factors are tensor rope.factors */
+            TRY(get_int(L, rs, where, "original_max_position_embeddings", 1, MAX_POSITIONS, &hp->rope_original_max));
+            TRY(get_float(L, rs, where, "short_mscale", 0.0, 1e6, &hp->rope_short_mscale));
+            TRY(get_float(L, rs, where, "long_mscale", 0.0, 1e6, &hp->rope_long_mscale));
         }
     }
 
     TRY(get_field(L, root, "model", "routing", JSON_OBJECT, &r));
     TRY(check_keys(L, r, "routing", routing_keys));
     TRY(get_choice(L, r, "routing", "type", routing_types, &choice));
+    hp->router_kind = choice == 2 ? COLIBRI_ROUTER_SPARSEMIXER : COLIBRI_ROUTER_TOPK;
     TRY(get_field(L, root, "model", "experts", JSON_OBJECT, &e));
     TRY(check_keys(L, e, "experts", expert_keys));
     TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
@@ -489,6 +509,9 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_choice(L, r, "routing", "group_score", group_scores, &hp->group_score));
     TRY(opt_float(L, r, "routing", "normalize_eps", -1.0, 1.0, 0.0f, &hp->normalize_eps));
     TRY(opt_float(L, r, "routing", "scale", 0.0, 1e6, 1.0f, &hp->routed_scale));
+    TRY(opt_float(L, r, "routing", "jitter_eps", 0.0, 1e6, 0.01f, &hp->jitter_eps));
+    if (hp->router_kind == COLIBRI_ROUTER_SPARSEMIXER && hp->top_k != 2)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d: the sparsemixer router chooses 2", hp->top_k);
     if (hp->n_experts % hp->n_groups != 0)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.groups = %d does not divide experts.count = %d",
                             hp->n_groups, hp->n_experts);
@@ -787,9 +810,11 @@ static meta_layout layout_for(uint32_t n_tokens)
     l.tensors = colibri_align_up(COLIBRI_MODEL_SLOT, 16);
     l.layers = l.tensors + colibri_align_up(max_tensors * COLIBRI_TENSOR_SLOT, 16);
     l.order = l.layers + colibri_align_up(l.max_layers * COLIBRI_LAYER_SLOT, 16);
-    /* order: the overlap sort, and before it one byte per tensor slot (T_GLOBAL + max_layers * L_KINDS,
-     * below 3 * max_tensors + 30) */
-    l.tokens = l.order + colibri_align_up((max_tensors + 16) * sizeof(int32_t), 16);
+    /* order: the overlap sort (an int32 per tensor), and before it one byte per tensor slot */
+    {
+        size_t sort = (size_t)max_tensors * sizeof(int32_t), seen = T_GLOBAL + (size_t)l.max_layers * L_KINDS;
+        l.tokens = l.order + colibri_align_up(sort > seen ? sort : seen, 16);
+    }
     l.total = l.tokens + (size_t)n_tokens * sizeof(json_token);
     return l;
 }
@@ -890,6 +915,9 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         if (slot == G_TOK_EMBEDDINGS) m->tok_embeddings = w;
         else if (slot == G_NORM) m->norm = w;
         else if (slot == G_LM_HEAD) m->lm_head = w;
+        else if (slot == G_NORM_BIAS) m->norm_bias = w;
+        else if (slot == G_LM_HEAD_BIAS) m->lm_head_bias = w;
+        else if (slot == G_ROPE_FACTORS) m->rope_factors = w;
         else if (slot == G_TOKEN_BYTES) m->token_bytes = m->weights + t->file_offset;
         else if (slot == G_TOKEN_OFFSETS) m->token_offsets = (const int32_t *)(const void *)(m->weights + t->file_offset);
         else m->layers[(slot - T_GLOBAL) / L_KINDS].w[(slot - T_GLOBAL) % L_KINDS] = w;

@@ -14,7 +14,7 @@ typedef struct colibri_weight {
  * load.c lists the names and shapes).  Which ones a layer has follows from the hyper-parameters:
  * the attention options, and whether the layer's MLP is the MoE block or a dense one. */
 enum {
-    L_ATTN_NORM,                            /* (dim) */
+    L_ATTN_NORM, L_ATTN_NORM_BIAS,          /* (dim), (dim) with LayerNorm */
     L_WQ, L_WK, L_WV, L_WO,                 /* (q_dim, dim), (kv_dim, dim) x 2, (dim, q_dim) */
     L_BQ, L_BK, L_BV, L_BO,                 /* attention biases: (q_dim), (kv_dim) x 2, (dim) */
     L_Q_NORM, L_K_NORM,                     /* QK-norm: (head_dim) per head, or (q_dim) / (kv_dim) whole */
@@ -23,7 +23,7 @@ enum {
     L_WQ_A, L_BQ_A, L_Q_A_NORM, L_WQ_B,     /* (q_lora, dim), (q_lora), (q_lora), (heads * head_dim, q_lora) */
     L_WKV_A, L_BKV_A, L_KV_A_NORM,          /* (kv_lora + rope_dim, dim), (kv_lora + rope_dim), (kv_lora) */
     L_WKV_B,                                /* (heads * (nope_dim + v_head_dim), kv_lora) */
-    L_FFN_NORM,                             /* (dim) */
+    L_FFN_NORM, L_FFN_NORM_BIAS,            /* (dim), (dim) with LayerNorm */
     L_ROUTER, L_ROUTER_BIAS,                /* (n_experts, dim), (n_experts) added to the logits */
     L_SELECTION_BIAS,                       /* (n_experts): added to the scores for choosing only */
     L_W1, L_W3, L_W2,                       /* experts: (E, ffn, dim) gate, (E, ffn, dim) up, (E, dim, ffn) down */
@@ -39,7 +39,7 @@ typedef struct colibri_layer_weights {
     int32_t moe;                /* the MLP is the MoE block (else dense) */
     int32_t window;             /* attention sees this many positions, the query's included; 0: all */
 } colibri_layer_weights;
-#define COLIBRI_LAYER_SLOT 608     /* bytes per entry on every target (util.h) */
+#define COLIBRI_LAYER_SLOT 640     /* bytes per entry on every target (util.h) */
 
 typedef struct colibri_tensor {
     char name[COLIBRI_MAX_NAME];
@@ -65,6 +65,9 @@ struct colibri_model {
     colibri_weight tok_embeddings;  /* (vocab, dim) */
     colibri_weight norm;            /* (dim) */
     colibri_weight lm_head;         /* (vocab, dim); tok_embeddings when tied */
+    colibri_weight norm_bias;       /* (dim) LayerNorm only */
+    colibri_weight lm_head_bias;    /* (vocab) when hparams.lm_head_bias */
+    colibri_weight rope_factors;    /* (rope_dim / 2) LongRoPE: each frequency's divisor */
     const uint8_t *token_bytes;     /* (n_bytes) every token's bytes, concatenated; NULL: none */
     const int32_t *token_offsets;   /* (vocab + 1) token t is bytes [offsets[t], offsets[t+1]) */
 
@@ -73,7 +76,7 @@ struct colibri_model {
     void (*release)(colibri_model *model);
     void *platform;
 };
-#define COLIBRI_MODEL_SLOT 384
+#define COLIBRI_MODEL_SLOT 448
 
 size_t colibri_dtype_size(colibri_dtype dtype);
 const char *colibri_dtype_name(colibri_dtype dtype);

@@ -33,6 +33,7 @@ typedef struct colibri_aggregator {
 } colibri_aggregator;
 
 extern const colibri_router colibri_router_topk;
+extern const colibri_router colibri_router_sparsemixer;
 extern const colibri_expert colibri_expert_swiglu;
 extern const colibri_expert colibri_expert_swiglu_clamped;
 extern const colibri_aggregator colibri_aggregator_weighted;

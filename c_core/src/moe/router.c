@@ -93,3 +93,36 @@ static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *l
 }
 
 const colibri_router colibri_router_topk = { "topk", route_topk };
+
+/* One step of Phi-3.5-MoE's sparsemixer (eval mode) over scores s (E) with `out` (-1 or an
+ * expert already chosen) left out: the best expert b, and its weight softmax(s)[b] over the experts
+ * that score within 2 * jitter_eps of b, relative to max(|s_j|, s_b). */
+static int32_t sparsemixer_step(const float *s, int32_t E, int32_t out, float jitter_eps, float *weight)
+{
+    int32_t best = -1, j;
+    float sum = 0.0f;
+    for (j = 0; j < E; j++)
+        if (j != out && (best < 0 || s[j] > s[best])) best = j;
+    for (j = 0; j < E; j++) {
+        float a = s[j] < 0.0f ? -s[j] : s[j], factor = a > s[best] ? a : s[best];
+        if (j == out || (s[best] - s[j]) / factor > 2.0f * jitter_eps) continue;   /* masked; 0/0 is kept, as in torch */
+        sum += colibri_expf(s[j] - s[best]);
+    }
+    *weight = 1.0f / sum;   /* exp(s_best - s_best) / sum */
+    return best;
+}
+
+/* Always two experts; weights not renormalised. */
+static void route_sparsemixer(const colibri_hparams *hp, const colibri_layer_weights *lw, const float *logits, int32_t n,
+                              float *scratch, int32_t *ids, float *gates)
+{
+    int32_t E = hp->n_experts, t;
+    (void)lw; (void)scratch;
+    for (t = 0; t < n; t++) {
+        const float *s = logits + (size_t)t * E;
+        ids[2 * t] = sparsemixer_step(s, E, -1, hp->jitter_eps, &gates[2 * t]);
+        ids[2 * t + 1] = sparsemixer_step(s, E, ids[2 * t], hp->jitter_eps, &gates[2 * t + 1]);
+    }
+}
+
+const colibri_router colibri_router_sparsemixer = { "sparsemixer", route_sparsemixer };

@@ -41,6 +41,9 @@ double colibri_sin(double x);
 double colibri_cos(double x);
 float colibri_expf(float x);
 
+/* y (dim) = (x - mean) / sqrt(var + eps) * w + b: LayerNorm, biased variance */
+void colibri_layernorm(float *y, const float *x, const void *w, colibri_dtype w_dtype, const void *b,
+                       colibri_dtype b_dtype, int32_t dim, float eps);
 /* x (n) <- softmax(x) */
 void colibri_softmax(float *x, int32_t n);
 /* g (n) <- silu(g) * u */

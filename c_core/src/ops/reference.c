@@ -73,6 +73,20 @@ void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype 
     for (i = 0; i < dim; i++) y[i] = colibri_load_f32(w, dtype, (size_t)i) * (x[i] * scale);
 }
 
+void colibri_layernorm(float *y, const float *x, const void *w, colibri_dtype w_dtype, const void *b,
+                       colibri_dtype b_dtype, int32_t dim, float eps)
+{
+    double sum = 0.0, sq = 0.0;
+    float mean, inv;
+    int32_t i;
+    for (i = 0; i < dim; i++) sum += x[i];
+    mean = (float)(sum / dim);
+    for (i = 0; i < dim; i++) sq += ((double)x[i] - mean) * ((double)x[i] - mean);
+    inv = 1.0f / sqrtf((float)(sq / dim) + eps);
+    for (i = 0; i < dim; i++)
+        y[i] = (x[i] - mean) * inv * colibri_load_f32(w, w_dtype, (size_t)i) + colibri_load_f32(b, b_dtype, (size_t)i);
+}
+
 static const colibri_kernels reference_kernels = { "reference", ref_matmul, colibri_ref_rmsnorm };
 
 const colibri_kernels *colibri_kernels_reference(void) { return &reference_kernels; }

@@ -180,15 +180,19 @@ static void fill_rope_tables(colibri_session *s)
         float exponent = (float)(2 * j) / (float)hp->rope_dim;
         float pos_freq = (float)colibri_exp((double)exponent * colibri_log((double)hp->rope_theta));
         float inv_freq = 1.0f / pos_freq;
+        if (hp->rope_type == COLIBRI_ROPE_LONGROPE)   /* transformers divides by the short factors at every length */
+            inv_freq = 1.0f / (colibri_load_f32(s->model->rope_factors.data, s->model->rope_factors.dtype, (size_t)j) * pos_freq);
         if (hp->rope_type == COLIBRI_ROPE_YARN) {
             float ramp = ((float)j - (float)low) / (float)(high - low);
             float extrapolation = 1.0f - (ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp);
             inv_freq = 1.0f / (hp->rope_factor * pos_freq) * (1.0f - extrapolation) + inv_freq * extrapolation;
         }
         for (p = 0; p < s->n_ctx; p++) {
-            float angle = (float)p * inv_freq;
-            s->rope_cos[(size_t)p * half + j] = (float)colibri_cos((double)angle) * hp->rope_attention_factor;
-            s->rope_sin[(size_t)p * half + j] = (float)colibri_sin((double)angle) * hp->rope_attention_factor;
+            float angle = (float)p * inv_freq, factor = hp->rope_attention_factor;
+            if (hp->rope_type == COLIBRI_ROPE_LONGROPE)   /* past the trained context, the long factor */
+                factor = p + 1 > hp->rope_original_max ? hp->rope_long_mscale : hp->rope_short_mscale;
+            s->rope_cos[(size_t)p * half + j] = (float)colibri_cos((double)angle) * factor;
+            s->rope_sin[(size_t)p * half + j] = (float)colibri_sin((double)angle) * factor;
         }
     }
 }
@@ -241,7 +245,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->model = model;
     s->kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
                      ? colibri_kernels_reference() : colibri_kernels_best();
-    s->moe.router = &colibri_router_topk;
+    s->moe.router = model->hp.router_kind == COLIBRI_ROUTER_SPARSEMIXER ? &colibri_router_sparsemixer : &colibri_router_topk;
     s->moe.expert = hp_expert(&model->hp);
     s->moe.aggregator = &colibri_aggregator_weighted;
     s->n_ctx = n_ctx;
@@ -478,6 +482,16 @@ void colibri_expert_load_clear(colibri_session *s)
     memset(s->expert_load, 0, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
 }
 
+/* out (dim) = the model's norm of x: RMSNorm, or LayerNorm with its bias */
+static void norm_row(const colibri_session *s, float *out, const float *x, colibri_weight w, colibri_weight b)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    if (hp->norm_kind == COLIBRI_NORM_LAYER)
+        colibri_layernorm(out, x, w.data, w.dtype, b.data, b.dtype, hp->hidden_size, hp->rms_norm_eps);
+    else
+        s->kernels->rmsnorm(out, x, w.data, w.dtype, hp->hidden_size, hp->rms_norm_eps);
+}
+
 static void divide(float *x, size_t n, float divisor)
 {
     size_t i;
@@ -498,13 +512,13 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
         const colibri_layer_weights *lw = &m->layers[l];
         const colibri_weight *w = lw->w;
         for (t = 0; t < n; t++)
-            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_ATTN_NORM].data, w[L_ATTN_NORM].dtype, d, hp->rms_norm_eps);
+            norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_ATTN_NORM], w[L_ATTN_NORM_BIAS]);
         if (hp->kv_lora_rank) attention_latent(s, l, s->position, n);
         else attention(s, l, s->position, n);
         add_into(s->x, s->block_out, nd, hp->residual_multiplier);
 
         for (t = 0; t < n; t++)
-            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_FFN_NORM].data, w[L_FFN_NORM].dtype, d, hp->rms_norm_eps);
+            norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_FFN_NORM], w[L_FFN_NORM_BIAS]);
         if (lw->moe) {
             colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, s->xn, n, s->block_out);
             count_expert_load(s, l);
@@ -518,13 +532,15 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
 
     if (logits) {
         for (t = 0; t < n; t++)
-            k->rmsnorm(s->xn + (size_t)t * d, s->x + (size_t)t * d, m->norm.data, m->norm.dtype, d, hp->rms_norm_eps);
+            norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, m->norm, m->norm_bias);
         k->matmul(logits, s->xn, m->lm_head.data, m->lm_head.dtype, n, d, hp->vocab_size);
+        if (hp->lm_head_bias) add_bias(logits, m->lm_head_bias, n, hp->vocab_size);
         if (hp->logits_divisor != 1.0f) divide(logits, (size_t)n * hp->vocab_size, hp->logits_divisor);
         memcpy(s->logits, logits + (size_t)(n - 1) * hp->vocab_size, (size_t)hp->vocab_size * sizeof(float));
     } else {
-        k->rmsnorm(s->xn, s->x + (size_t)(n - 1) * d, m->norm.data, m->norm.dtype, d, hp->rms_norm_eps);
+        norm_row(s, s->xn, s->x + (size_t)(n - 1) * d, m->norm, m->norm_bias);
         k->matmul(s->logits, s->xn, m->lm_head.data, m->lm_head.dtype, 1, d, hp->vocab_size);
+        if (hp->lm_head_bias) add_bias(s->logits, m->lm_head_bias, 1, hp->vocab_size);
         if (hp->logits_divisor != 1.0f) divide(s->logits, (size_t)hp->vocab_size, hp->logits_divisor);
     }
 }

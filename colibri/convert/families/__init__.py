@@ -5,7 +5,7 @@ A family module has:
   plan(description, checkpoint) -> list of layout.Entry, in the file order FORMAT.md lists
 """
 
-from . import deepseek, ernie, gpt_oss, granite, mixtral, qwen_moe
+from . import deepseek, ernie, gpt_oss, granite, mixtral, phimoe, qwen_moe
 
 FAMILIES = {  # HF config "model_type" -> family module
     "mixtral": mixtral,
@@ -20,4 +20,5 @@ FAMILIES = {  # HF config "model_type" -> family module
     "deepseek_v3": deepseek,
     "ernie4_5_moe": ernie,
     "gpt_oss": gpt_oss,
+    "phimoe": phimoe,
 }
