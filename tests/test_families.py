@@ -70,6 +70,13 @@ FAMILIES = {
         kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, rope_interleave=True,
         rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64,
                          "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0})),
+    "glm4_moe_lite": ("GLM-4.7-Flash", "DeepSeek-V3's latent attention with GLM's MoE, dense layers by mlp_layer_types",
+                      "Glm4MoeLiteConfig", dict(
+        intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=4, topk_group=2,
+        routed_scaling_factor=1.8, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=12, mlp_layer_types=["dense", "sparse", "sparse"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
     # q straight from q_proj, biases, group-limited greedy routing (k 3 > 2 kept groups)
     "deepseek_v2": ('DeepSeek-V2-Lite, DeepSeek-Coder-V2-Lite', 'latent attention without q-LoRA, biases, group-limited greedy softmax router (k 3 > 2 groups), scale 2, two shared experts', "DeepseekV2Config", dict(
         intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,

@@ -325,7 +325,7 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
     static const char *const formats[] = { "colibri", NULL };
     static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
                                                      "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe",
-                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", "phimoe", NULL };
+                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", "phimoe", "glm4_moe_lite", NULL };
     int32_t i = 0;
     int choice;
     colibri_status st;

@@ -18,6 +18,7 @@ FAMILIES = {  # HF config "model_type" -> family module
     "dots1": deepseek,
     "deepseek_v2": deepseek,
     "deepseek_v3": deepseek,
+    "glm4_moe_lite": deepseek,
     "ernie4_5_moe": ernie,
     "gpt_oss": gpt_oss,
     "phimoe": phimoe,

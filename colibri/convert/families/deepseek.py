@@ -1,4 +1,5 @@
-"""DeepSeek-V2, DeepSeek-V3 (and Moonlight), GLM-4.5 (glm4_moe) and dots.llm1 (dots1) -> colibri.
+"""DeepSeek-V2, DeepSeek-V3 (and Moonlight), GLM-4.5 (glm4_moe), GLM-4.7-Flash (glm4_moe_lite: V3's
+latent attention with GLM's MoE, dense layers by mlp_layer_types) and dots.llm1 (dots1) -> colibri.
 
   deepseek_v2/v3  multi-head latent attention: q straight from q_proj or through q_a_proj ->
            q_a_layernorm -> q_b_proj; kv_a_proj_with_mqa gives the latent (kv_a_layernorm) and one
@@ -76,7 +77,7 @@ def _latent_attention(config, family, hp):
 
 
 def describe(config, family):
-    latent = family in ("deepseek_v2", "deepseek_v3")
+    latent = family in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
     if latent:   # transformers sets head_dim to the rotary part; the rest of colibri's reading is the same
         config = {**config, "head_dim": config.get("qk_rope_head_dim")}
     hp = c.attention_hparams(config, family, c.dim(config, "moe_intermediate_size"),
@@ -85,8 +86,11 @@ def describe(config, family):
     L = hp["num_layers"]
     n_experts, top_k = c.experts(config, ("n_routed_experts",))
     first_dense = c.get(config, "first_k_dense_replace", {"glm4_moe": 1, "deepseek_v3": 3}.get(family, 0))
-    if first_dense:
-        hp["mlp_layers"] = ["dense" if i < first_dense else "moe" for i in range(L)]
+    kinds = config.get("mlp_layer_types") or ["dense" if i < first_dense else "sparse" for i in range(L)]
+    if not isinstance(kinds, list) or len(kinds) != L or set(kinds) - {"dense", "sparse"}:
+        raise c.unsupported(family, f"mlp_layer_types {kinds!r}")
+    if "dense" in kinds:
+        hp["mlp_layers"] = ["moe" if k == "sparse" else "dense" for k in kinds]
         hp["dense_intermediate_size"] = c.dim(config, "intermediate_size")
     hp["sliding_window"], attention = _layer_types(config, family, L)
     if attention is not None:
@@ -116,7 +120,7 @@ def describe(config, family):
             routing.update(groups=groups, topk_groups=topk_groups, group_score="max")
     else:
         routing = {"type": "topk", "top_k": top_k, "score": "sigmoid", "selection_bias": True,
-                   "normalize": c.get(config, "norm_topk_prob", family in ("glm4_moe", "deepseek_v3"), kind=bool),
+                   "normalize": c.get(config, "norm_topk_prob", family != "dots1", kind=bool),
                    "normalize_eps": 1e-20, "scale": scale}
         if groups > 1:
             routing.update(groups=groups, topk_groups=topk_groups, group_score="top2_sum")
