@@ -77,6 +77,10 @@ cdef extern from "colibri/colibri.h" nogil:
         int32_t kernels
         int32_t n_ctx
         int32_t n_batch
+        int32_t routing
+        float routing_noise
+        uint64_t routing_seed
+        float capacity_factor
         void *arena
         size_t arena_size
 
@@ -92,6 +96,7 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                    float *logits, colibri_error *err)
     const float *colibri_session_logits(const colibri_session *session)
+    colibri_status colibri_expert_dropped(const colibri_session *session, uint64_t *counts)
     colibri_status colibri_expert_load(const colibri_session *session, uint64_t *counts)
     void colibri_expert_load_clear(colibri_session *session)
 

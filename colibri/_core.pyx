@@ -148,11 +148,15 @@ cdef class Model:
             raise_error(&err)
         return need
 
-    def session(self, int ctx=0, int batch=0, str kernels="auto"):
+    def session(self, int ctx=0, int batch=0, str kernels="auto", **routing):
         """A new session: a KV cache for ``ctx`` positions (0: the model's maximum, at most 4096),
         prefill computed ``batch`` tokens at a time (0: 64), with the fastest kernels this CPU runs
-        (``kernels="auto"``) or the plain C reference (``"reference"``)."""
-        return Session(self, ctx, batch, kernels)
+        (``kernels="auto"``) or the plain C reference (``"reference"``).  ``routing`` (research
+        routers, off by default): see Session."""
+        return Session(self, ctx, batch, kernels, **routing)
+
+
+_ROUTINGS = {"model": 0, "noisy": 1, "hash": 2, "capacity": 3}   # COLIBRI_ROUTING_*
 
 
 cdef class Session:
@@ -167,13 +171,25 @@ cdef class Session:
     cdef bint _busy
     cdef int32_t _vocab
 
-    def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto"):
+    def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto", str routing="model",
+                  float noise=1.0, noise_seed=0, float capacity_factor=1.0):
+        """``routing``: "model" (the model's own router), or a research router that changes the
+        model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
+        ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
+        1/top_k), "capacity" (each expert takes at most ceil(capacity_factor * n * top_k / n_experts)
+        of a chunk's n tokens; expert_dropped() counts the rest)."""
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
         if kernels not in ("auto", "reference"):
             raise ValueError(f"kernels must be 'auto' or 'reference', not {kernels!r}")
+        if routing not in _ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(_ROUTINGS)}, not {routing!r}")
         memset(&opts, 0, sizeof(opts))
+        opts.routing = _ROUTINGS[routing]
+        opts.routing_noise = noise
+        opts.routing_seed = <uint64_t>(int(noise_seed) & 0xFFFFFFFFFFFFFFFF)
+        opts.capacity_factor = capacity_factor
         opts.kernels = c.COLIBRI_KERNELS_REFERENCE if kernels == "reference" else c.COLIBRI_KERNELS_AUTO
         opts.n_ctx = ctx
         opts.n_batch = batch
@@ -220,6 +236,16 @@ cdef class Session:
         out = np.zeros((hp.n_layers, hp.n_experts), dtype=np.uint64)
         cdef uint64_t[:, ::1] counts = out
         c.colibri_expert_load(self._session, &counts[0, 0])
+        if clear:
+            c.colibri_expert_load_clear(self._session)
+        return out.astype(np.int64)
+
+    def expert_dropped(self, bint clear=False):
+        """int64 [n_layers, n_experts]: tokens each expert dropped over capacity (routing="capacity")."""
+        cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self.model._model)
+        out = np.zeros((hp.n_layers, hp.n_experts), dtype=np.uint64)
+        cdef uint64_t[:, ::1] counts = out
+        c.colibri_expert_dropped(self._session, &counts[0, 0])
         if clear:
             c.colibri_expert_load_clear(self._session)
         return out.astype(np.int64)

@@ -186,10 +186,23 @@ typedef struct colibri_session_options {
     int32_t kernels;        /* COLIBRI_KERNELS_*; AUTO yields to COLIBRI_KERNELS=reference in the environment */
     int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings, at most 4096 */
     int32_t n_batch;        /* tokens computed together in one forward chunk; 0: 64 */
+    /* Research routing, off unless asked for: it changes what the model computes. */
+    int32_t routing;        /* COLIBRI_ROUTING_*: the model's own router (0), or one of the research ones */
+    float routing_noise;    /* NOISY: standard deviation of the Gaussian noise added to the router logits */
+    uint64_t routing_seed;  /* NOISY: the noise is a function of (seed, layer, position, expert) alone */
+    float capacity_factor;  /* CAPACITY: each expert takes at most ceil(factor * n * top_k / n_experts)
+                               of a forward chunk's n tokens, the first ones; the rest are dropped */
     void *arena;            /* NULL: the library maps one; else a caller buffer, 16-byte aligned: of
                                colibri_session_plan bytes when 64-byte aligned, up to 48 more if not */
     size_t arena_size;
 } colibri_session_options;
+
+enum {
+    COLIBRI_ROUTING_MODEL = 0,      /* the router the model was trained with */
+    COLIBRI_ROUTING_NOISY = 1,      /* noisy top-k: seeded Gaussian noise on the logits, then the model's router */
+    COLIBRI_ROUTING_HASH = 2,       /* hash routing: a token id's experts are fixed, weights 1/top_k */
+    COLIBRI_ROUTING_CAPACITY = 3    /* the model's router, then experts over capacity drop tokens */
+};
 
 /* Exactly how many arena bytes a session with these options needs (no allocation). */
 colibri_status colibri_session_plan(const colibri_model *model,
@@ -218,6 +231,8 @@ const float *colibri_session_logits(const colibri_session *session);   /* (vocab
  * them, so a long text can be measured window by window).  counts: (n_layers, n_experts). */
 colibri_status colibri_expert_load(const colibri_session *session, uint64_t *counts);
 void colibri_expert_load_clear(colibri_session *session);
+/* Capacity routing: the tokens each expert dropped, counted and cleared with expert_load. */
+colibri_status colibri_expert_dropped(const colibri_session *session, uint64_t *counts);
 
 /* ---- sampling --------------------------------------------------------- */
 

@@ -1,5 +1,6 @@
 /* Aggregators: combine expert outputs into the layer output, and the MoE block that
  * drives the triad. */
+#include <math.h>
 #include <string.h>
 
 #include "moe.h"
@@ -22,8 +23,45 @@ const colibri_aggregator colibri_aggregator_weighted = { "weighted_sum", combine
  * (tokens stay in order within an expert), run each hit expert once over its tokens,
  * and let the aggregator add the gated outputs.  Experts run in id order, as
  * transformers adds them. */
+/* A uniform double in (0, 1] from a 64-bit counter: splitmix64, the top 53 bits. */
+static double uniform(uint64_t counter)
+{
+    uint64_t z = counter + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return ((double)(z >> 11) + 1.0) / 9007199254740992.0;
+}
+
+/* Noisy top-k: logits (n, E) += noise * N(0, 1), each draw a function of (seed, layer, position,
+ * expert) through Box-Muller on our own log and cos, so every target adds the same noise. */
+static void add_noise(const colibri_routing *r, float *logits, int32_t n, int32_t E)
+{
+    int32_t t, e;
+    for (t = 0; t < n; t++)
+        for (e = 0; e < E; e++) {
+            uint64_t key = r->seed ^ ((uint64_t)(uint32_t)r->layer << 48) ^ ((uint64_t)(uint32_t)(r->position + t) << 20)
+                           ^ (uint64_t)(uint32_t)e;
+            double g = sqrt(-2.0 * colibri_log(uniform(2 * key))) * colibri_cos(6.283185307179586 * uniform(2 * key + 1));
+            logits[(size_t)t * E + e] += (float)(r->noise * g);
+        }
+}
+
+/* Hash routing: token id -> experts h, h + 1, ... (mod E), h = Knuth's multiplicative hash; weights 1/k. */
+static void route_by_hash(const colibri_routing *r, int32_t n, int32_t E, int32_t K, int32_t *ids, float *gates)
+{
+    int32_t t, j;
+    for (t = 0; t < n; t++) {
+        uint32_t h = (uint32_t)r->tokens[t] * 2654435761u;
+        for (j = 0; j < K; j++) {
+            ids[(size_t)t * K + j] = (int32_t)((h % (uint32_t)E + (uint32_t)j) % (uint32_t)E);
+            gates[(size_t)t * K + j] = 1.0f / (float)K;
+        }
+    }
+}
+
 void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const colibri_hparams *hp,
-                         const colibri_layer_weights *lw, const colibri_moe_buffers *b,
+                         const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
                          const float *x, int32_t n, float *out)
 {
     int32_t E = hp->n_experts, K = hp->top_k, d = hp->hidden_size;
@@ -34,7 +72,9 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
         for (t = 0; t < n; t++)
             for (e = 0; e < E; e++)
                 b->router_logits[(size_t)t * E + e] += colibri_load_f32(lw->w[L_ROUTER_BIAS].data, lw->w[L_ROUTER_BIAS].dtype, (size_t)e);
-    moe->router->route(hp, lw, b->router_logits, n, b->router_scratch, b->ids, b->gates);
+    if (r->mode == COLIBRI_ROUTING_NOISY) add_noise(r, b->router_logits, n, E);
+    if (r->mode == COLIBRI_ROUTING_HASH) route_by_hash(r, n, E, K, b->ids, b->gates);
+    else moe->router->route(hp, lw, b->router_logits, n, b->router_scratch, b->ids, b->gates);
 
     for (e = 0; e <= E; e++) b->expert_start[e] = 0;
     for (i = 0; i < n * K; i++) b->expert_start[b->ids[i] + 1]++;
@@ -50,10 +90,20 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
     }
     for (e = E; e > 0; e--) b->expert_start[e] = b->expert_start[e - 1];   /* undo the cursor shift */
     b->expert_start[0] = 0;
+    if (r->mode == COLIBRI_ROUTING_CAPACITY) {   /* each expert keeps its first `capacity` tokens, in token order */
+        double want = (double)r->capacity_factor * n * K / E;
+        int32_t capacity = (int32_t)want + ((double)(int32_t)want < want);
+        for (e = 0; e < E; e++) {
+            int32_t m = b->expert_start[e + 1] - b->expert_start[e];
+            if (m > capacity) r->dropped[e] += (uint64_t)(m - capacity);
+            b->dropped_from[e] = m > capacity ? b->expert_start[e] + capacity : b->expert_start[e + 1];
+        }
+    }
 
     memset(out, 0, (size_t)n * d * sizeof(float));
     for (e = 0; e < E; e++) {
-        int32_t first = b->expert_start[e], m = b->expert_start[e + 1] - first;
+        int32_t first = b->expert_start[e];
+        int32_t m = (r->mode == COLIBRI_ROUTING_CAPACITY ? b->dropped_from[e] : b->expert_start[e + 1]) - first;
         if (m == 0) continue;
         for (i = 0; i < m; i++)
             memcpy(b->xe + (size_t)i * d, x + (size_t)b->pair_token[first + i] * d, (size_t)d * sizeof(float));

@@ -51,6 +51,7 @@ typedef struct colibri_moe_buffers {
     int32_t *ids;           /* (n_batch, top_k) */
     float *gates;           /* (n_batch, top_k) */
     int32_t *expert_start;  /* (n_experts + 1): routed pairs grouped by expert */
+    int32_t *dropped_from;  /* (n_experts) capacity routing: expert e computes pairs [start[e], dropped_from[e]) */
     int32_t *pair_token;    /* (n_batch * top_k) */
     float *pair_gate;       /* (n_batch * top_k) */
     float *xe;              /* (n_batch, dim): tokens gathered for one expert */
@@ -65,9 +66,21 @@ typedef struct colibri_moe {
     const colibri_aggregator *aggregator;
 } colibri_moe;
 
+/* What a research router needs beyond the hidden states (colibri_session_options.routing). */
+typedef struct colibri_routing {
+    int32_t mode;               /* COLIBRI_ROUTING_* */
+    float noise;
+    uint64_t seed;
+    float capacity_factor;
+    const int32_t *tokens;      /* (n) the chunk's token ids: hash routing */
+    int32_t position;           /* of the chunk's first token: the noise */
+    int32_t layer;
+    uint64_t *dropped;          /* (n_experts) this layer's dropped-token counters */
+} colibri_routing;
+
 /* out (n, dim) = MoE(x (n, dim)) for one layer. */
 void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const colibri_hparams *hp,
-                         const colibri_layer_weights *lw, const colibri_moe_buffers *b,
+                         const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
                          const float *x, int32_t n, float *out);
 
 #endif

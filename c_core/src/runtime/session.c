@@ -65,6 +65,9 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     s->moe_buf.ids = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "expert_ids", -1, "(n_batch, top_k) i32");
     s->moe_buf.gates = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "gates", -1, "(n_batch, top_k) f32");
     s->moe_buf.router_scratch = colibri_arena_carve(a, (E + (size_t)hp->n_groups) * f, ARENA_ROUTER, "router_scratch", -1, "(n_experts + n_groups) f32");
+    s->moe_buf.dropped_from = colibri_arena_carve(a, E * sizeof(int32_t), ARENA_ROUTER, "dropped_from", -1, "(n_experts) i32");
+    s->expert_dropped = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_layers, E, sizeof(uint64_t)), ARENA_ROUTER,
+                                            "expert_dropped", -1, "(n_layers, n_experts) u64");
     s->moe_buf.expert_start = colibri_arena_carve(a, (E + 1) * sizeof(int32_t), ARENA_ROUTER, "expert_start", -1, "(n_experts + 1) i32");
     s->moe_buf.pair_token = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "pair_token", -1, "(n_batch * top_k) i32");
     s->moe_buf.pair_gate = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "pair_gate", -1, "(n_batch * top_k) f32");
@@ -81,7 +84,7 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
 }
 
 /* Carves: the session struct, the record table, then carve_session's 23 + 2 per layer. */
-static int32_t record_count(const colibri_hparams *hp) { return 26 + 2 * hp->n_layers + (hp->kv_lora_rank ? 3 : 0); }
+static int32_t record_count(const colibri_hparams *hp) { return 28 + 2 * hp->n_layers + (hp->kv_lora_rank ? 3 : 0); }
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
                                       int32_t *n_ctx, int32_t *n_batch, colibri_error *err)
@@ -92,6 +95,12 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
     if (*n_ctx < 1 || *n_ctx > hp->max_position_embeddings)
         return colibri_fail(err, COLIBRI_E_ARG, "n_ctx = %d must lie in [1, %d] (max_position_embeddings)",
                             *n_ctx, hp->max_position_embeddings);
+    if (o && (o->routing < COLIBRI_ROUTING_MODEL || o->routing > COLIBRI_ROUTING_CAPACITY))
+        return colibri_fail(err, COLIBRI_E_ARG, "routing = %d: use a COLIBRI_ROUTING_* value", o->routing);
+    if (o && o->routing == COLIBRI_ROUTING_NOISY && !(o->routing_noise >= 0.0f && o->routing_noise < 1e30f))
+        return colibri_fail(err, COLIBRI_E_ARG, "routing_noise must be a finite number >= 0");
+    if (o && o->routing == COLIBRI_ROUTING_CAPACITY && !(o->capacity_factor > 0.0f && o->capacity_factor < 1e30f))
+        return colibri_fail(err, COLIBRI_E_ARG, "capacity_factor must be a finite number > 0");
     if (o && o->kernels != COLIBRI_KERNELS_AUTO && o->kernels != COLIBRI_KERNELS_REFERENCE)
         return colibri_fail(err, COLIBRI_E_ARG, "kernels = %d: use COLIBRI_KERNELS_AUTO or _REFERENCE", o->kernels);
     if (*n_batch < 1 || *n_batch > 4096)
@@ -245,6 +254,12 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->model = model;
     s->kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
                      ? colibri_kernels_reference() : colibri_kernels_best();
+    if (options) {
+        s->routing.mode = options->routing;
+        s->routing.noise = options->routing_noise;
+        s->routing.seed = options->routing_seed;
+        s->routing.capacity_factor = options->capacity_factor;
+    }
     s->moe.router = model->hp.router_kind == COLIBRI_ROUTER_SPARSEMIXER ? &colibri_router_sparsemixer : &colibri_router_topk;
     s->moe.expert = hp_expert(&model->hp);
     s->moe.aggregator = &colibri_aggregator_weighted;
@@ -464,7 +479,8 @@ static void count_expert_load(colibri_session *s, int32_t layer)
 {
     int32_t e, E = s->model->hp.n_experts;
     uint64_t *load = s->expert_load + (size_t)layer * E;
-    for (e = 0; e < E; e++) load[e] += (uint64_t)(s->moe_buf.expert_start[e + 1] - s->moe_buf.expert_start[e]);
+    const int32_t *end = s->routing.mode == COLIBRI_ROUTING_CAPACITY ? s->moe_buf.dropped_from : s->moe_buf.expert_start + 1;
+    for (e = 0; e < E; e++) load[e] += (uint64_t)(end[e] - s->moe_buf.expert_start[e]);
 }
 
 colibri_status colibri_expert_load(const colibri_session *s, uint64_t *counts)
@@ -480,6 +496,16 @@ void colibri_expert_load_clear(colibri_session *s)
 {
     const colibri_hparams *hp = &s->model->hp;
     memset(s->expert_load, 0, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
+    memset(s->expert_dropped, 0, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
+}
+
+colibri_status colibri_expert_dropped(const colibri_session *s, uint64_t *counts)
+{
+    const colibri_hparams *hp;
+    if (!s || !counts) return COLIBRI_E_ARG;
+    hp = &s->model->hp;
+    memcpy(counts, s->expert_dropped, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
+    return COLIBRI_OK;
 }
 
 /* out (dim) = the model's norm of x: RMSNorm, or LayerNorm with its bias */
@@ -520,7 +546,11 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
         for (t = 0; t < n; t++)
             norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_FFN_NORM], w[L_FFN_NORM_BIAS]);
         if (lw->moe) {
-            colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, s->xn, n, s->block_out);
+            s->routing.tokens = tokens;
+            s->routing.position = s->position;
+            s->routing.layer = l;
+            s->routing.dropped = s->expert_dropped + (size_t)l * hp->n_experts;
+            colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing, s->xn, n, s->block_out);
             count_expert_load(s, l);
         } else {
             colibri_swiglu(k, w[L_MLP_W1], w[L_MLP_W3], w[L_MLP_W2], d, hp->dense_intermediate_size, s->xn, n,

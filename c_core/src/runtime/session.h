@@ -39,6 +39,8 @@ struct colibri_session {
     float *rope_cos;            /* (n_ctx, head_dim / 2) */
     float *rope_sin;            /* (n_ctx, head_dim / 2) */
     colibri_moe_buffers moe_buf;
+    uint64_t *expert_dropped;   /* (n_layers, n_experts) capacity routing's dropped tokens */
+    colibri_routing routing;    /* the session's router choice (research routers are opt-in) */
     uint64_t *expert_load;      /* (n_layers, n_experts) tokens routed to each expert since the last clear */
     /* output */
     float *logits;              /* (vocab) the last position's logits */
@@ -46,6 +48,6 @@ struct colibri_session {
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 384   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 448   /* bytes reserved for the struct on every target (util.h) */
 
 #endif
