@@ -93,6 +93,13 @@ FAMILIES = {
                          "short_factor": [1.0 + 0.1 * i for i in range(8)],
                          "long_factor": [2.0 + 0.3 * i for i in range(8)],
                          "short_mscale": 1.2, "long_mscale": 1.35, "original_max_position_embeddings": 64})),
+    "llama4_text": ("Llama-4-Scout (its text model)", "expert input scaled by sigmoid(logit), shared expert, MoE every second layer, NoPE layers with temperature tuning, chunked attention (chunks of 8), weightless QK RMS-norm, Llama 3 RoPE scaling",
+                    "Llama4TextConfig", dict(
+        intermediate_size=48, intermediate_size_mlp=80, num_hidden_layers=6, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, interleave_moe_layer_step=2, no_rope_layer_interval=3, attention_chunk_size=8,
+        use_qk_norm=True, attn_temperature_tuning=True, floor_scale=6, attn_scale=0.5,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
     # YaRN (factor 32, not truncated: with head_dim 16 the ramp spans dimensions 2..4), sinks,
     # sliding/full layers, the clamps hit (limit lowered to 1.5)
     "gpt_oss": ('gpt-oss-20b (dequantized)', 'attention sinks, YaRN, sliding and full layers, router bias, clamped SwiGLU with biases, q/k/v/o biases', "GptOssConfig", dict(
@@ -103,7 +110,6 @@ N_TOKENS = 24
 N_GREEDY = 12
 # Out of scope here: families whose non-MoE layers are not attention; each needs its primitive.
 NOT_YET = {
-    "llama4": ("Llama-4-Scout", "the expert input scaled by its gate, chunked attention, NoPE layers with temperature tuning"),
     "lfm2_moe": ("LFM2-8B-A1B", "short-convolution blocks beside attention"),
     "jamba, granitemoehybrid, nemotron_h": ("Jamba, Granite-4.0-H, Nemotron-H", "Mamba (selective state space) layers"),
     "qwen3_next, qwen3_5_moe": ("Qwen3-Next", "Gated DeltaNet (linear attention) layers"),

@@ -81,6 +81,11 @@ typedef struct colibri_hparams {
     float rope_beta_fast, rope_beta_slow;   /* YaRN: the correction range, in rotations */
     float rope_attention_factor;        /* cos and sin are multiplied by it (YaRN's mscale; 1 otherwise) */
     float rope_short_mscale, rope_long_mscale;   /* LongRoPE: the factor within / beyond rope_original_max */
+    float rope_low_freq_factor, rope_high_freq_factor;   /* Llama 3: wavelengths between them blend */
+    int32_t attention_chunk;            /* "chunked" layers see only their chunk: keys C*floor(q/C) .. q */
+    float nope_temperature_floor;       /* layers without RoPE scale q by 1 + nope_temperature_scale *
+                                           log(1 + floor((pos + 1) / floor)); 0: no scaling */
+    float nope_temperature_scale;
     int32_t attention_sinks;            /* one learned logit per head joins each softmax (tensor attn.sinks) */
     /* Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0: head_dim is
      * nope_dim + rope_dim for queries and keys, values have v_head_dim, and the cache holds
@@ -110,6 +115,7 @@ typedef struct colibri_hparams {
     int32_t group_score;                /* COLIBRI_GROUP_*: how a group ranks */
     float normalize_eps;                /* added to the sum of the chosen weights when renormalising */
     float routed_scale;                 /* the chosen weights' final factor */
+    int32_t gate_on_input;              /* the weight scales the expert's input, not its output (Llama 4) */
 
     /* The experts' FFN. */
     int32_t expert_kind;                /* COLIBRI_EXPERT_*: SwiGLU, or gpt-oss's clamped SwiGLU */
@@ -118,11 +124,12 @@ typedef struct colibri_hparams {
     float swiglu_alpha;                 /* clamped SwiGLU: gate * sigmoid(alpha * gate) */
 } colibri_hparams;
 
-enum { COLIBRI_QK_NORM_NONE = 0, COLIBRI_QK_NORM_HEAD = 1, COLIBRI_QK_NORM_FULL = 2 };
+enum { COLIBRI_QK_NORM_NONE = 0, COLIBRI_QK_NORM_HEAD = 1, COLIBRI_QK_NORM_FULL = 2,
+       COLIBRI_QK_NORM_HEAD_PLAIN = 3 /* per head, no weight, only on the layers that rotate (Llama 4) */ };
 enum { COLIBRI_SCORE_SOFTMAX = 0, COLIBRI_SCORE_SIGMOID = 1, COLIBRI_SCORE_LOGITS = 2 };
-enum { COLIBRI_WEIGHTS_SCORES = 0, COLIBRI_WEIGHTS_SOFTMAX_SELECTED = 1 };
+enum { COLIBRI_WEIGHTS_SCORES = 0, COLIBRI_WEIGHTS_SOFTMAX_SELECTED = 1, COLIBRI_WEIGHTS_SIGMOID_SELECTED = 2 };
 enum { COLIBRI_GROUP_MAX = 0, COLIBRI_GROUP_TOP2_SUM = 1 };
-enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1, COLIBRI_ROPE_LONGROPE = 2 };
+enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1, COLIBRI_ROPE_LONGROPE = 2, COLIBRI_ROPE_LLAMA3 = 3 };
 enum { COLIBRI_NORM_RMS = 0, COLIBRI_NORM_LAYER = 1 };
 enum { COLIBRI_ROUTER_TOPK = 0, COLIBRI_ROUTER_SPARSEMIXER = 1 };
 enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };

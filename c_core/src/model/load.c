@@ -58,7 +58,7 @@ static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw,
     case L_BKV_A: return mla && hp->attention_bias;
     case L_BQ: case L_BK: case L_BV: return !mla && hp->attention_bias;
     case L_BO: return hp->attention_out_bias;
-    case L_Q_NORM: case L_K_NORM: return hp->qk_norm != COLIBRI_QK_NORM_NONE;
+    case L_Q_NORM: case L_K_NORM: return hp->qk_norm != COLIBRI_QK_NORM_NONE && hp->qk_norm != COLIBRI_QK_NORM_HEAD_PLAIN;
     case L_SINKS: return hp->attention_sinks;
     case L_ATTN_NORM_BIAS: case L_FFN_NORM_BIAS: return hp->norm_kind == COLIBRI_NORM_LAYER;
     case L_B1: case L_B3: case L_B2: return lw->moe && hp->expert_bias;
@@ -325,7 +325,8 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
     static const char *const formats[] = { "colibri", NULL };
     static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
                                                      "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe",
-                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", "phimoe", "glm4_moe_lite", NULL };
+                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", "phimoe", "glm4_moe_lite",
+                                                     "llama4_text", NULL };
     int32_t i = 0;
     int choice;
     colibri_status st;
@@ -372,20 +373,22 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
                                         "attention_out_bias", "qk_norm", "rope_dim", "rope_interleaved",
                                         "clip_qkv", "attention_scale", "embedding_multiplier",
                                         "residual_multiplier", "logits_divisor", "rope_scaling",
-                                        "attention_sinks", "latent_attention", "norm", "lm_head_bias", NULL };
+                                        "attention_sinks", "latent_attention", "norm", "lm_head_bias",
+                                        "attention_chunk", "position_layers", "nope_temperature", NULL };
+    static const char *const temperature_keys[] = { "floor_scale", "attn_scale", NULL };
     static const char *const norms[] = { "rms", "layer", NULL };
     static const char *const latent_keys[] = { "q_lora_rank", "kv_lora_rank", "v_head_dim", "norm_eps", NULL };
     static const char *const rope_keys[] = { "type", "factor", "original_max_position_embeddings", "beta_fast",
                                              "beta_slow", "truncate", "attention_factor", "short_mscale",
-                                             "long_mscale", NULL };
-    static const char *const rope_types[] = { "default", "yarn", "longrope", NULL };
-    static const char *const qk_norms[] = { "none", "head", "full", NULL };
+                                             "long_mscale", "low_freq_factor", "high_freq_factor", NULL };
+    static const char *const rope_types[] = { "default", "yarn", "longrope", "llama3", NULL };
+    static const char *const qk_norms[] = { "none", "head", "full", "head_plain", NULL };
     static const char *const routing_keys[] = { "type", "top_k", "normalize", "score", "weights", "logit_bias",
                                                 "selection_bias", "groups", "topk_groups", "group_score",
-                                                "normalize_eps", "scale", "jitter_eps", NULL };
+                                                "normalize_eps", "scale", "jitter_eps", "gate_on_input", NULL };
     static const char *const routing_types[] = { "topk_softmax", "topk", "sparsemixer", NULL };
     static const char *const scores[] = { "softmax", "sigmoid", "logits", NULL };
-    static const char *const weights[] = { "scores", "softmax_of_selected", NULL };
+    static const char *const weights[] = { "scores", "softmax_of_selected", "sigmoid_of_selected", NULL };
     static const char *const group_scores[] = { "max", "top2_sum", NULL };
     static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", "shared",
                                                "bias", "swiglu_limit", "swiglu_alpha", NULL };
@@ -438,6 +441,14 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_float(L, h, w, "logits_divisor", 0.0, 1e6, 1.0f, &hp->logits_divisor));
     TRY(opt_bool(L, h, w, "attention_sinks", &hp->attention_sinks));
     TRY(opt_choice(L, h, w, "norm", norms, &hp->norm_kind));
+    TRY(opt_int(L, h, w, "attention_chunk", 1, MAX_POSITIONS, 0, &hp->attention_chunk));
+    if (has_field(L, h, "nope_temperature")) {
+        int32_t nt = 0;
+        TRY(get_field(L, h, w, "nope_temperature", JSON_OBJECT, &nt));
+        TRY(check_keys(L, nt, "hparams.nope_temperature", temperature_keys));
+        TRY(get_float(L, nt, "hparams.nope_temperature", "floor_scale", 0.0, 1e12, &hp->nope_temperature_floor));
+        TRY(get_float(L, nt, "hparams.nope_temperature", "attn_scale", 0.0, 1e6, &hp->nope_temperature_scale));
+    }
     TRY(opt_bool(L, h, w, "lm_head_bias", &hp->lm_head_bias));
     if (has_field(L, h, "latent_attention")) {   /* MLA: head_dim = nope + rope dimensions, every head its own key */
         const char *where = "hparams.latent_attention";
@@ -466,6 +477,13 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
             TRY(opt_float(L, rs, where, "beta_slow", 0.0, 1e6, 1.0f, &hp->rope_beta_slow));
             hp->rope_truncate = 1;
             if (has_field(L, rs, "truncate")) TRY(get_bool(L, rs, where, "truncate", &hp->rope_truncate));
+        } else if (hp->rope_type == COLIBRI_ROPE_LLAMA3) {
+            TRY(get_float(L, rs, where, "factor", 0.0, 1e6, &hp->rope_factor));
+            TRY(get_int(L, rs, where, "original_max_position_embeddings", 1, MAX_POSITIONS, &hp->rope_original_max));
+            TRY(get_float(L, rs, where, "low_freq_factor", 0.0, 1e6, &hp->rope_low_freq_factor));
+            TRY(get_float(L, rs, where, "high_freq_factor", 0.0, 1e6, &hp->rope_high_freq_factor));
+            if (!(hp->rope_high_freq_factor > hp->rope_low_freq_factor))
+                return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: high_freq_factor must exceed low_freq_factor", where);
         } else if (hp->rope_type == COLIBRI_ROPE_LONGROPE) {   /* the per-frequency factors are tensor rope.factors */
             TRY(get_int(L, rs, where, "original_max_position_embeddings", 1, MAX_POSITIONS, &hp->rope_original_max));
             TRY(get_float(L, rs, where, "short_mscale", 0.0, 1e6, &hp->rope_short_mscale));
@@ -510,6 +528,7 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_float(L, r, "routing", "normalize_eps", -1.0, 1.0, 0.0f, &hp->normalize_eps));
     TRY(opt_float(L, r, "routing", "scale", 0.0, 1e6, 1.0f, &hp->routed_scale));
     TRY(opt_float(L, r, "routing", "jitter_eps", 0.0, 1e6, 0.01f, &hp->jitter_eps));
+    TRY(opt_bool(L, r, "routing", "gate_on_input", &hp->gate_on_input));
     if (hp->router_kind == COLIBRI_ROUTER_SPARSEMIXER && hp->top_k != 2)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d: the sparsemixer router chooses 2", hp->top_k);
     if (hp->n_experts % hp->n_groups != 0)
@@ -546,21 +565,42 @@ static colibri_status read_layer_choices(loader *L, int32_t h, const char *key, 
     return COLIBRI_OK;
 }
 
-/* hparams.mlp_layers ("moe" or "dense" per layer; absent: all MoE) and attention_layers
- * ("sliding" or "full"; absent: all sliding when sliding_window is set). */
+/* hparams.mlp_layers ("moe" or "dense" per layer; absent: all MoE), attention_layers
+ * ("sliding", "full" or "chunked"; absent: all sliding when sliding_window is set) and
+ * position_layers ("rope" or "nope"; absent: all rope). */
 static colibri_status read_layer_kinds(loader *L, int32_t root, colibri_model *m)
 {
-    int32_t h = json_object_get(L->text, L->tok, root, "hparams"), l, dense = 0;
+    static const char *const attention_kinds[] = { "full", "sliding", "chunked", NULL };
+    int32_t h = json_object_get(L->text, L->tok, root, "hparams"), l, dense = 0, a = 0, item;
     colibri_status st;
-    for (l = 0; l < m->hp.n_layers; l++) { m->layers[l].moe = 1; m->layers[l].window = 1; }
+    for (l = 0; l < m->hp.n_layers; l++) {
+        m->layers[l].moe = 1;
+        m->layers[l].window = m->hp.sliding_window;
+        m->layers[l].rope = 1;
+    }
     st = read_layer_choices(L, h, "mlp_layers", "moe", "dense", m, offsetof(colibri_layer_weights, moe));
     if (st) return st;
-    st = read_layer_choices(L, h, "attention_layers", "sliding", "full", m, offsetof(colibri_layer_weights, window));
+    st = read_layer_choices(L, h, "position_layers", "rope", "nope", m, offsetof(colibri_layer_weights, rope));
     if (st) return st;
-    for (l = 0; l < m->hp.n_layers; l++) {
-        dense += !m->layers[l].moe;
-        m->layers[l].window = m->layers[l].window ? m->hp.sliding_window : 0;
+    if (has_field(L, h, "attention_layers")) {
+        st = get_field(L, h, "hparams", "attention_layers", JSON_ARRAY, &a);
+        if (st) return st;
+        if ((int32_t)L->tok[a].n_children != m->hp.n_layers)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.attention_layers has %u entries for %d layers",
+                                L->tok[a].n_children, m->hp.n_layers);
+        for (l = 0, item = a + 1; l < m->hp.n_layers; l++, item += (int32_t)L->tok[item].subtree) {
+            int kind = -1, k;
+            for (k = 0; attention_kinds[k]; k++)
+                if (L->tok[item].type == JSON_STRING && json_string_equals(L->text, &L->tok[item], attention_kinds[k])) kind = k;
+            if (kind < 0)
+                return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.attention_layers[%d] must be \"full\", \"sliding\" or \"chunked\"", l);
+            if (kind == 2 && !m->hp.attention_chunk)
+                return colibri_fail(L->err, COLIBRI_E_MISSING, "hparams.attention_chunk is missing (layer %d is chunked)", l);
+            m->layers[l].window = kind == 1 ? m->hp.sliding_window : 0;
+            m->layers[l].chunk = kind == 2 ? m->hp.attention_chunk : 0;
+        }
     }
+    for (l = 0; l < m->hp.n_layers; l++) dense += !m->layers[l].moe;
     if (dense && !m->hp.dense_intermediate_size)
         return colibri_fail(L->err, COLIBRI_E_MISSING, "hparams.dense_intermediate_size is missing (%d dense layers)", dense);
     return COLIBRI_OK;

@@ -38,6 +38,8 @@ typedef struct colibri_layer_weights {
     colibri_weight w[L_KINDS];  /* data NULL: the layer has no such tensor */
     int32_t moe;                /* the MLP is the MoE block (else dense) */
     int32_t window;             /* attention sees this many positions, the query's included; 0: all */
+    int32_t chunk;              /* or only the positions of the query's chunk of this size; 0: no chunks */
+    int32_t rope;               /* the layer rotates q and k (else NoPE) */
 } colibri_layer_weights;
 #define COLIBRI_LAYER_SLOT 640     /* bytes per entry on every target (util.h) */
 
@@ -76,7 +78,7 @@ struct colibri_model {
     void (*release)(colibri_model *model);
     void *platform;
 };
-#define COLIBRI_MODEL_SLOT 448
+#define COLIBRI_MODEL_SLOT 512
 
 size_t colibri_dtype_size(colibri_dtype dtype);
 const char *colibri_dtype_name(colibri_dtype dtype);

@@ -107,6 +107,12 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
         if (m == 0) continue;
         for (i = 0; i < m; i++)
             memcpy(b->xe + (size_t)i * d, x + (size_t)b->pair_token[first + i] * d, (size_t)d * sizeof(float));
+        if (hp->gate_on_input) {   /* Llama 4: the weight scales what the expert reads; its output adds as is */
+            for (i = 0; i < m; i++) {
+                for (j = 0; j < d; j++) b->xe[(size_t)i * d + j] *= b->pair_gate[first + i];
+                b->pair_gate[first + i] = 1.0f;
+            }
+        }
         moe->expert->forward(k, hp, lw, e, b->xe, m, b->h1, b->h3, b->ye);
         moe->aggregator->combine(out, b->ye, b->pair_token + first, b->pair_gate + first, m, d);
     }

@@ -70,7 +70,9 @@ static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *l
         for (j = 0; j < K; j++) id[j] = best_untaken(choice, E, id, j);
 
         /* weigh: the scores again (without the selection bias), or a softmax over the chosen logits */
-        if (hp->router_weights == COLIBRI_WEIGHTS_SOFTMAX_SELECTED) {
+        if (hp->router_weights == COLIBRI_WEIGHTS_SIGMOID_SELECTED) {
+            for (j = 0; j < K; j++) w[j] = sigmoidf(lt[id[j]]);
+        } else if (hp->router_weights == COLIBRI_WEIGHTS_SOFTMAX_SELECTED) {
             float top = lt[id[0]], total = 0.0f;
             for (j = 1; j < K; j++) if (lt[id[j]] > top) top = lt[id[j]];
             for (j = 0; j < K; j++) { w[j] = colibri_expf(lt[id[j]] - top); total += w[j]; }

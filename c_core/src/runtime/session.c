@@ -191,6 +191,17 @@ static void fill_rope_tables(colibri_session *s)
         float inv_freq = 1.0f / pos_freq;
         if (hp->rope_type == COLIBRI_ROPE_LONGROPE)   /* transformers divides by the short factors at every length */
             inv_freq = 1.0f / (colibri_load_f32(s->model->rope_factors.data, s->model->rope_factors.dtype, (size_t)j) * pos_freq);
+        if (hp->rope_type == COLIBRI_ROPE_LLAMA3) {   /* long wavelengths slowed by factor, a blend between */
+            float wavelen = 6.2831855f / inv_freq, orig = (float)hp->rope_original_max;
+            float low_wavelen = (float)((double)hp->rope_original_max / hp->rope_low_freq_factor);
+            float high_wavelen = (float)((double)hp->rope_original_max / hp->rope_high_freq_factor);
+            float slowed = wavelen > low_wavelen ? inv_freq / hp->rope_factor : inv_freq;
+            float smooth = (orig / wavelen - hp->rope_low_freq_factor) /
+                           (float)((double)hp->rope_high_freq_factor - hp->rope_low_freq_factor);
+            if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen))
+                slowed = (1.0f - smooth) * slowed / hp->rope_factor + smooth * slowed;
+            inv_freq = slowed;
+        }
         if (hp->rope_type == COLIBRI_ROPE_YARN) {
             float ramp = ((float)j - (float)low) / (float)(high - low);
             float extrapolation = 1.0f - (ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp);
@@ -316,6 +327,20 @@ static void clamp(float *x, size_t n, float limit)
     for (i = 0; i < n; i++) x[i] = x[i] > limit ? limit : x[i] < -limit ? -limit : x[i];
 }
 
+/* rows (n_rows, width) <- each row times 1/sqrt(mean(row^2) + eps): RMSNorm with no weight */
+static void rms_plain(float *rows, size_t n_rows, int32_t width, float eps)
+{
+    size_t r;
+    int32_t i;
+    for (r = 0; r < n_rows; r++) {
+        float *x = rows + r * width, scale;
+        double ss = 0.0;
+        for (i = 0; i < width; i++) ss += (double)x[i] * x[i];
+        scale = 1.0f / sqrtf((float)(ss / width) + eps);
+        for (i = 0; i < width; i++) x[i] *= scale;
+    }
+}
+
 /* QK-norm of rows (n, n_heads * head_dim) in place: RMSNorm per head or over the whole row. */
 static void qk_norm(const colibri_session *s, float *rows, colibri_weight w, int32_t n, int32_t n_heads)
 {
@@ -406,7 +431,8 @@ static void softmax_with_sink(float *x, int32_t n, float sink)
 static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
 {
     const colibri_hparams *hp = &s->model->hp;
-    const colibri_weight *w = s->model->layers[layer].w;
+    const colibri_layer_weights *lw = &s->model->layers[layer];
+    const colibri_weight *w = lw->w;
     const colibri_kernels *k = s->kernels;
     int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hp->rope_dim / 2;
     int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd, group = H / hp->n_kv_heads;
@@ -423,25 +449,37 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
         add_bias(k_rows, w[L_BK], n, kv_dim);
         add_bias(v_rows, w[L_BV], n, kv_dim);
     }
-    if (hp->qk_norm != COLIBRI_QK_NORM_NONE) {
+    if (hp->qk_norm != COLIBRI_QK_NORM_NONE && hp->qk_norm != COLIBRI_QK_NORM_HEAD_PLAIN) {
         qk_norm(s, s->q, w[L_Q_NORM], n, H);
         qk_norm(s, k_rows, w[L_K_NORM], n, hp->n_kv_heads);
+    }
+    if (hp->qk_norm == COLIBRI_QK_NORM_HEAD_PLAIN && lw->rope) {   /* rotation keeps a head's norm: order is free */
+        rms_plain(s->q, (size_t)n * H, hd, hp->rms_norm_eps);
+        rms_plain(k_rows, (size_t)n * hp->n_kv_heads, hd, hp->rms_norm_eps);
     }
     if (hp->clip_qkv > 0.0f) {
         clamp(s->q, (size_t)n * q_dim, hp->clip_qkv);
         clamp(k_rows, (size_t)n * kv_dim, hp->clip_qkv);
         clamp(v_rows, (size_t)n * kv_dim, hp->clip_qkv);
     }
-    for (t = 0; t < n; t++) {
+    for (t = 0; t < n && lw->rope; t++) {
         const float *c = s->rope_cos + (size_t)(pos0 + t) * half, *sn = s->rope_sin + (size_t)(pos0 + t) * half;
         colibri_rope(s->q + (size_t)t * q_dim, H, hd, hp->rope_dim, hp->rope_interleaved, c, sn);
         colibri_rope(k_rows + (size_t)t * kv_dim, hp->n_kv_heads, hd, hp->rope_dim, hp->rope_interleaved, c, sn);
     }
+    if (!lw->rope && hp->nope_temperature_floor > 0.0f) {   /* Llama 4: sharper attention far into the context */
+        for (t = 0; t < n; t++) {
+            float steps = (float)floor((double)((float)(pos0 + t) + 1.0f) / hp->nope_temperature_floor);
+            float scale = (float)colibri_log(1.0 + steps) * hp->nope_temperature_scale + 1.0f;
+            for (i = 0; i < q_dim; i++) s->q[(size_t)t * q_dim + i] *= scale;
+        }
+    }
 
     for (t = 0; t < n; t++) {
         int32_t pos = pos0 + t;
-        int32_t window = s->model->layers[layer].window;
+        int32_t window = lw->window;
         int32_t first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        if (lw->chunk) first = pos / lw->chunk * lw->chunk;
         for (h = 0; h < H; h++) {
             const float *qh = s->q + (size_t)t * q_dim + (size_t)h * hd;
             size_t kv_off = (size_t)(h / group) * hd;

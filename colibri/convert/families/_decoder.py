@@ -33,7 +33,7 @@ def plan(desc, mlp, attention=None):
                         direct(dst + "attn.bv", (kv_dim,), att + "v_proj.bias")]
         if hp.get("attention_out_bias"):
             entries.append(direct(dst + "attn.bo", (D,), att + "o_proj.bias"))
-        if qk_norm != "none":
+        if qk_norm in ("head", "full"):   # "head_plain" has no weights
             entries += [direct(dst + "attn.q_norm", (hd if qk_norm == "head" else q_dim,), att + "q_norm.weight"),
                         direct(dst + "attn.k_norm", (hd if qk_norm == "head" else kv_dim,), att + "k_norm.weight")]
         entries.append(direct(dst + "ffn_norm", (D,), src + "post_attention_layernorm.weight"))
