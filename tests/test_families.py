@@ -100,6 +100,13 @@ FAMILIES = {
         use_qk_norm=True, attn_temperature_tuning=True, floor_scale=6, attn_scale=0.5,
         rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "lfm2_moe": ("LFM2-8B-A1B", "short-convolution layers (kernel 3, biases) beside attention with per-head QK-norm, sigmoid router with selection bias, renormalise, scale 1.7, two dense layers, tied embeddings",
+                 "Lfm2MoeConfig", dict(
+        intermediate_size=80, moe_intermediate_size=40, num_hidden_layers=6,
+        layer_types=["conv", "full_attention", "conv", "conv", "full_attention", "conv"], num_dense_layers=2,
+        conv_L_cache=3, conv_bias=True, num_experts=6, num_experts_per_tok=3, use_expert_bias=True,
+        routed_scaling_factor=1.7, norm_topk_prob=True, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4})),
     # YaRN (factor 32, not truncated: with head_dim 16 the ramp spans dimensions 2..4), sinks,
     # sliding/full layers, the clamps hit (limit lowered to 1.5)
     "gpt_oss": ('gpt-oss-20b (dequantized)', 'attention sinks, YaRN, sliding and full layers, router bias, clamped SwiGLU with biases, q/k/v/o biases', "GptOssConfig", dict(
@@ -110,7 +117,6 @@ N_TOKENS = 24
 N_GREEDY = 12
 # Out of scope here: families whose non-MoE layers are not attention; each needs its primitive.
 NOT_YET = {
-    "lfm2_moe": ("LFM2-8B-A1B", "short-convolution blocks beside attention"),
     "jamba, granitemoehybrid, nemotron_h": ("Jamba, Granite-4.0-H, Nemotron-H", "Mamba (selective state space) layers"),
     "qwen3_next, qwen3_5_moe": ("Qwen3-Next", "Gated DeltaNet (linear attention) layers"),
     "minimax": ("MiniMax-Text-01", "lightning (linear) attention layers"),
@@ -156,7 +162,7 @@ def build(family, seed=0):
                 w = rng.standard_normal(size=p.shape) * (0.5 if name.endswith("bias") else 0.1)
             p.copy_(torch.from_numpy(w.astype(np.float32)))
         for name, b in model.named_buffers():   # the experts' selection bias is a buffer, zero at init
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith(("e_score_correction_bias", "expert_bias")):
                 b.copy_(torch.from_numpy((rng.standard_normal(size=b.shape) * 0.1).astype(np.float32)))
     return model
 

@@ -82,6 +82,8 @@ typedef struct colibri_hparams {
     float rope_attention_factor;        /* cos and sin are multiplied by it (YaRN's mscale; 1 otherwise) */
     float rope_short_mscale, rope_long_mscale;   /* LongRoPE: the factor within / beyond rope_original_max */
     float rope_low_freq_factor, rope_high_freq_factor;   /* Llama 3: wavelengths between them blend */
+    int32_t conv_kernel;                /* short-convolution layers: kernel length (their cache holds B*x per position) */
+    int32_t conv_bias;                  /* biases on the convolution's projections and kernel */
     int32_t attention_chunk;            /* "chunked" layers see only their chunk: keys C*floor(q/C) .. q */
     float nope_temperature_floor;       /* layers without RoPE scale q by 1 + nope_temperature_scale *
                                            log(1 + floor((pos + 1) / floor)); 0: no scaling */

@@ -40,7 +40,8 @@ const char *colibri_dtype_name(colibri_dtype dtype)
 static const char *const layer_tensor_names[L_KINDS] = {
     "attn_norm", "attn_norm_bias", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "attn.bq", "attn.bk", "attn.bv", "attn.bo",
     "attn.q_norm", "attn.k_norm", "attn.sinks", "attn.wq_a", "attn.bq_a", "attn.q_a_norm", "attn.wq_b",
-    "attn.wkv_a", "attn.bkv_a", "attn.kv_a_norm", "attn.wkv_b", "ffn_norm", "ffn_norm_bias", "router", "router.bias", "router.selection_bias",
+    "attn.wkv_a", "attn.bkv_a", "attn.kv_a_norm", "attn.wkv_b", "conv.in_proj", "conv.in_bias",
+    "conv.kernel", "conv.kernel_bias", "conv.out_proj", "conv.out_bias", "ffn_norm", "ffn_norm_bias", "router", "router.bias", "router.selection_bias",
     "experts.w1", "experts.w3", "experts.w2", "experts.b1", "experts.b3", "experts.b2", "shared.w1", "shared.w3", "shared.w2", "shared.gate",
     "mlp.w1", "mlp.w3", "mlp.w2",
 };
@@ -49,6 +50,9 @@ static const char *const layer_tensor_names[L_KINDS] = {
 static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw, int kind)
 {
     int mla = hp->kv_lora_rank > 0;
+    if (kind >= L_CONV_IN && kind <= L_CONV_OUT_BIAS)
+        return lw->conv && (hp->conv_bias || (kind != L_CONV_IN_BIAS && kind != L_CONV_KERNEL_BIAS && kind != L_CONV_OUT_BIAS));
+    if (lw->conv && kind >= L_WQ && kind <= L_WKV_B) return 0;   /* no attention in a convolution layer */
     switch (kind) {
     case L_WQ: return !mla || hp->q_lora_rank == 0;
     case L_WK: case L_WV: return !mla;
@@ -149,6 +153,11 @@ static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape
     case L_BKV_A: shape[0] = (int64_t)hp->kv_lora_rank + hp->rope_dim; return 1;
     case L_KV_A_NORM: shape[0] = hp->kv_lora_rank; return 1;
     case L_WKV_B: shape[0] = (int64_t)hp->n_heads * (hp->nope_dim + hp->v_head_dim); shape[1] = hp->kv_lora_rank; return 2;
+    case L_CONV_IN: shape[0] = 3 * d; shape[1] = d; return 2;
+    case L_CONV_IN_BIAS: shape[0] = 3 * d; return 1;
+    case L_CONV_KERNEL: shape[0] = d; shape[1] = hp->conv_kernel; return 2;
+    case L_CONV_OUT: shape[0] = d; shape[1] = d; return 2;
+    case L_CONV_KERNEL_BIAS: case L_CONV_OUT_BIAS: shape[0] = d; return 1;
     case L_BQ: shape[0] = q; return 1;
     case L_BK: case L_BV: shape[0] = kv; return 1;
     case L_Q_NORM: shape[0] = full ? q : hd; return 1;
@@ -326,7 +335,7 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
     static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
                                                      "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe",
                                                      "gpt_oss", "deepseek_v2", "deepseek_v3", "phimoe", "glm4_moe_lite",
-                                                     "llama4_text", NULL };
+                                                     "llama4_text", "lfm2_moe", NULL };
     int32_t i = 0;
     int choice;
     colibri_status st;
@@ -374,7 +383,8 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
                                         "clip_qkv", "attention_scale", "embedding_multiplier",
                                         "residual_multiplier", "logits_divisor", "rope_scaling",
                                         "attention_sinks", "latent_attention", "norm", "lm_head_bias",
-                                        "attention_chunk", "position_layers", "nope_temperature", NULL };
+                                        "attention_chunk", "position_layers", "nope_temperature",
+                                        "operator_layers", "conv_kernel", "conv_bias", NULL };
     static const char *const temperature_keys[] = { "floor_scale", "attn_scale", NULL };
     static const char *const norms[] = { "rms", "layer", NULL };
     static const char *const latent_keys[] = { "q_lora_rank", "kv_lora_rank", "v_head_dim", "norm_eps", NULL };
@@ -442,6 +452,8 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_bool(L, h, w, "attention_sinks", &hp->attention_sinks));
     TRY(opt_choice(L, h, w, "norm", norms, &hp->norm_kind));
     TRY(opt_int(L, h, w, "attention_chunk", 1, MAX_POSITIONS, 0, &hp->attention_chunk));
+    TRY(opt_int(L, h, w, "conv_kernel", 1, 64, 0, &hp->conv_kernel));
+    TRY(opt_bool(L, h, w, "conv_bias", &hp->conv_bias));
     if (has_field(L, h, "nope_temperature")) {
         int32_t nt = 0;
         TRY(get_field(L, h, w, "nope_temperature", JSON_OBJECT, &nt));
@@ -582,6 +594,11 @@ static colibri_status read_layer_kinds(loader *L, int32_t root, colibri_model *m
     if (st) return st;
     st = read_layer_choices(L, h, "position_layers", "rope", "nope", m, offsetof(colibri_layer_weights, rope));
     if (st) return st;
+    st = read_layer_choices(L, h, "operator_layers", "conv", "attention", m, offsetof(colibri_layer_weights, conv));
+    if (st) return st;
+    for (l = 0; l < m->hp.n_layers; l++)
+        if (m->layers[l].conv && !m->hp.conv_kernel)
+            return colibri_fail(L->err, COLIBRI_E_MISSING, "hparams.conv_kernel is missing (layer %d is a convolution)", l);
     if (has_field(L, h, "attention_layers")) {
         st = get_field(L, h, "hparams", "attention_layers", JSON_ARRAY, &a);
         if (st) return st;

@@ -23,6 +23,10 @@ enum {
     L_WQ_A, L_BQ_A, L_Q_A_NORM, L_WQ_B,     /* (q_lora, dim), (q_lora), (q_lora), (heads * head_dim, q_lora) */
     L_WKV_A, L_BKV_A, L_KV_A_NORM,          /* (kv_lora + rope_dim, dim), (kv_lora + rope_dim), (kv_lora) */
     L_WKV_B,                                /* (heads * (nope_dim + v_head_dim), kv_lora) */
+    /* short-convolution layers (LFM2) instead of attention */
+    L_CONV_IN, L_CONV_IN_BIAS,              /* (3 * dim, dim), (3 * dim): B, C and x */
+    L_CONV_KERNEL, L_CONV_KERNEL_BIAS,      /* (dim, conv_kernel), (dim): depthwise, causal */
+    L_CONV_OUT, L_CONV_OUT_BIAS,            /* (dim, dim), (dim) */
     L_FFN_NORM, L_FFN_NORM_BIAS,            /* (dim), (dim) with LayerNorm */
     L_ROUTER, L_ROUTER_BIAS,                /* (n_experts, dim), (n_experts) added to the logits */
     L_SELECTION_BIAS,                       /* (n_experts): added to the scores for choosing only */
@@ -40,8 +44,9 @@ typedef struct colibri_layer_weights {
     int32_t window;             /* attention sees this many positions, the query's included; 0: all */
     int32_t chunk;              /* or only the positions of the query's chunk of this size; 0: no chunks */
     int32_t rope;               /* the layer rotates q and k (else NoPE) */
+    int32_t conv;               /* a short-convolution block instead of attention */
 } colibri_layer_weights;
-#define COLIBRI_LAYER_SLOT 640     /* bytes per entry on every target (util.h) */
+#define COLIBRI_LAYER_SLOT 752     /* bytes per entry on every target (util.h) */
 
 typedef struct colibri_tensor {
     char name[COLIBRI_MAX_NAME];

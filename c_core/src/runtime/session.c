@@ -21,9 +21,18 @@ COLIBRI_SLOT_CHECK(colibri_arena_record, COLIBRI_RECORD_SLOT);
 
 /* Carves every buffer of a session from `a`.  Run once measuring (a->base == NULL) and
  * once for real: the same sequence, so the plan is exact. */
-static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hparams *hp,
+static int has_conv(const colibri_model *m)
+{
+    int32_t l;
+    for (l = 0; l < m->hp.n_layers; l++)
+        if (m->layers[l].conv) return 1;
+    return 0;
+}
+
+static void carve_session(colibri_session *s, colibri_arena *a, const colibri_model *m,
                           int32_t n_ctx, int32_t n_batch)
 {
+    const colibri_hparams *hp = &m->hp;
     size_t B = (size_t)n_batch, C = (size_t)n_ctx, D = (size_t)hp->hidden_size;
     size_t Q = (size_t)hp->n_heads * hp->head_dim, KV = (size_t)hp->n_kv_heads * hp->head_dim;
     size_t E = (size_t)hp->n_experts, K = (size_t)hp->top_k, F = (size_t)hp->intermediate_size;
@@ -35,12 +44,15 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     if ((size_t)hp->shared_intermediate_size > FF) FF = (size_t)hp->shared_intermediate_size;
     if ((size_t)hp->dense_intermediate_size > FF) FF = (size_t)hp->dense_intermediate_size;
     if (R && (size_t)hp->n_heads * hp->v_head_dim > O) O = (size_t)hp->n_heads * hp->v_head_dim;
+    if (has_conv(m) && D > O) O = D;   /* the convolution's gated output */
 
     s->x = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "x", -1, "(n_batch, dim) f32");
     s->xn = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "x_normed", -1, "(n_batch, dim) f32");
     s->q = colibri_arena_carve(a, colibri_arena_bytes(a, B, Q, f), ARENA_ACTIVATIONS, "q", -1, "(n_batch, n_heads * head_dim) f32");
     s->attn = colibri_arena_carve(a, colibri_arena_bytes(a, B, O, f), ARENA_ACTIVATIONS, "attention_out", -1, "(n_batch, n_heads * value dim) f32");
     s->scores = colibri_arena_carve(a, colibri_arena_bytes(a, C, 1, f), ARENA_ACTIVATIONS, "attention_scores", -1, "(n_ctx) f32");
+    if (has_conv(m))
+        s->conv_in = colibri_arena_carve(a, colibri_arena_bytes(a, B, 3 * D, f), ARENA_ACTIVATIONS, "conv_in", -1, "(n_batch, 3 * dim) f32");
     if (R) {
         size_t in = (size_t)hp->q_lora_rank > R + DR ? (size_t)hp->q_lora_rank : R + DR;
         s->latent_in = colibri_arena_carve(a, colibri_arena_bytes(a, B, in, f), ARENA_ACTIVATIONS, "latent_in", -1, "(n_batch, max(q_lora, kv_lora + rope_dim)) f32");
@@ -52,9 +64,11 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
     s->k_cache = colibri_arena_carve(a, 2 * (size_t)hp->n_layers * COLIBRI_POINTER_SLOT, ARENA_KV_CACHE, "layer_table", -1, "(2, n_layers) pointers");
     s->v_cache = s->k_cache ? s->k_cache + hp->n_layers : NULL;
     for (l = 0; l < hp->n_layers; l++) {
-        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, KW, f), ARENA_KV_CACHE, R ? "latent" : "k", l,
-                                       R ? "(n_ctx, kv_lora) f32" : "(n_ctx, n_kv_heads * head_dim) f32");
-        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, VW, f), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
+        int conv = m->layers[l].conv;   /* a convolution layer caches B*x per position, and no value */
+        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, conv ? D : KW, f), ARENA_KV_CACHE,
+                                       conv ? "conv_input" : R ? "latent" : "k", l,
+                                       conv ? "(n_ctx, dim) f32" : R ? "(n_ctx, kv_lora) f32" : "(n_ctx, n_kv_heads * head_dim) f32");
+        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, conv ? 0 : VW, f), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
                                        R ? "(n_ctx, rope_dim) f32" : "(n_ctx, n_kv_heads * head_dim) f32");
         if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
     }
@@ -84,7 +98,10 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_hp
 }
 
 /* Carves: the session struct, the record table, then carve_session's 23 + 2 per layer. */
-static int32_t record_count(const colibri_hparams *hp) { return 28 + 2 * hp->n_layers + (hp->kv_lora_rank ? 3 : 0); }
+static int32_t record_count(const colibri_model *m)
+{
+    return 28 + 2 * m->hp.n_layers + (m->hp.kv_lora_rank ? 3 : 0) + has_conv(m);
+}
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
                                       int32_t *n_ctx, int32_t *n_batch, colibri_error *err)
@@ -114,7 +131,7 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
 static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t n_ctx, int32_t n_batch,
                                colibri_session *scratch)
 {
-    int32_t n_records = record_count(&m->hp);
+    int32_t n_records = record_count(m);
     colibri_session *s = colibri_arena_carve(a, COLIBRI_SESSION_SLOT, ARENA_SESSION, "session", -1, "struct");
     colibri_arena_record *records = colibri_arena_carve(a, (size_t)n_records * COLIBRI_RECORD_SLOT,
                                                         ARENA_SESSION, "memory_records", -1, "(records) struct");
@@ -133,7 +150,7 @@ static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t
         s = scratch;
     }
     memset(s, 0, sizeof *s);
-    carve_session(s, a, &m->hp, n_ctx, n_batch);
+    carve_session(s, a, m, n_ctx, n_batch);
     return s == scratch ? NULL : s;
 }
 
@@ -416,6 +433,40 @@ static void attention_latent(colibri_session *s, int32_t layer, int32_t pos0, in
     if (hp->attention_out_bias) add_bias(s->block_out, w[L_BO], n, d);
 }
 
+/* block_out (n, dim) for LFM2's short convolution: B, C, x = in_proj(x_normed); u = B * x, cached per
+ * position; y = C * (causal depthwise convolution of u over the last conv_kernel positions);
+ * out_proj(y).  Positions before the first are zeros. */
+static void conv_block(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    const colibri_weight *w = s->model->layers[layer].w;
+    const colibri_kernels *k = s->kernels;
+    int32_t d = hp->hidden_size, K = hp->conv_kernel, t, c, j;
+    float *u = s->k_cache[layer];   /* (n_ctx, d) */
+    float *y = s->attn;             /* (n, d) */
+
+    k->matmul(s->conv_in, s->xn, w[L_CONV_IN].data, w[L_CONV_IN].dtype, n, d, 3 * d);   /* (n, 3d): B | C | x */
+    if (hp->conv_bias) add_bias(s->conv_in, w[L_CONV_IN_BIAS], n, 3 * d);
+    for (t = 0; t < n; t++) {
+        const float *bcx = s->conv_in + (size_t)t * 3 * d;
+        for (c = 0; c < d; c++) u[(size_t)(pos0 + t) * d + c] = bcx[c] * bcx[2 * d + c];
+    }
+    for (t = 0; t < n; t++) {
+        int32_t pos = pos0 + t;
+        const float *gate = s->conv_in + (size_t)t * 3 * d + d;
+        for (c = 0; c < d; c++) {
+            float acc = hp->conv_bias ? colibri_load_f32(w[L_CONV_KERNEL_BIAS].data, w[L_CONV_KERNEL_BIAS].dtype, (size_t)c) : 0.0f;
+            for (j = 0; j < K; j++) {
+                int32_t p = pos - (K - 1) + j;
+                if (p >= 0) acc += colibri_load_f32(w[L_CONV_KERNEL].data, w[L_CONV_KERNEL].dtype, (size_t)c * K + j) * u[(size_t)p * d + c];
+            }
+            y[(size_t)t * d + c] = gate[c] * acc;
+        }
+    }
+    k->matmul(s->block_out, y, w[L_CONV_OUT].data, w[L_CONV_OUT].dtype, n, d, d);
+    if (hp->conv_bias) add_bias(s->block_out, w[L_CONV_OUT_BIAS], n, d);
+}
+
 /* x (n) <- the first n of softmax(x, sink): the sink takes its share of the probability and is dropped */
 static void softmax_with_sink(float *x, int32_t n, float sink)
 {
@@ -577,7 +628,8 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
         const colibri_weight *w = lw->w;
         for (t = 0; t < n; t++)
             norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_ATTN_NORM], w[L_ATTN_NORM_BIAS]);
-        if (hp->kv_lora_rank) attention_latent(s, l, s->position, n);
+        if (lw->conv) conv_block(s, l, s->position, n);
+        else if (hp->kv_lora_rank) attention_latent(s, l, s->position, n);
         else attention(s, l, s->position, n);
         add_into(s->x, s->block_out, nd, hp->residual_multiplier);
 

@@ -27,6 +27,7 @@ struct colibri_session {
     float *q;                   /* (n_batch, n_heads * head_dim) */
     float *attn;                /* (n_batch, n_heads * head_dim) attention output */
     float *scores;              /* (n_ctx) one head's attention weights */
+    float *conv_in;             /* (n_batch, 3 * dim) short-convolution layers' B, C, x */
     /* latent attention only (hparams.kv_lora_rank > 0) */
     float *latent_in;           /* (n_batch, max(q_lora_rank, kv_lora_rank + rope_dim)) projections before their norms */
     float *q_latent;            /* (kv_lora_rank) one head's query, folded into the latent space */

@@ -5,7 +5,7 @@ A family module has:
   plan(description, checkpoint) -> list of layout.Entry, in the file order FORMAT.md lists
 """
 
-from . import deepseek, ernie, gpt_oss, granite, llama4, mixtral, phimoe, qwen_moe
+from . import deepseek, ernie, gpt_oss, granite, lfm2, llama4, mixtral, phimoe, qwen_moe
 
 FAMILIES = {  # HF config "model_type" -> family module
     "mixtral": mixtral,
@@ -23,4 +23,5 @@ FAMILIES = {  # HF config "model_type" -> family module
     "gpt_oss": gpt_oss,
     "phimoe": phimoe,
     "llama4_text": llama4,
+    "lfm2_moe": lfm2,
 }

@@ -4,9 +4,12 @@ QK-norm as the hparams say) and an MLP the family supplies, the final norm and l
 from ..layout import dim1_slice, direct, stacked
 
 
-def plan(desc, mlp, attention=None):
+def plan(desc, mlp, attention=None, names=None):
     """`mlp(layer, source prefix, colibri prefix)` -> the entries of that layer's MLP;
-    `attention` likewise for the attention projections (default: q, k, v, o and their options)."""
+    `attention` likewise for the attention projections (default: q, k, v, o and their options).
+    `names` renames the norms: {"attn_norm": ..., "ffn_norm": ..., "norm": full name}."""
+    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "norm": "model.norm.weight",
+             **(names or {})}
     hp = desc["hparams"]
     V, D, hd = hp["vocab_size"], hp["hidden_size"], hp["head_dim"]
     q_dim, kv_dim = hp["num_heads"] * hd, hp["num_kv_heads"] * hd
@@ -15,10 +18,10 @@ def plan(desc, mlp, attention=None):
     for i in range(hp["num_layers"]):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         att = src + "self_attn."
-        entries.append(direct(dst + "attn_norm", (D,), src + "input_layernorm.weight"))
+        entries.append(direct(dst + "attn_norm", (D,), src + names["attn_norm"] + ".weight"))
         if attention:
             entries += attention(i, src, dst)
-            entries.append(direct(dst + "ffn_norm", (D,), src + "post_attention_layernorm.weight"))
+            entries.append(direct(dst + "ffn_norm", (D,), src + names["ffn_norm"] + ".weight"))
             entries += mlp(i, src, dst)
             continue
         entries += [
@@ -36,9 +39,9 @@ def plan(desc, mlp, attention=None):
         if qk_norm in ("head", "full"):   # "head_plain" has no weights
             entries += [direct(dst + "attn.q_norm", (hd if qk_norm == "head" else q_dim,), att + "q_norm.weight"),
                         direct(dst + "attn.k_norm", (hd if qk_norm == "head" else kv_dim,), att + "k_norm.weight")]
-        entries.append(direct(dst + "ffn_norm", (D,), src + "post_attention_layernorm.weight"))
+        entries.append(direct(dst + "ffn_norm", (D,), src + names["ffn_norm"] + ".weight"))
         entries += mlp(i, src, dst)
-    entries.append(direct("norm", (D,), "model.norm.weight"))
+    entries.append(direct("norm", (D,), names["norm"]))
     if not hp["tie_word_embeddings"]:
         entries.append(direct("lm_head", (V, D), "lm_head.weight"))
     return entries
