@@ -148,10 +148,10 @@ def family_table():
         f.write("\n".join(rows) + "\n")
 
 
-def build(family, seed=0):
+def build(family, seed=0, **overrides):
     """The family's tiny model: every weight random (norms around 1), in eval mode, float32."""
     _, _, class_name, kwargs = FAMILIES[family]
-    config = getattr(transformers, class_name)(**{**COMMON, **kwargs})
+    config = getattr(transformers, class_name)(**{**COMMON, **kwargs, **overrides})
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     rng = np.random.default_rng(seed)
     with torch.no_grad():
@@ -227,6 +227,22 @@ def test_strict_mode_is_bit_identical_on_every_target(family, target, tmp_path):
     assert np.array_equal(host.view(np.uint32), other.view(np.uint32)), \
         f"{np.count_nonzero(host.view(np.uint32) != other.view(np.uint32))} logits differ in their bits"
     RESULTS[name].setdefault("targets", ["x86_64"]).append(target)
+
+
+@pytest.mark.parametrize("family, overrides", [
+    ("qwen3_moe", dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=8)),           # Qwen3's top-8 of 128
+    ("deepseek_v3", dict(n_routed_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4,       # DeepSeek-V3's
+                         moe_intermediate_size=8)),                                                 # 256 in 8 groups
+])
+def test_expert_counts_are_runtime_values(family, overrides, tmp_path):
+    """Nothing in the core limits the experts at compile time: DeepSeek-V3's and Qwen3's counts run."""
+    hf = build(family, **overrides)
+    hf.save_pretrained(tmp_path / "hf")
+    model = colibri.Model(convert(tmp_path / "hf", tmp_path / "colibri", dtype="f32", progress=False))
+    tokens = np.random.default_rng(3).integers(0, COMMON["vocab_size"], N_TOKENS)
+    s = model.session(ctx=64)
+    np.testing.assert_allclose(s.forward(tokens), hf_logits(hf, tokens), atol=1e-4, rtol=0)
+    assert (s.expert_load().sum(axis=1)[s.expert_load().sum(axis=1) > 0] == N_TOKENS * overrides["num_experts_per_tok"]).all()
 
 
 @pytest.mark.parametrize("family, change, feature", [
