@@ -122,11 +122,15 @@ def cmd_generate(args):
 
 
 def _expert_table(load):
-    """Per-layer shares of the routed tokens, as text."""
-    share = load / load.sum(axis=1, keepdims=True)
+    """Per-layer shares of the routed tokens, as text; layers that routed nothing (dense ones) say so."""
     head = "layer  " + "".join(f"{f'e{e}':>7}" for e in range(load.shape[1])) + "     min     max"
-    rows = [f"{layer:>5}  " + "".join(f"{x:>6.1%} " for x in row) + f"{row.min():>7.1%} {row.max():>7.1%}"
-            for layer, row in enumerate(share)]
+    rows = []
+    for layer, row in enumerate(load):
+        if row.sum() == 0:
+            rows.append(f"{layer:>5}  (no routed tokens: a dense layer)")
+            continue
+        share = row / row.sum()
+        rows.append(f"{layer:>5}  " + "".join(f"{x:>6.1%} " for x in share) + f"{share.min():>7.1%} {share.max():>7.1%}")
     return "\n".join([head, *rows])
 
 
@@ -170,7 +174,7 @@ def cmd_stats(args):
           f"(perplexity {np.exp(nll / n):.2f})")
     print(f"share of routed tokens per expert (top-{cfg['top_k']} of {cfg['num_experts']}):")
     print(_expert_table(load))
-    dead = [(layer, e) for layer, row in enumerate(load) for e, x in enumerate(row) if x == 0]
+    dead = [(layer, e) for layer, row in enumerate(load) if row.sum() for e, x in enumerate(row) if x == 0]
     if dead:
         print(f"experts that received no token: {dead}")
     return 0

@@ -71,3 +71,21 @@ def test_bad_research_options_are_refused(model, options, message):
         model.session(ctx=16, **options)
     with pytest.raises(ValueError, match="routing must be one of"):
         model.session(ctx=16, routing="random")
+
+
+@pytest.mark.parametrize("flags, routing", [
+    ([], dict()),
+    (["--routing", "hash"], dict(routing="hash")),
+    (["--routing", "noisy", "--routing_noise", "0.5", "--routing_seed", "7"], dict(routing="noisy", noise=0.5, noise_seed=7)),
+    (["--routing", "capacity", "--capacity_factor", "0.5"], dict(routing="capacity", capacity_factor=0.5)),
+])
+def test_the_c_cli_asks_for_the_same_routers(model, flags, routing):
+    import subprocess
+
+    from colibri.targets import infer_command
+
+    out = subprocess.run([*infer_command("native"), "--model", str(FIXTURES / "tiny-mixtral.colibri"), "--tokens",
+                          ",".join(map(str, TOKENS)), "--max_tokens", "8", "--temperature", "0", "--ids",
+                          "--ignore_eos", *flags], capture_output=True, text=True, check=True).stdout
+    ours = model.session(ctx=64, **routing).generate(TOKENS, max_tokens=8, temperature=0.0, stop_at_eos=False)
+    assert [int(t) for t in out.split(",")] == ours

@@ -30,6 +30,9 @@ typedef struct options {
     double top_p;
     unsigned long long seed;
     int verbose, validate, memdump, stop_at_eos, ids, reference_kernels;
+    int routing;                    /* COLIBRI_ROUTING_* */
+    double routing_noise, capacity_factor;
+    unsigned long long routing_seed;
 } options;
 
 static void usage(FILE *f)
@@ -55,6 +58,11 @@ static void usage(FILE *f)
         "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
         "  --reference        compute with the plain C reference kernels (as COLIBRI_KERNELS=reference)\n"
         "  --expert_load FILE write the tokens routed to each expert, uint64 [n_layers, n_experts], to FILE\n"
+        "  --routing R        research routing, which changes the model's output: noisy, hash or capacity\n"
+        "                     (default: model, the model's own router)\n"
+        "  --routing_noise X  noisy: standard deviation of the noise on the router logits (default 1)\n"
+        "  --routing_seed S   noisy: the noise's seed (default 0)\n"
+        "  --capacity_factor F  capacity: an expert takes at most ceil(F * n * top_k / n_experts) of n tokens (default 1)\n"
         "  --validate-model   run every load check plus checksums, then exit\n"
         "  --memdump          print the memory report after creating the session, then exit\n"
         "  --verbose          model summary and timings on stderr\n");
@@ -101,6 +109,7 @@ static int parse_args(int argc, char **argv, options *o)
     int i;
     memset(o, 0, sizeof *o);
     o->max_tokens = 16; o->temperature = 0.8; o->top_k = 40; o->top_p = 0.95; o->stop_at_eos = 1;
+    o->routing_noise = 1.0; o->capacity_factor = 1.0;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -124,6 +133,14 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "temperature")) { if (!parse_double(a, v, 0.0, 100.0, &o->temperature)) return 0; }
         else if (option_is(a, "top_p")) { if (!parse_double(a, v, 0.0, 1.0, &o->top_p)) return 0; }
         else if (option_is(a, "seed")) { long s; if (!parse_long(a, v, 0, 2147483647L, &s)) return 0; o->seed = (unsigned long long)s; }
+        else if (option_is(a, "routing")) {
+            static const char *const modes[] = { "model", "noisy", "hash", "capacity" };
+            for (o->routing = 0; o->routing < 4 && strcmp(v, modes[o->routing]) != 0; o->routing++) continue;
+            if (o->routing == 4) { fprintf(stderr, "colibri-infer: --routing is model, noisy, hash or capacity\n"); return 0; }
+        }
+        else if (option_is(a, "routing_noise")) { if (!parse_double(a, v, 0.0, 1e6, &o->routing_noise)) return 0; }
+        else if (option_is(a, "routing_seed")) { long s; if (!parse_long(a, v, 0, 2147483647L, &s)) return 0; o->routing_seed = (unsigned long long)s; }
+        else if (option_is(a, "capacity_factor")) { if (!parse_double(a, v, 1e-6, 1e6, &o->capacity_factor)) return 0; }
         else { fprintf(stderr, "colibri-infer: unknown option %s (see --help)\n", a); return 0; }
         if (takes_value) i++;
     }
@@ -212,6 +229,10 @@ int main(int argc, char **argv)
     so.n_ctx = (int32_t)o.ctx;   /* 0: the model's, at most 4096 */
     so.n_batch = (int32_t)o.batch;
     so.kernels = o.reference_kernels ? COLIBRI_KERNELS_REFERENCE : COLIBRI_KERNELS_AUTO;
+    so.routing = o.routing;
+    so.routing_noise = (float)o.routing_noise;
+    so.routing_seed = o.routing_seed;
+    so.capacity_factor = (float)o.capacity_factor;
     if (colibri_session_create(model, &so, &session, &err)) { rc = fail("cannot create session", &err); goto done; }
     if (o.memdump) {
         size_t len;
