@@ -245,6 +245,19 @@ def test_expert_counts_are_runtime_values(family, overrides, tmp_path):
     assert (s.expert_load().sum(axis=1)[s.expert_load().sum(axis=1) > 0] == N_TOKENS * overrides["num_experts_per_tok"]).all()
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_pytorch_tanh", "relu"])
+def test_gated_experts_with_other_activations(activation, tmp_path):
+    """GeGLU and ReGLU experts (transformers' Mixtral with another hidden_act is the reference): the
+    GELU uses an erf of colibri's own, so every target still computes the same bits."""
+    hf = build("mixtral", hidden_act=activation)
+    hf.save_pretrained(tmp_path / "hf")
+    model = colibri.Model(convert(tmp_path / "hf", tmp_path / "colibri", dtype="f32", progress=False))
+    tokens = np.random.default_rng(4).integers(0, COMMON["vocab_size"], N_TOKENS)
+    np.testing.assert_allclose(model.session(ctx=64).forward(tokens), hf_logits(hf, tokens), atol=1e-4, rtol=0)
+    host = prompt_logits("native", model.path, tokens, tmp_path, "--reference")
+    assert np.array_equal(host.view(np.uint32), prompt_logits("riscv64", model.path, tokens, tmp_path, "--reference").view(np.uint32))
+
+
 @pytest.mark.parametrize("family, change, feature", [
     ("qwen3_moe", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "rope_type 'yarn'"),
     ("olmoe", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),

@@ -121,6 +121,7 @@ typedef struct colibri_hparams {
 
     /* The experts' FFN. */
     int32_t expert_kind;                /* COLIBRI_EXPERT_*: SwiGLU, or gpt-oss's clamped SwiGLU */
+    int32_t activation;                 /* COLIBRI_ACT_*: of the gate in every gated MLP (experts, shared, dense) */
     int32_t expert_bias;                /* biases on the experts' projections (experts.b1, b3, b2) */
     float swiglu_limit;                 /* clamped SwiGLU: gate <= limit, |up| <= limit */
     float swiglu_alpha;                 /* clamped SwiGLU: gate * sigmoid(alpha * gate) */
@@ -135,6 +136,7 @@ enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1, COLIBRI_ROPE_LONGROPE = 
 enum { COLIBRI_NORM_RMS = 0, COLIBRI_NORM_LAYER = 1 };
 enum { COLIBRI_ROUTER_TOPK = 0, COLIBRI_ROUTER_SPARSEMIXER = 1 };
 enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };
+enum { COLIBRI_ACT_SILU = 0, COLIBRI_ACT_GELU = 1, COLIBRI_ACT_GELU_TANH = 2, COLIBRI_ACT_RELU = 3 };
 
 /* One tensor of the model, as described in colibri_model.json. */
 typedef struct colibri_tensor_info {

@@ -406,7 +406,7 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     static const char *const shared_gates[] = { "none", "sigmoid", NULL };
     static const char *const layouts[] = { "stacked", NULL };
     static const char *const quantizations[] = { "none", NULL };
-    static const char *const activations[] = { "silu", "swiglu_clamped", NULL };
+    static const char *const activations[] = { "silu", "swiglu_clamped", "gelu", "gelu_tanh", "relu", NULL };
     const char *w = "hparams";
     int32_t h = 0, r = 0, e = 0, sh = 0, rs = 0, la = 0;
     int choice;
@@ -513,7 +513,9 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(get_choice(L, e, "experts", "weight_layout", layouts, &choice));
     TRY(get_choice(L, e, "experts", "quantization", quantizations, &choice));
     TRY(get_choice(L, e, "experts", "activation", activations, &choice));
-    hp->expert_kind = choice;
+    hp->expert_kind = choice == 1 ? COLIBRI_EXPERT_SWIGLU_CLAMPED : COLIBRI_EXPERT_SWIGLU;
+    hp->activation = choice == 2 ? COLIBRI_ACT_GELU : choice == 3 ? COLIBRI_ACT_GELU_TANH : choice == 4 ? COLIBRI_ACT_RELU
+                   : COLIBRI_ACT_SILU;
     TRY(opt_bool(L, e, "experts", "bias", &hp->expert_bias));
     TRY(opt_float(L, e, "experts", "swiglu_limit", 0.0, 1e6, 7.0f, &hp->swiglu_limit));
     TRY(opt_float(L, e, "experts", "swiglu_alpha", 0.0, 1e6, 1.702f, &hp->swiglu_alpha));

@@ -119,7 +119,7 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
 
     if (hp->shared_intermediate_size) {   /* every token, after the routed sum, as transformers adds it */
         float *gate = b->router_logits;    /* (n, 1): the logits are spent */
-        colibri_swiglu(k, lw->w[L_SHARED_W1], lw->w[L_SHARED_W3], lw->w[L_SHARED_W2], d, hp->shared_intermediate_size,
+        colibri_swiglu(k, hp->activation, lw->w[L_SHARED_W1], lw->w[L_SHARED_W3], lw->w[L_SHARED_W2], d, hp->shared_intermediate_size,
                        x, n, b->h1, b->h3, b->ye);
         if (hp->shared_gate) k->matmul(gate, x, lw->w[L_SHARED_GATE].data, lw->w[L_SHARED_GATE].dtype, n, d, 1);
         for (t = 0; t < n; t++) {

@@ -38,10 +38,10 @@ extern const colibri_expert colibri_expert_swiglu;
 extern const colibri_expert colibri_expert_swiglu_clamped;
 extern const colibri_aggregator colibri_aggregator_weighted;
 
-/* y (m, dim) = W2 @ (silu(W1 @ x) * (W3 @ x)) for x (m, dim): one gated FFN of width f with
+/* y (m, dim) = W2 @ (act(W1 @ x) * (W3 @ x)) for x (m, dim): one gated FFN of width f with
  * weights (f, dim), (f, dim), (dim, f); h1, h3 (m, f) scratch.  Experts, shared experts and
  * dense layers all are one. */
-void colibri_swiglu(const colibri_kernels *k, colibri_weight w1, colibri_weight w3, colibri_weight w2,
+void colibri_swiglu(const colibri_kernels *k, int activation, colibri_weight w1, colibri_weight w3, colibri_weight w2,
                     int32_t dim, int32_t f, const float *x, int32_t m, float *h1, float *h3, float *y);
 
 /* Buffers of one MoE block, carved from the session arena. */

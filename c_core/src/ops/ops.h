@@ -48,6 +48,8 @@ void colibri_layernorm(float *y, const float *x, const void *w, colibri_dtype w_
 void colibri_softmax(float *x, int32_t n);
 /* g (n) <- silu(g) * u */
 void colibri_silu_mul(float *g, const float *u, size_t n);
+/* g (n) <- act(g) * u, act one of COLIBRI_ACT_* (GELU with an erf of our own) */
+void colibri_act_mul(int activation, float *g, const float *u, size_t n);
 /* Rotates the first rope_dim dimensions of each head of v (n_heads, head_dim) by the angle
  * table of one position, cos/sin (rope_dim/2): pairs (j, j + rope_dim/2), or (2j, 2j+1)
  * when interleaved. */

@@ -100,6 +100,47 @@ void colibri_softmax(float *x, int32_t n)
     for (i = 0; i < n; i++) x[i] /= sum;
 }
 
+/* erf of our own, so every target computes the same GELU: the Taylor series below 3 (double
+ * keeps ~13 digits through its cancellation), the asymptotic series of erfc above. */
+static double erf_own(double x)
+{
+    double a = x < 0 ? -x : x, sum, term, r;
+    int n;
+    if (a < 3.0) {
+        sum = term = a;
+        for (n = 1; n < 60 && (term > 1e-17 * sum || -term > 1e-17 * sum); n++) {
+            term *= -a * a / n;
+            sum += term / (2 * n + 1);
+        }
+        r = sum * 1.1283791670955126;   /* 2 / sqrt(pi) */
+    } else {
+        double z = 1.0 / (a * a);
+        r = 1.0 - colibri_exp(-a * a) / (a * 1.7724538509055160) *
+                  (1.0 - z * 0.5 * (1.0 - z * 1.5 * (1.0 - z * 2.5 * (1.0 - z * 3.5 * (1.0 - z * 4.5)))));
+    }
+    return x < 0 ? -r : r;
+}
+
+static float activate(int activation, float x)
+{
+    switch (activation) {
+    case COLIBRI_ACT_GELU: return (float)(0.5 * x * (1.0 + erf_own(x * 0.7071067811865476)));
+    case COLIBRI_ACT_GELU_TANH: {   /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+        double y = 0.7978845608028654 * ((double)x + 0.044715 * (double)x * x * x);
+        return (float)(0.5 * x * (1.0 + (1.0 - 2.0 / (colibri_exp(2.0 * y) + 1.0))));
+    }
+    case COLIBRI_ACT_RELU: return x > 0.0f ? x : 0.0f;
+    default: return x / (1.0f + colibri_expf(-x));   /* silu */
+    }
+}
+
+void colibri_act_mul(int activation, float *g, const float *u, size_t n)
+{
+    size_t i;
+    if (activation == COLIBRI_ACT_SILU) { colibri_silu_mul(g, u, n); return; }
+    for (i = 0; i < n; i++) g[i] = activate(activation, g[i]) * u[i];
+}
+
 void colibri_silu_mul(float *g, const float *u, size_t n)
 {
     size_t i;

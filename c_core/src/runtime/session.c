@@ -643,7 +643,7 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
             colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing, s->xn, n, s->block_out);
             count_expert_load(s, l);
         } else {
-            colibri_swiglu(k, w[L_MLP_W1], w[L_MLP_W3], w[L_MLP_W2], d, hp->dense_intermediate_size, s->xn, n,
+            colibri_swiglu(k, hp->activation, w[L_MLP_W1], w[L_MLP_W3], w[L_MLP_W2], d, hp->dense_intermediate_size, s->xn, n,
                            s->moe_buf.h1, s->moe_buf.h3, s->block_out);
         }
         add_into(s->x, s->block_out, nd, hp->residual_multiplier);

@@ -119,6 +119,10 @@ def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=
     return hp
 
 
+ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+               "relu": "relu"}   # transformers' hidden_act -> colibri's gated-MLP activation
+
+
 def experts(config, count_keys, top_k_key="num_experts_per_tok"):
     """(n_experts, top_k) from the first of `count_keys` present."""
     key = next((k for k in count_keys if config.get(k) is not None), count_keys[0])

@@ -18,14 +18,16 @@ from . import _decoder
 
 def describe(config, family="mixtral"):
     config = {"rope_theta": 1e6, "bos_token_id": 1, "eos_token_id": 2, **config}   # Mixtral's defaults
-    hp = c.attention_hparams(config, family, c.dim(config, "intermediate_size"), eps_default=1e-5)
+    hp = c.attention_hparams(config, family, c.dim(config, "intermediate_size"), eps_default=1e-5,
+                             activations=tuple(c.ACTIVATIONS))
     hp["sliding_window"] = c.get(config, "sliding_window", None) or 0
     n_experts, top_k = c.experts(config, ("num_local_experts",))
     return {
         "architecture": "mixtral",
         "hparams": hp,
         "routing": {"type": "topk_softmax", "top_k": top_k, "normalize": True},
-        "experts": {"count": n_experts, "weight_layout": "stacked", "quantization": "none", "activation": "silu"},
+        "experts": {"count": n_experts, "weight_layout": "stacked", "quantization": "none",
+                    "activation": c.ACTIVATIONS[config.get("hidden_act", "silu")]},
     }
 
 
