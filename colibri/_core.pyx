@@ -229,26 +229,27 @@ cdef class Session:
         c.colibri_session_reset(self._session)
         self._busy = False
 
-    def expert_load(self, bint clear=False):
-        """int64 [n_layers, n_experts]: tokens routed to each expert since creation or the last
-        clear (reset() keeps the counts)."""
+    cdef _expert_counts(self, bint dropped, bint clear):
         cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self.model._model)
         out = np.zeros((hp.n_layers, hp.n_experts), dtype=np.uint64)
         cdef uint64_t[:, ::1] counts = out
-        c.colibri_expert_load(self._session, &counts[0, 0])
+        if dropped:
+            c.colibri_expert_dropped(self._session, &counts[0, 0])
+        else:
+            c.colibri_expert_load(self._session, &counts[0, 0])
         if clear:
             c.colibri_expert_load_clear(self._session)
         return out.astype(np.int64)
 
+    def expert_load(self, bint clear=False):
+        """int64 [n_layers, n_experts]: tokens routed to each expert since creation or the last
+        clear (reset() keeps the counts); with routing="capacity", the tokens each expert kept."""
+        return self._expert_counts(False, clear)
+
     def expert_dropped(self, bint clear=False):
-        """int64 [n_layers, n_experts]: tokens each expert dropped over capacity (routing="capacity")."""
-        cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self.model._model)
-        out = np.zeros((hp.n_layers, hp.n_experts), dtype=np.uint64)
-        cdef uint64_t[:, ::1] counts = out
-        c.colibri_expert_dropped(self._session, &counts[0, 0])
-        if clear:
-            c.colibri_expert_load_clear(self._session)
-        return out.astype(np.int64)
+        """int64 [n_layers, n_experts]: tokens each expert dropped over capacity (routing="capacity"),
+        counted and cleared with expert_load."""
+        return self._expert_counts(True, clear)
 
     def seed(self, seed):
         """Seeds the sampler's generator."""

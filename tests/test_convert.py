@@ -302,7 +302,7 @@ def _bad_shape():
     (lambda d: copy_hf(FIXTURES / "tiny-mixtral", d, drop=["lm_head.weight"]), r"`lm_head\.weight`.*missing"),
     (lambda d: copy_hf(FIXTURES / "tiny-mixtral", d, replace=_bad_shape()),
      r"`model\.layers\.1\.self_attn\.q_proj\.weight` \(for colibri `layers\.1\.attn\.wq`\): shape \[48, 64\] != expected \[64, 64\]"),
-    (lambda d: copy_hf(FIXTURES / "tiny-mixtral", d, config={"hidden_act": "gelu"}), r"hidden_act 'gelu'"),
+    (lambda d: copy_hf(FIXTURES / "tiny-mixtral", d, config={"hidden_act": "tanh"}), r"unsupported: hidden_act 'tanh' in mixtral"),
     (lambda d: copy_hf(FIXTURES / "tiny-mixtral", d, config={"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}),
      r"rope_type 'yarn'"),
     (lambda d: copy_hf(FIXTURES / "tiny-mixtral", d, config={"num_key_value_heads": 3}), r"not a multiple"),

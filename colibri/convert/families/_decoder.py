@@ -62,6 +62,32 @@ def routed_experts(ckpt, src, dst, E, F, D, names=("gate_proj", "up_proj", "down
             stacked(dst + "experts.w2", (E, D, F), [p + down + ".weight" for p in per_expert])]
 
 
+def moe_mlp(desc, ckpt, shared_source="mlp.shared_experts.", shared_gate_source=None, selection_bias=None):
+    """`plan`'s mlp for the Qwen/DeepSeek layout: dense layers mlp.{gate,up,down}_proj; MoE layers
+    mlp.gate.weight, the routed experts under mlp.experts., a shared expert under `shared_source`
+    (its sigmoid gate at `shared_gate_source`), and `selection_bias(source prefix, colibri prefix,
+    n_experts)` -> the entry of the selection bias, if the router has one."""
+    hp, E = desc["hparams"], desc["experts"]["count"]
+    D, F = hp["hidden_size"], hp["intermediate_size"]
+    kinds = hp.get("mlp_layers", ["moe"] * hp["num_layers"])
+    shared = desc["experts"].get("shared")
+
+    def mlp(i, src, dst):
+        if kinds[i] == "dense":
+            return gated_mlp(dst + "mlp.", src + "mlp.", hp["dense_intermediate_size"], D)
+        out = [direct(dst + "router", (E, D), src + "mlp.gate.weight")]
+        if selection_bias:
+            out.append(selection_bias(src, dst, E))
+        out += routed_experts(ckpt, src + "mlp.experts.", dst, E, F, D)
+        if shared:
+            out += gated_mlp(dst + "shared.", src + shared_source, shared["intermediate_size"], D)
+            if shared_gate_source:
+                out.append(direct(dst + "shared.gate", (1, D), src + shared_gate_source))
+        return out
+
+    return mlp
+
+
 def gated_mlp(dst_prefix, src_prefix, F, D):
     """One SwiGLU MLP (dense layer or shared expert): gate/up [F, D], down [D, F]."""
     return [direct(dst_prefix + "w1", (F, D), src_prefix + "gate_proj.weight"),

@@ -132,22 +132,13 @@ def describe(config, family):
 
 
 def plan(desc, ckpt):
-    hp, E = desc["hparams"], desc["experts"]["count"]
-    D, F = hp["hidden_size"], hp["intermediate_size"]
-    kinds = hp.get("mlp_layers", ["moe"] * hp["num_layers"])
-    shared = desc["experts"].get("shared")
+    hp = desc["hparams"]
+    D = hp["hidden_size"]
 
-    def mlp(i, src, dst):
-        if kinds[i] == "dense":
-            return _decoder.gated_mlp(dst + "mlp.", src + "mlp.", hp["dense_intermediate_size"], D)
-        out = [direct(dst + "router", (E, D), src + "mlp.gate.weight")]
-        if desc["routing"].get("selection_bias"):
-            out.append(direct(dst + "router.selection_bias", (E,), src + "mlp.gate.e_score_correction_bias"))
-        out += _decoder.routed_experts(ckpt, src + "mlp.experts.", dst, E, F, D)
-        if shared:
-            out += _decoder.gated_mlp(dst + "shared.", src + "mlp.shared_experts.", shared["intermediate_size"], D)
-        return out
+    def selection_bias(src, dst, E):
+        return direct(dst + "router.selection_bias", (E,), src + "mlp.gate.e_score_correction_bias")
 
+    mlp = _decoder.moe_mlp(desc, ckpt, selection_bias=selection_bias if desc["routing"].get("selection_bias") else None)
     la = hp.get("latent_attention")
     if not la:
         return _decoder.plan(desc, mlp)

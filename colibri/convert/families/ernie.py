@@ -11,7 +11,7 @@ Checkpoint: mlp.gate.weight [E, D], mlp.moe_statics.e_score_correction_bias [1, 
 mlp.experts.{e}.{gate,up,down}_proj, mlp.shared_experts.*, dense mlp.{gate,up,down}_proj.
 """
 
-from ..layout import direct, reshaped
+from ..layout import reshaped
 from . import _config as c
 from . import _decoder
 
@@ -44,19 +44,7 @@ def describe(config, family):
 
 
 def plan(desc, ckpt):
-    hp, E = desc["hparams"], desc["experts"]["count"]
-    D, F = hp["hidden_size"], hp["intermediate_size"]
-    kinds = hp.get("mlp_layers", ["moe"] * hp["num_layers"])
-    shared = desc["experts"].get("shared")
+    def selection_bias(src, dst, E):
+        return reshaped(dst + "router.selection_bias", (E,), src + "mlp.moe_statics.e_score_correction_bias", (1, E))
 
-    def mlp(i, src, dst):
-        if kinds[i] == "dense":
-            return _decoder.gated_mlp(dst + "mlp.", src + "mlp.", hp["dense_intermediate_size"], D)
-        out = [direct(dst + "router", (E, D), src + "mlp.gate.weight"),
-               reshaped(dst + "router.selection_bias", (E,), src + "mlp.moe_statics.e_score_correction_bias", (1, E)),
-               *_decoder.routed_experts(ckpt, src + "mlp.experts.", dst, E, F, D)]
-        if shared:
-            out += _decoder.gated_mlp(dst + "shared.", src + "mlp.shared_experts.", shared["intermediate_size"], D)
-        return out
-
-    return _decoder.plan(desc, mlp)
+    return _decoder.plan(desc, _decoder.moe_mlp(desc, ckpt, selection_bias=selection_bias))

@@ -13,7 +13,6 @@ mlp.shared_expert_gate.weight [1, D], dense layers mlp.{gate,up,down}_proj.
 """
 
 from ..errors import ConvertError
-from ..layout import direct
 from . import _config as c
 from . import _decoder
 
@@ -83,19 +82,4 @@ def describe(config, family):
 
 
 def plan(desc, ckpt):
-    hp, E = desc["hparams"], desc["experts"]["count"]
-    D, F = hp["hidden_size"], hp["intermediate_size"]
-    kinds = hp.get("mlp_layers", ["moe"] * hp["num_layers"])
-    shared = desc["experts"].get("shared")
-
-    def mlp(i, src, dst):
-        if kinds[i] == "dense":
-            return _decoder.gated_mlp(dst + "mlp.", src + "mlp.", hp["dense_intermediate_size"], D)
-        out = [direct(dst + "router", (E, D), src + "mlp.gate.weight"),
-               *_decoder.routed_experts(ckpt, src + "mlp.experts.", dst, E, F, D)]
-        if shared:
-            out += _decoder.gated_mlp(dst + "shared.", src + "mlp.shared_expert.", shared["intermediate_size"], D)
-            out.append(direct(dst + "shared.gate", (1, D), src + "mlp.shared_expert_gate.weight"))
-        return out
-
-    return _decoder.plan(desc, mlp)
+    return _decoder.plan(desc, _decoder.moe_mlp(desc, ckpt, "mlp.shared_expert.", "mlp.shared_expert_gate.weight"))
