@@ -19,6 +19,8 @@ cdef extern from "colibri/colibri.h" nogil:
         COLIBRI_DTYPE_BF16
         COLIBRI_DTYPE_U8
         COLIBRI_DTYPE_I32
+        COLIBRI_DTYPE_Q8_0
+        COLIBRI_DTYPE_Q4_0
 
     ctypedef struct colibri_model:
         pass

@@ -244,7 +244,8 @@ def build_parser():
     c = sub.add_parser("convert", help="Hugging Face directory (config.json + *.safetensors) -> colibri model")
     c.add_argument("src", help="Hugging Face model directory")
     c.add_argument("out", help="output colibri model directory")
-    c.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32", help="weight storage type (default f32)")
+    c.add_argument("--dtype", "--quant", choices=["f32", "f16", "bf16", "q8_0", "q4_0"], default="f32",
+                   help="weight storage: f32 (default), f16, bf16, or llama.cpp's q8_0 / q4_0 blocks for the matrices")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_convert)
 

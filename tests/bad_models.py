@@ -259,7 +259,7 @@ CASES = [
          _edit_json(_remove_tensor("tokenizer.token_bytes"))),
     Case("vocab_wrong_dtype", "COLIBRI_E_DTYPE", "dtype f32, expected i32",
          _edit_json(_tensor_field("tokenizer.token_offsets", "dtype", "f32"))),
-    Case("weight_as_integers", "COLIBRI_E_DTYPE", "expected f32, f16 or bf16",
+    Case("weight_as_integers", "COLIBRI_E_DTYPE", "expected f32, f16, bf16, q8_0 or q4_0",
          _edit_json(_tensor_field("norm", "dtype", "i32"))),
     Case("vocab_offsets_shape", "COLIBRI_E_SHAPE", "tensor `tokenizer.token_offsets`: shape [320] != expected [321]",
          _edit_json(_tensor_field("tokenizer.token_offsets", "shape", [320]))),

@@ -11,7 +11,17 @@ from tqdm import tqdm
 from .errors import ConvertError
 
 ALIGN = 64
-ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
+ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}   # bytes per weight
+QUANTIZED = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # llama.cpp's block formats, quantized by the gguf package
+BLOCK = 32
+
+
+def stored_dtype(shape, dtype):
+    """What a tensor is stored as: the block formats apply to matrices whose rows are whole blocks of
+    32; vectors (norms, biases) and odd rows (a convolution's 3 taps) stay f32."""
+    if dtype in QUANTIZED and not (len(shape) >= 2 and shape[-1] % BLOCK == 0):
+        return "f32"
+    return dtype
 
 
 def f32_to_bf16_bits(x):
@@ -32,7 +42,13 @@ INTEGER_DTYPES = {np.dtype(np.uint8): "u8", np.dtype("<i4"): "i32"}
 
 
 def encode(x, dtype):
-    """float32 array -> array of `dtype` (bf16 as its uint16 bits), little-endian, C order."""
+    """float32 array -> array of `dtype` (bf16 as its uint16 bits; q8_0 and q4_0 as llama.cpp's
+    blocks, row by row), little-endian, C order."""
+    if dtype in QUANTIZED:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import quantize
+
+        return quantize(np.ascontiguousarray(x, dtype=np.float32), getattr(GGMLQuantizationType, QUANTIZED[dtype]))
     if dtype == "f32":
         return np.ascontiguousarray(x, dtype="<f4")
     if dtype == "f16":
@@ -62,7 +78,7 @@ def write_model(out_dir, doc, tensors, dtype, progress=True):
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = list(tensors)
-    total = sum(int(np.prod(shape)) * ITEMSIZE[dtype] for _, shape, _ in tensors)   # for the progress bar
+    total = int(sum(int(np.prod(shape)) * ITEMSIZE[stored_dtype(shape, dtype)] for _, shape, _ in tensors))
     partial = out_dir / "weights.bin.partial"
     table = []
     try:
@@ -77,7 +93,8 @@ def write_model(out_dir, doc, tensors, dtype, progress=True):
                 elif not np.isfinite(x).all():
                     raise ConvertError(f"tensor `{name}`: the source holds NaN or infinite values")
                 else:
-                    y, stored = encode(x, dtype), dtype
+                    stored = stored_dtype(shape, dtype)
+                    y = encode(x, stored)
                 if stored == "f16" and not np.isfinite(y).all():
                     raise ConvertError(f"tensor `{name}`: values beyond the f16 range (|x| > 65504); use bf16 or f32")
                 data = y.tobytes()

@@ -29,6 +29,7 @@ static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype d
 {
     size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
     int32_t r, t;
+    if (colibri_dtype_is_block(dtype)) { colibri_ref_matmul(y, x, w, dtype, n, cols, rows); return; }   /* no kernel yet */
     for (r = 0; r < rows; r++) {
         const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (t = 0; t < n; t++) {

@@ -39,6 +39,11 @@ typedef enum colibri_dtype {
     COLIBRI_DTYPE_BF16 = 2,
     COLIBRI_DTYPE_U8 = 3,           /* the tokenizer's byte table */
     COLIBRI_DTYPE_I32 = 4,          /* the tokenizer's offsets */
+    /* llama.cpp's block formats, along each row (the last dimension, a multiple of 32): blocks of
+     * 32 weights, each an f16 scale d then the quants; weight = d * q */
+    COLIBRI_DTYPE_Q8_0 = 5,         /* 34 bytes a block: d, 32 int8 */
+    COLIBRI_DTYPE_Q4_0 = 6,         /* 18 bytes a block: d, 16 bytes; byte j holds q_j (low nibble) and
+                                       q_{j+16} (high), each minus 8 */
     COLIBRI_DTYPE_COUNT
 } colibri_dtype;
 

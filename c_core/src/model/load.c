@@ -8,6 +8,7 @@
 
 #include "json.h"
 #include "model.h"
+#include "../ops/ops.h"
 #include "../util.h"
 
 /* Limits on hyper-parameters: far above any released MoE, low enough that sizes never overflow. */
@@ -25,8 +26,8 @@
 
 /* ---- dtypes ---- */
 
-static const char *const dtype_names[COLIBRI_DTYPE_COUNT] = { "f32", "f16", "bf16", "u8", "i32" };
-static const size_t dtype_sizes[COLIBRI_DTYPE_COUNT] = { 4, 2, 2, 1, 4 };
+static const char *const dtype_names[COLIBRI_DTYPE_COUNT] = { "f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0" };
+static const size_t dtype_sizes[COLIBRI_DTYPE_COUNT] = { 4, 2, 2, 1, 4, 0, 0 };   /* 0: a block format */
 
 size_t colibri_dtype_size(colibri_dtype dtype) { return dtype_sizes[dtype]; }
 const char *colibri_dtype_name(colibri_dtype dtype)
@@ -636,7 +637,7 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
 {
     const colibri_hparams *hp = &m->hp;
     static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum", NULL };
-    static const char *const dtypes[] = { "f32", "f16", "bf16", "u8", "i32", NULL };
+    static const char *const dtypes[] = { "f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0", NULL };
     char where[64];
     int32_t i = 0, shape_tok = 0;
     int64_t expected[4], v;
@@ -668,15 +669,17 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
     if (!dtypes[choice]) {
         char text[24];
         copy_token_text(text, sizeof text, L->text, &L->tok[i]);
-        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (f32, f16, bf16, u8, i32)", where, text);
+        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (f32, f16, bf16, q8_0, q4_0, u8, i32)",
+                            where, text);
     }
     t->dtype = (colibri_dtype)choice;
     {
         colibri_dtype need = *slot == G_TOKEN_BYTES ? COLIBRI_DTYPE_U8 : COLIBRI_DTYPE_I32;
-        int is_float = t->dtype <= COLIBRI_DTYPE_BF16;
+        int is_float = t->dtype <= COLIBRI_DTYPE_BF16 || colibri_dtype_is_block(t->dtype);
         if (*slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? t->dtype != need : !is_float)
             return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
-                                *slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? colibri_dtype_name(need) : "f32, f16 or bf16");
+                                *slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? colibri_dtype_name(need)
+                                : "f32, f16, bf16, q8_0 or q4_0");
     }
 
     st = get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);
@@ -721,8 +724,14 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
     if (!json_as_int64(L->text, &L->tok[i], &v) || v < 0)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_size must be a non-negative integer", where);
     t->file_size = (uint64_t)v;
+    if (colibri_dtype_is_block(t->dtype) && (t->n_dims == 0 || t->shape[t->n_dims - 1] % COLIBRI_BLOCK != 0))
+        return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: %s rows must be whole blocks: the last dimension (%lld) is not a multiple of %d",
+                            where, colibri_dtype_name(t->dtype), t->n_dims ? (long long)t->shape[t->n_dims - 1] : 0LL,
+                            COLIBRI_BLOCK);
     {
-        uint64_t need = colibri_mul_u64(elements, colibri_dtype_size(t->dtype), &overflow);
+        uint64_t need = colibri_dtype_is_block(t->dtype)   /* elements / 32 blocks: exact, rows are whole blocks */
+                        ? colibri_mul_u64(elements / COLIBRI_BLOCK, colibri_row_bytes(t->dtype, COLIBRI_BLOCK), &overflow)
+                        : colibri_mul_u64(elements, colibri_dtype_size(t->dtype), &overflow);
         if (overflow || need != t->file_size)
             return colibri_fail(L->err, COLIBRI_E_SIZE, "%s: file_size %llu != %llu bytes of %s",
                                 where, (unsigned long long)t->file_size, (unsigned long long)need,
@@ -795,6 +804,17 @@ static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor
     if (crc != t->crc32)
         return colibri_fail(err, COLIBRI_E_CHECKSUM, "tensor `%s`: crc32 %x != %x in colibri_model.json",
                             t->name, crc, t->crc32);
+    if (colibri_dtype_is_block(t->dtype)) {   /* the quants are integers: only the scales can be inf or nan */
+        size_t block = colibri_row_bytes(t->dtype, COLIBRI_BLOCK);
+        for (i = 0; i < t->file_size / block; i++) {
+            uint16_t bits;
+            memcpy(&bits, p + i * block, 2);
+            if ((bits & 0x7c00u) == 0x7c00u)
+                return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: the scale of block %llu is not finite",
+                                    t->name, (unsigned long long)i);
+        }
+        return COLIBRI_OK;
+    }
     if (t->dtype > COLIBRI_DTYPE_BF16) return COLIBRI_OK;   /* integers are always finite */
     for (i = 0; i < n; i++) {
         int finite;

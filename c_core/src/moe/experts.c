@@ -14,7 +14,7 @@ void colibri_swiglu(const colibri_kernels *k, int activation, colibri_weight w1,
 static colibri_weight expert_slice(colibri_weight w, int32_t e, int32_t rows, int32_t cols)
 {
     colibri_weight slice;
-    slice.data = (const uint8_t *)w.data + (size_t)e * rows * cols * colibri_dtype_size(w.dtype);
+    slice.data = (const uint8_t *)w.data + (size_t)e * rows * colibri_row_bytes(w.dtype, (size_t)cols);
     slice.dtype = w.dtype;
     return slice;
 }

@@ -32,7 +32,16 @@ void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype 
 /* Scalar element conversions, exact. */
 float colibri_f16_to_f32(uint16_t h);
 float colibri_bf16_to_f32(uint16_t b);
-float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);
+float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);   /* element i of a row-major tensor */
+
+/* Bytes of one row of n weights (n a multiple of 32 for the block formats). */
+size_t colibri_row_bytes(colibri_dtype dtype, size_t n);
+int colibri_dtype_is_block(colibri_dtype dtype);
+#define COLIBRI_BLOCK 32
+
+/* The reference matmul, which variants call for formats they have no kernel for. */
+void colibri_ref_matmul(float *y, const float *x, const void *w, colibri_dtype dtype,
+                        int32_t n, int32_t cols, int32_t rows);
 
 /* Elementary functions of our own (ops/math.c): the same bits on every platform. */
 double colibri_exp(double x);

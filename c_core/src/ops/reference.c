@@ -32,17 +32,41 @@ float colibri_bf16_to_f32(uint16_t b)
     return f;
 }
 
+int colibri_dtype_is_block(colibri_dtype dtype) { return dtype == COLIBRI_DTYPE_Q8_0 || dtype == COLIBRI_DTYPE_Q4_0; }
+
+size_t colibri_row_bytes(colibri_dtype dtype, size_t n)
+{
+    switch (dtype) {
+    case COLIBRI_DTYPE_F32: case COLIBRI_DTYPE_I32: return 4 * n;
+    case COLIBRI_DTYPE_F16: case COLIBRI_DTYPE_BF16: return 2 * n;
+    case COLIBRI_DTYPE_Q8_0: return n / COLIBRI_BLOCK * 34;
+    case COLIBRI_DTYPE_Q4_0: return n / COLIBRI_BLOCK * 18;
+    default: return n;   /* u8 */
+    }
+}
+
 float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i)
 {
     uint16_t h;
     if (dtype == COLIBRI_DTYPE_F32) return ((const float *)w)[i];
+    if (colibri_dtype_is_block(dtype)) {   /* rows are whole blocks, so element i is in block i / 32 */
+        size_t j = i % COLIBRI_BLOCK;
+        const uint8_t *block = (const uint8_t *)w + colibri_row_bytes(dtype, i - j);
+        float d;
+        int q;
+        memcpy(&h, block, 2);
+        d = colibri_f16_to_f32(h);
+        if (dtype == COLIBRI_DTYPE_Q8_0) q = (int8_t)block[2 + j];
+        else q = (j < 16 ? block[2 + j] & 0x0f : block[2 + j - 16] >> 4) - 8;
+        return d * (float)q;
+    }
     memcpy(&h, (const uint8_t *)w + 2 * i, 2);
     return dtype == COLIBRI_DTYPE_F16 ? colibri_f16_to_f32(h) : colibri_bf16_to_f32(h);
 }
 
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T */
-static void ref_matmul(float *y, const float *x, const void *w, colibri_dtype dtype,
-                       int32_t n, int32_t cols, int32_t rows)
+void colibri_ref_matmul(float *y, const float *x, const void *w, colibri_dtype dtype,
+                        int32_t n, int32_t cols, int32_t rows)
 {
     int32_t r, t, c;
     for (r = 0; r < rows; r++) {
@@ -52,6 +76,9 @@ static void ref_matmul(float *y, const float *x, const void *w, colibri_dtype dt
             if (dtype == COLIBRI_DTYPE_F32) {
                 const float *wr = (const float *)w + (size_t)r * cols;
                 for (c = 0; c < cols; c++) acc += (double)wr[c] * xt[c];
+            } else if (colibri_dtype_is_block(dtype)) {
+                const uint8_t *wr = (const uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols);
+                for (c = 0; c < cols; c++) acc += (double)colibri_load_f32(wr, dtype, (size_t)c) * xt[c];
             } else {
                 const uint16_t *wr = (const uint16_t *)w + (size_t)r * cols;
                 for (c = 0; c < cols; c++)
@@ -87,7 +114,7 @@ void colibri_layernorm(float *y, const float *x, const void *w, colibri_dtype w_
         y[i] = (x[i] - mean) * inv * colibri_load_f32(w, w_dtype, (size_t)i) + colibri_load_f32(b, b_dtype, (size_t)i);
 }
 
-static const colibri_kernels reference_kernels = { "reference", ref_matmul, colibri_ref_rmsnorm };
+static const colibri_kernels reference_kernels = { "reference", colibri_ref_matmul, colibri_ref_rmsnorm };
 
 const colibri_kernels *colibri_kernels_reference(void) { return &reference_kernels; }
 

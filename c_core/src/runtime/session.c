@@ -380,7 +380,7 @@ static void attention_latent(colibri_session *s, int32_t layer, int32_t pos0, in
     int32_t d = hp->hidden_size, H = hp->n_heads, dn = hp->nope_dim, dr = hp->rope_dim, dv = hp->v_head_dim;
     int32_t R = hp->kv_lora_rank, qd = hp->head_dim, QL = hp->q_lora_rank, half = dr / 2, t, h, j, i, r;
     float *latent = s->k_cache[layer], *k_rope = s->v_cache[layer];   /* (n_ctx, R), (n_ctx, dr) */
-    size_t wkv_row = (size_t)R * colibri_dtype_size(w[L_WKV_B].dtype);   /* bytes of one wkv_b row */
+    size_t wkv_row = colibri_row_bytes(w[L_WKV_B].dtype, (size_t)R);   /* bytes of one wkv_b row */
 
     /* queries (n, H * qd): [nope | rope] per head */
     if (QL) {
