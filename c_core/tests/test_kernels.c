@@ -30,6 +30,32 @@ static uint16_t to_half_bits(float f, colibri_dtype dtype)
     }
 }
 
+/* One row of float weights as q8_0 or q4_0 blocks, quantized as llama.cpp does. */
+static void quantize_row(const float *x, int32_t cols, colibri_dtype dtype, uint8_t *out)
+{
+    int32_t b, j;
+    for (b = 0; b < cols / 32; b++, x += 32) {
+        float amax = 0.0f, max = 0.0f, d, id;
+        uint16_t dh;
+        for (j = 0; j < 32; j++) if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        d = dtype == COLIBRI_DTYPE_Q8_0 ? amax / 127.0f : max / -8.0f;
+        dh = to_half_bits(d, COLIBRI_DTYPE_F16);
+        d = colibri_f16_to_f32(dh);
+        id = d != 0.0f ? 1.0f / d : 0.0f;
+        memcpy(out, &dh, 2);
+        if (dtype == COLIBRI_DTYPE_Q8_0) {
+            for (j = 0; j < 32; j++) out[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+            out += 34;
+        } else {
+            for (j = 0; j < 16; j++) {
+                int lo = (int)(x[j] * id + 8.5f), hi = (int)(x[j + 16] * id + 8.5f);
+                out[2 + j] = (uint8_t)((lo > 15 ? 15 : lo) | (hi > 15 ? 15 : hi) << 4);
+            }
+            out += 18;
+        }
+    }
+}
+
 int main(void)
 {
     static const int32_t ns[] = { 1, 3, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 257 }, rowss[] = { 1, 5 };
@@ -39,11 +65,15 @@ int main(void)
         printf("no kernel variant on this architecture: only the reference runs\n");
         return 0;
     }
-    for (di = 0; di < 3; di++) {
-        colibri_dtype dtype = (colibri_dtype)di;
+    static const char *const colibri_dtype_names[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
+    static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
+                                            COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0 };
+    for (di = 0; di < 5; di++) {
+        colibri_dtype dtype = dtypes[di];
         for (ni = 0; ni < 3; ni++) for (ci = 0; ci < 10; ci++) for (ri = 0; ri < 2; ri++) {
             int32_t n = ns[ni], cols = colss[ci], rows = rowss[ri], i, t, r;
-            size_t wsize = (size_t)rows * cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
+            size_t wsize = (size_t)rows * colibri_row_bytes(dtype, (size_t)cols);
+            if (colibri_dtype_is_block(dtype) && cols % 32) continue;   /* rows are whole blocks */
             float *x = malloc((size_t)n * cols * 4), *w32 = malloc((size_t)rows * cols * 4);
             float *y_ref = malloc((size_t)n * rows * 4), *y = malloc((size_t)n * rows * 4);
             void *w = malloc(wsize);
@@ -51,11 +81,17 @@ int main(void)
             for (i = 0; i < rows * cols; i++) {
                 w32[i] = next_float();
                 if (dtype == COLIBRI_DTYPE_F32) ((float *)w)[i] = w32[i];
-                else {
+                else if (!colibri_dtype_is_block(dtype)) {
                     ((uint16_t *)w)[i] = to_half_bits(w32[i], dtype);
                     w32[i] = colibri_load_f32(w, dtype, (size_t)i);
                 }
             }
+            if (colibri_dtype_is_block(dtype))   /* the budget is on the weights the blocks encode */
+                for (r = 0; r < rows; r++) {
+                    quantize_row(w32 + (size_t)r * cols, cols, dtype, (uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols));
+                    for (i = 0; i < cols; i++)
+                        w32[(size_t)r * cols + i] = colibri_load_f32((uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols), dtype, (size_t)i);
+                }
             ref->matmul(y_ref, x, w, dtype, n, cols, rows);
             best->matmul(y, x, w, dtype, n, cols, rows);
             for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
@@ -66,7 +102,7 @@ int main(void)
                 if (fabs((double)y[t * rows + r] - y_ref[t * rows + r]) > budget) {
                     if (failures++ < 10)
                         fprintf(stderr, "%s matmul %s n=%d cols=%d rows=%d [%d,%d]: %.9g != reference %.9g (budget %.3g)\n",
-                                best->name, dtype == 0 ? "f32" : dtype == 1 ? "f16" : "bf16", (int)n, (int)cols, (int)rows, (int)t, (int)r,
+                                best->name, colibri_dtype_names[di], (int)n, (int)cols, (int)rows, (int)t, (int)r,
                                 y[t * rows + r], y_ref[t * rows + r], budget);
                 }
             }

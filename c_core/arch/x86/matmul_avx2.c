@@ -1,6 +1,7 @@
 /* AVX2 + FMA + F16C kernels (x86-64).  Compiled with -mavx2 -mfma -mf16c; called only
  * after colibri_cpu_has_avx2() said yes.  Each is tested against ops/reference.c. */
 #include <immintrin.h>
+#include <string.h>
 
 #include "../../src/ops/ops.h"
 
@@ -23,13 +24,60 @@ static inline float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* 8 int8 quants as floats. */
+static inline __m256 i8x8(const void *q)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
+
+/* 8 nibbles (the low 8 bytes of v, each 0..15) minus 8, as floats. */
+static inline __m256 u4x8(__m128i v)
+{
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(v), _mm256_set1_epi32(8)));
+}
+
+/* x (cols) . one row of q8_0 or q4_0 blocks: each block's 32 products summed in one 8-wide
+ * accumulator, then added in times the block's scale. */
+static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x, int32_t cols)
+{
+    size_t block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
+    __m256 acc = _mm256_setzero_ps();
+    int32_t b;
+    for (b = 0; b < cols / 32; b++, row += block_bytes, x += 32) {
+        __m256 s;
+        uint16_t h;
+        memcpy(&h, row, 2);
+        if (dtype == COLIBRI_DTYPE_Q8_0) {
+            s = _mm256_mul_ps(i8x8(row + 2), _mm256_loadu_ps(x));
+            s = _mm256_fmadd_ps(i8x8(row + 10), _mm256_loadu_ps(x + 8), s);
+            s = _mm256_fmadd_ps(i8x8(row + 18), _mm256_loadu_ps(x + 16), s);
+            s = _mm256_fmadd_ps(i8x8(row + 26), _mm256_loadu_ps(x + 24), s);
+        } else {   /* byte j: weight j (low nibble), weight j + 16 (high) */
+            __m128i v = _mm_loadu_si128((const __m128i *)(row + 2)), m = _mm_set1_epi8(0x0f);
+            __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+            s = _mm256_mul_ps(u4x8(lo), _mm256_loadu_ps(x));
+            s = _mm256_fmadd_ps(u4x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), s);
+            s = _mm256_fmadd_ps(u4x8(hi), _mm256_loadu_ps(x + 16), s);
+            s = _mm256_fmadd_ps(u4x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), s);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(h)), s, acc);
+    }
+    return hsum(acc);
+}
+
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 8-wide accumulators per dot product. */
 static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype dtype,
                         int32_t n, int32_t cols, int32_t rows)
 {
     size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
     int32_t r, t;
-    if (colibri_dtype_is_block(dtype)) { colibri_ref_matmul(y, x, w, dtype, n, cols, rows); return; }   /* no kernel yet */
+    if (colibri_dtype_is_block(dtype)) {
+        size_t block_row = colibri_row_bytes(dtype, (size_t)cols);
+        for (r = 0; r < rows; r++)
+            for (t = 0; t < n; t++)
+                y[(size_t)t * rows + r] = dot_blocks((const uint8_t *)w + (size_t)r * block_row, dtype, x + (size_t)t * cols, cols);
+        return;
+    }
     for (r = 0; r < rows; r++) {
         const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (t = 0; t < n; t++) {
