@@ -1,6 +1,7 @@
 /* NEON kernels (AArch64, where Advanced SIMD is part of the base architecture).
  * Each is tested against ops/reference.c. */
 #include <arm_neon.h>
+#include <string.h>
 
 #include "../../src/ops/ops.h"
 
@@ -15,13 +16,54 @@ static inline float32x4_t load4(const void *w, colibri_dtype dtype, size_t c)
     }
 }
 
+/* 16 quants of a block (int8, or nibbles already minus 8) times x (16), into acc. */
+static inline float32x4_t fma16(float32x4_t acc, int8x16_t q, const float *x)
+{
+    int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_s8(vget_high_s8(q));
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vld1q_f32(x));
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo))), vld1q_f32(x + 4));
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vld1q_f32(x + 8));
+    return vfmaq_f32(acc, vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi))), vld1q_f32(x + 12));
+}
+
+/* x (cols) . one row of q8_0 or q4_0 blocks: each block's 32 products in one accumulator, added
+ * in times the block's scale. */
+static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x, int32_t cols)
+{
+    size_t block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    int32_t b;
+    for (b = 0; b < cols / 32; b++, row += block_bytes, x += 32) {
+        float32x4_t s = vdupq_n_f32(0.0f);
+        uint16_t h;
+        memcpy(&h, row, 2);
+        if (dtype == COLIBRI_DTYPE_Q8_0) {
+            s = fma16(s, vld1q_s8((const int8_t *)row + 2), x);
+            s = fma16(s, vld1q_s8((const int8_t *)row + 18), x + 16);
+        } else {   /* byte j: weight j (low nibble), weight j + 16 (high) */
+            uint8x16_t v = vld1q_u8(row + 2);
+            int8x16_t eight = vdupq_n_s8(8);
+            s = fma16(s, vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), eight), x);
+            s = fma16(s, vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight), x + 16);
+        }
+        acc = vfmaq_n_f32(acc, s, colibri_f16_to_f32(h));
+    }
+    return vaddvq_f32(acc);
+}
+
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 4-wide accumulators per dot product. */
 static void matmul_neon(float *y, const float *x, const void *w, colibri_dtype dtype,
                         int32_t n, int32_t cols, int32_t rows)
 {
     size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
     int32_t r, t;
-    if (colibri_dtype_is_block(dtype)) { colibri_ref_matmul(y, x, w, dtype, n, cols, rows); return; }   /* no kernel yet */
+    if (colibri_dtype_is_block(dtype)) {
+        size_t block_row = colibri_row_bytes(dtype, (size_t)cols);
+        for (r = 0; r < rows; r++)
+            for (t = 0; t < n; t++)
+                y[(size_t)t * rows + r] = dot_blocks((const uint8_t *)w + (size_t)r * block_row, dtype, x + (size_t)t * cols, cols);
+        return;
+    }
     for (r = 0; r < rows; r++) {
         const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (t = 0; t < n; t++) {
