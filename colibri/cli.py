@@ -241,8 +241,8 @@ def build_parser():
     p = argparse.ArgumentParser(prog="colibri", description="Run Mixture-of-Experts models with the colibri engine.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("convert", help="Hugging Face directory (config.json + *.safetensors) -> colibri model")
-    c.add_argument("src", help="Hugging Face model directory")
+    c = sub.add_parser("convert", help="Hugging Face directory (config.json + *.safetensors) or .gguf file -> colibri model")
+    c.add_argument("src", help="Hugging Face model directory, or a .gguf file (its weights imported as they are)")
     c.add_argument("out", help="output colibri model directory")
     c.add_argument("--dtype", "--quant", choices=["f32", "f16", "bf16", "q8_0", "q4_0"], default="f32",
                    help="weight storage: f32 (default), f16, bf16, or llama.cpp's q8_0 / q4_0 blocks for the matrices")

@@ -36,9 +36,14 @@ def _version():
 
 def convert(src_dir, out_dir, dtype="f32", progress=True):
     """Convert the HF model in `src_dir` to a colibri model in `out_dir`, weights stored as `dtype`
-    (f32, f16 or bf16). Returns out_dir as a Path. Raises ConvertError on anything it cannot convert."""
+    (f32, f16, bf16, q8_0 or q4_0); or import a .gguf file, its weights as they are. Returns out_dir
+    as a Path. Raises ConvertError on anything it cannot convert."""
     check_dtype(dtype)
     src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if src_dir.suffix == ".gguf" and src_dir.is_file():
+        from .gguf_import import convert_gguf
+
+        return convert_gguf(src_dir, out_dir, progress=progress)
     with Checkpoint(src_dir) as ckpt:
         model_type = ckpt.config.get("model_type")
         if model_type not in FAMILIES:

@@ -16,6 +16,13 @@ QUANTIZED = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # llama.cpp's block formats, quan
 BLOCK = 32
 
 
+class Stored:
+    """Bytes already in a colibri dtype (a GGUF file's q8_0 blocks, f16 values): written as they are."""
+
+    def __init__(self, data, dtype):
+        self.data, self.dtype = np.ascontiguousarray(data), dtype
+
+
 def stored_dtype(shape, dtype):
     """What a tensor is stored as: the block formats apply to matrices whose rows are whole blocks of
     32; vectors (norms, biases) and odd rows (a convolution's 3 taps) stay f32."""
@@ -86,9 +93,11 @@ def write_model(out_dir, doc, tensors, dtype, progress=True):
                                             desc="weights.bin", disable=not progress) as bar:
             for name, shape, load in tensors:
                 x = load()
-                if tuple(x.shape) != tuple(shape):
+                if isinstance(x, Stored):
+                    y, stored = x.data, x.dtype
+                elif tuple(x.shape) != tuple(shape):
                     raise ConvertError(f"tensor `{name}`: shape {list(x.shape)} != expected {list(shape)}")
-                if x.dtype in INTEGER_DTYPES:
+                elif x.dtype in INTEGER_DTYPES:
                     y, stored = np.ascontiguousarray(x), INTEGER_DTYPES[x.dtype]
                 elif not np.isfinite(x).all():
                     raise ConvertError(f"tensor `{name}`: the source holds NaN or infinite values")

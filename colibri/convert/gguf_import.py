@@ -1,0 +1,124 @@
+"""A GGUF file (llama.cpp's format) -> a colibri model directory, its weights copied byte for byte.
+
+    colibri convert model.gguf out/model
+
+F32, F16, BF16, Q8_0 and Q4_0 tensors keep their bytes: llama.cpp's blocks are colibri's q8_0 and
+q4_0, row by row, so both engines read identical weights.  Architectures: `llama` with experts
+(Mixtral; llama.cpp's converter reorders the rows of q and k for its RoPE on adjacent pairs, which
+colibri then uses too) and `qwen3moe` (rotate-half RoPE, per-head QK-norm).  The GGUF tokenizer is
+not imported: the model runs on token ids (`colibri generate --tokens`).
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConvertError
+from .writer import Stored, write_model
+
+STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0"}
+LAYER_TENSORS = {   # GGUF name (after blk.N.) -> colibri name (after layers.N.)
+    "attn_norm": "attn_norm", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
+    "attn_output": "attn.wo", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm", "ffn_norm": "ffn_norm",
+    "ffn_gate_inp": "router", "ffn_gate_exps": "experts.w1", "ffn_up_exps": "experts.w3", "ffn_down_exps": "experts.w2",
+}
+GLOBAL_TENSORS = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "lm_head"}
+
+
+def _fields(reader):
+    """The GGUF key-value metadata as Python values (strings decoded, one-element arrays unwrapped)."""
+    out = {}
+    for key, field in reader.fields.items():
+        if not field.data:
+            continue
+        values = [field.parts[i] for i in field.data]
+        if field.types and field.types[0].name == "STRING":
+            values = [bytes(v).decode("utf-8", "replace") for v in values]
+        else:
+            values = [v.tolist()[0] if len(v) == 1 else v.tolist() for v in values]
+        out[key] = values[0] if len(values) == 1 else values
+    return out
+
+
+def _describe(meta, arch, tensors):
+    def get(key, default=None):
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ConvertError(f"GGUF: `{arch}.{key}` missing")
+        return value
+
+    vocab, hidden = tensors["token_embd.weight"].data.shape[0], get("embedding_length")
+    heads = get("attention.head_count")
+    kv_heads = get("attention.head_count_kv", heads)
+    head_dim = get("attention.key_length", hidden // heads)
+    n_experts, top_k = get("expert_count", 0), get("expert_used_count", 0)
+    if not n_experts:
+        raise ConvertError(f"unsupported: a dense model (no {arch}.expert_count) in gguf {arch}")
+    ffn = get("expert_feed_forward_length") if arch == "qwen3moe" else get("feed_forward_length")
+    hp = {
+        "vocab_size": int(vocab), "hidden_size": hidden, "intermediate_size": ffn, "num_layers": get("block_count"),
+        "num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
+        "max_position_embeddings": get("context_length"), "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")), "sliding_window": 0,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": int(meta.get("tokenizer.ggml.bos_token_id", -1)),
+        "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", -1)),
+    }
+    for key in ("bos_token_id", "eos_token_id"):
+        if not 0 <= hp[key] < vocab:
+            hp[key] = -1
+    if arch == "llama":
+        hp["rope_interleaved"] = True   # q and k rows reordered by llama.cpp's converter for adjacent-pair RoPE
+    else:
+        hp["qk_norm"] = "head"
+    if get("rope.dimension_count", head_dim) != head_dim:
+        hp["rope_dim"] = get("rope.dimension_count")
+    return {
+        "architecture": "mixtral" if arch == "llama" else "qwen3_moe",
+        "hparams": hp,
+        "routing": {"type": "topk", "top_k": top_k, "score": "softmax", "normalize": True},
+        "experts": {"count": n_experts, "weight_layout": "stacked", "quantization": "none", "activation": "silu"},
+    }
+
+
+def _colibri_name(name):
+    stem = name[:-len(".weight")] if name.endswith(".weight") else None
+    if stem in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[stem]
+    parts = (stem or "").split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in LAYER_TENSORS:
+        return f"layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}"
+    return None
+
+
+def convert_gguf(path, out_dir, progress=True):
+    """Import the GGUF file at `path` into the colibri model directory `out_dir`."""
+    from gguf import GGUFReader
+
+    path, out_dir = Path(path), Path(out_dir)
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:   # the gguf package raises ValueError, struct.error, ... on a broken file
+        raise ConvertError(f"{path}: not a readable GGUF file ({e})") from None
+    meta = _fields(reader)
+    arch = meta.get("general.architecture")
+    if arch not in ("llama", "qwen3moe"):
+        raise ConvertError(f"unsupported: architecture {arch!r} in gguf (supported: llama with experts, qwen3moe)")
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ConvertError(f"{path}: no token_embd.weight")
+    desc = _describe(meta, arch, tensors)
+    entries = []
+    for t in reader.tensors:
+        name, kind = _colibri_name(t.name), t.tensor_type.name
+        if name is None:
+            raise ConvertError(f"unsupported: tensor `{t.name}` in gguf {arch}")
+        if kind not in STORED:
+            raise ConvertError(f"unsupported: tensor type {kind} (`{t.name}`) in gguf: import F32, F16, BF16, Q8_0 or Q4_0")
+        shape = [int(d) for d in reversed(t.shape)]   # GGUF lists the fastest dimension first
+        data = t.data if kind != "BF16" else np.asarray(t.data).view(np.uint16)
+        entries.append((name, tuple(shape), lambda data=data, kind=kind: Stored(data, STORED[kind])))
+    doc = {"format": "colibri", "version": 1, **desc,
+           "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}
+    write_model(out_dir, doc, entries, "f32", progress=progress)
+    return out_dir
