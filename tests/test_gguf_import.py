@@ -95,3 +95,47 @@ def test_unsupported_gguf_is_refused(tmp_path):
     (tmp_path / "broken.gguf").write_bytes(b"GGUF" + b"\xff" * 40)
     with pytest.raises(ConvertError, match="not a readable GGUF file"):
         convert(tmp_path / "broken.gguf", tmp_path / "out2", progress=False)
+
+
+def test_a_qwen3moe_gguf_runs_as_transformers(tmp_path):
+    """qwen3moe: no row reordering (rotate-half RoPE), per-head QK-norm, expert_feed_forward_length."""
+    from test_families import build, hf_logits
+
+    hf = build("qwen3_moe", mlp_only_layers=[], use_sliding_window=False, attention_bias=False)
+    cfg, sd = hf.config, {k: v.numpy() for k, v in hf.state_dict().items()}
+    out = GGUFWriter(str(tmp_path / "q.gguf"), "qwen3moe")
+    out.add_context_length(cfg.max_position_embeddings)
+    out.add_embedding_length(cfg.hidden_size)
+    out.add_block_count(cfg.num_hidden_layers)
+    out.add_feed_forward_length(cfg.intermediate_size)
+    out.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    out.add_head_count(cfg.num_attention_heads)
+    out.add_head_count_kv(cfg.num_key_value_heads)
+    out.add_key_length(cfg.head_dim)
+    out.add_value_length(cfg.head_dim)
+    out.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    out.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    out.add_expert_count(cfg.num_experts)
+    out.add_expert_used_count(cfg.num_experts_per_tok)
+    F = cfg.moe_intermediate_size
+    out.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for ours, theirs in (("attn_norm", "input_layernorm"), ("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"),
+                             ("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
+                             ("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm"),
+                             ("ffn_norm", "post_attention_layernorm"), ("ffn_gate_inp", "mlp.gate")):
+            out.add_tensor(f"blk.{i}.{ours}.weight", sd[p + theirs + ".weight"])
+        gate_up = sd[p + "mlp.experts.gate_up_proj"]   # [E, 2F, D] in memory: gate rows first
+        out.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :F]))
+        out.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, F:]))
+        out.add_tensor(f"blk.{i}.ffn_down_exps.weight", sd[p + "mlp.experts.down_proj"])
+    out.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    out.add_tensor("output.weight", sd["lm_head.weight"])
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    model = colibri.Model(convert(tmp_path / "q.gguf", tmp_path / "colibri", progress=False))
+    tokens = np.random.default_rng(7).integers(0, cfg.vocab_size, 24)
+    np.testing.assert_allclose(model.session(ctx=64).forward(tokens), hf_logits(hf, tokens), atol=1e-4, rtol=0)
