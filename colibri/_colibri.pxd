@@ -83,6 +83,7 @@ cdef extern from "colibri/colibri.h" nogil:
         float routing_noise
         uint64_t routing_seed
         float capacity_factor
+        int32_t profile
         void *arena
         size_t arena_size
 
@@ -98,6 +99,9 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                    float *logits, colibri_error *err)
     const float *colibri_session_logits(const colibri_session *session)
+    enum: COLIBRI_PHASE_COUNT
+    const char *colibri_phase_name(int32_t phase)
+    colibri_status colibri_profile(const colibri_session *session, uint64_t *ns)
     colibri_status colibri_expert_dropped(const colibri_session *session, uint64_t *counts)
     colibri_status colibri_expert_load(const colibri_session *session, uint64_t *counts)
     void colibri_expert_load_clear(colibri_session *session)

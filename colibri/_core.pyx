@@ -173,12 +173,13 @@ cdef class Session:
     cdef int32_t _vocab
 
     def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto", str routing="model",
-                  float noise=1.0, noise_seed=0, float capacity_factor=1.0):
+                  float noise=1.0, noise_seed=0, float capacity_factor=1.0, bint profile=False):
         """``routing``: "model" (the model's own router), or a research router that changes the
         model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
         ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
         1/top_k), "capacity" (each expert takes at most ceil(capacity_factor * n * top_k / n_experts)
-        of a chunk's n tokens; expert_dropped() counts the rest)."""
+        of a chunk's n tokens; expert_dropped() counts the rest).  ``profile``: time each phase of
+        the forward pass (profile())."""
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
@@ -191,6 +192,7 @@ cdef class Session:
         opts.routing_noise = noise
         opts.routing_seed = <uint64_t>(int(noise_seed) & 0xFFFFFFFFFFFFFFFF)
         opts.capacity_factor = capacity_factor
+        opts.profile = profile
         opts.kernels = c.COLIBRI_KERNELS_REFERENCE if kernels == "reference" else c.COLIBRI_KERNELS_AUTO
         opts.n_ctx = ctx
         opts.n_batch = batch
@@ -251,6 +253,13 @@ cdef class Session:
         """int64 [n_layers, n_experts]: tokens each expert dropped over capacity (routing="capacity"),
         counted and cleared with expert_load."""
         return self._expert_counts(True, clear)
+
+    def profile(self):
+        """{phase: nanoseconds} spent in each phase of the forward pass since the session was made
+        (zeros unless it was made with profile=True)."""
+        cdef uint64_t ns[32]
+        c.colibri_profile(self._session, ns)
+        return {c.colibri_phase_name(p).decode(): ns[p] for p in range(c.COLIBRI_PHASE_COUNT)}
 
     def seed(self, seed):
         """Seeds the sampler's generator."""

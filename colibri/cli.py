@@ -230,6 +230,23 @@ def cmd_firmware_run(args):
     return result.status
 
 
+def cmd_profile_show(args):
+    """The breakdown of a profile.json that colibri-infer --profile wrote: time per phase, per token."""
+    try:
+        doc = json.loads(Path(args.file).read_text())
+        phases, tokens = doc["phases_ns"], doc["prompt_tokens"] + doc["generated_tokens"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"colibri profile show: {args.file}: not a colibri profile ({e})")
+    total = sum(phases.values()) or 1
+    print(f"{doc.get('model', '?')} ({doc.get('kernels', '?')} kernels): {doc['prompt_tokens']} prompt + "
+          f"{doc['generated_tokens']} generated tokens, {doc['wall_ns'] / 1e6:.1f} ms, "
+          f"{total / doc['wall_ns']:.0%} of it in the phases below")
+    for name, ns in sorted(phases.items(), key=lambda item: -item[1]):
+        print(f"  {name.replace('_', ' ').capitalize() + ':':<14}{ns / max(tokens, 1) / 1e3:>9.1f} µs per token "
+              f"({ns / total:5.1%})")
+    return 0
+
+
 def cmd_memdump(args):
     model = _model(args.model)
     session = model.session(ctx=args.ctx, batch=args.batch)
@@ -308,6 +325,12 @@ def build_parser():
     fr.add_argument("--timeout", type=float, default=600, help="seconds before a hung image is stopped (default 600)")
     fr.add_argument("--verbose", action="store_true", help="the image's timing and memory on stderr")
     fr.set_defaults(func=cmd_firmware_run)
+
+    pr = sub.add_parser("profile", help="read a profile written by colibri-infer --profile FILE")
+    pr_sub = pr.add_subparsers(dest="profile_command", required=True)
+    show = pr_sub.add_parser("show", help="time per phase of the forward pass, per token")
+    show.add_argument("file", help="profile.json")
+    show.set_defaults(func=cmd_profile_show)
 
     st = sub.add_parser("stats", help="per-expert load (and loss) on a text, or the training report's")
     st.add_argument("--model", help="colibri model directory (default: the bundled model)")

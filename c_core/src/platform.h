@@ -4,6 +4,7 @@
 #define COLIBRI_PLATFORM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "colibri/status.h"
 
@@ -16,5 +17,8 @@ void colibri_platform_unmap_arena(void *base, size_t mapped);
 /* Whether the environment asks for the reference kernels (COLIBRI_KERNELS=reference on POSIX),
  * so tests and users can force that path without changing code. */
 int colibri_platform_wants_reference_kernels(void);
+
+/* A monotonic clock in nanoseconds, for the profiler; 0 where the platform has none. */
+uint64_t colibri_platform_now_ns(void);
 
 #endif

@@ -22,6 +22,7 @@ typedef struct options {
     const char *tokens;
     const char *logits_path;
     const char *load_path;
+    const char *profile_path;
     long max_tokens;
     long ctx;
     long batch;
@@ -58,6 +59,7 @@ static void usage(FILE *f)
         "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
         "  --reference        compute with the plain C reference kernels (as COLIBRI_KERNELS=reference)\n"
         "  --expert_load FILE write the tokens routed to each expert, uint64 [n_layers, n_experts], to FILE\n"
+        "  --profile FILE     time each phase of the forward pass; write them to FILE (JSON; colibri profile show FILE)\n"
         "  --routing R        research routing, which changes the model's output: noisy, hash or capacity\n"
         "                     (default: model, the model's own router)\n"
         "  --routing_noise X  noisy: standard deviation of the noise on the router logits (default 1)\n"
@@ -126,6 +128,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "tokens")) o->tokens = v;
         else if (option_is(a, "logits")) o->logits_path = v;
         else if (option_is(a, "expert_load")) o->load_path = v;
+        else if (option_is(a, "profile")) o->profile_path = v;
         else if (option_is(a, "max_tokens")) { if (!parse_long(a, v, 0, 1 << 24, &o->max_tokens)) return 0; }
         else if (option_is(a, "ctx")) { if (!parse_long(a, v, 1, 1 << 24, &o->ctx)) return 0; }
         else if (option_is(a, "batch")) { if (!parse_long(a, v, 1, 4096, &o->batch)) return 0; }
@@ -230,6 +233,7 @@ int main(int argc, char **argv)
     so.n_batch = (int32_t)o.batch;
     so.kernels = o.reference_kernels ? COLIBRI_KERNELS_REFERENCE : COLIBRI_KERNELS_AUTO;
     so.routing = o.routing;
+    so.profile = o.profile_path != NULL;
     so.routing_noise = (float)o.routing_noise;
     so.routing_seed = o.routing_seed;
     so.capacity_factor = (float)o.capacity_factor;
@@ -319,6 +323,22 @@ int main(int argc, char **argv)
         }
         if (f && fclose(f) != 0) rc = 1;
         free(load);
+    }
+    if (o.profile_path && rc == 0) {   /* nanoseconds per phase, summed over the prompt and the generation */
+        uint64_t ns[COLIBRI_PHASE_COUNT];
+        FILE *f = fopen(o.profile_path, "w");
+        int p;
+        colibri_profile(session, ns);
+        if (!f) { fprintf(stderr, "colibri-infer: cannot write %s\n", o.profile_path); rc = 1; }
+        else {
+            fprintf(f, "{\"model\": \"%s\", \"kernels\": \"%s\", \"prompt_tokens\": %zu, \"generated_tokens\": %ld, "
+                       "\"wall_ns\": %.0f, \"phases_ns\": {", colibri_model_architecture(model), colibri_session_kernels(session),
+                    n_prompt, generated, 1e9 * (now_seconds() - t1));
+            for (p = 0; p < COLIBRI_PHASE_COUNT; p++)
+                fprintf(f, "%s\"%s\": %llu", p ? ", " : "", colibri_phase_name(p), (unsigned long long)ns[p]);
+            fprintf(f, "}}\n");
+            if (fclose(f) != 0) rc = 1;
+        }
     }
     if (o.verbose && generated > 0)
         fprintf(stderr, "decode: %ld tokens in %.1f ms (%.1f tok/s)\n", generated, 1e3 * (now_seconds() - t2),

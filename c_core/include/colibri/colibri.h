@@ -208,6 +208,7 @@ typedef struct colibri_session_options {
     uint64_t routing_seed;  /* NOISY: the noise is a function of (seed, layer, position, expert) alone */
     float capacity_factor;  /* CAPACITY: each expert takes at most ceil(factor * n * top_k / n_experts)
                                of a forward chunk's n tokens, the first ones; the rest are dropped */
+    int32_t profile;        /* nonzero: time each phase of the forward pass (colibri_profile) */
     void *arena;            /* NULL: the library maps one; else a caller buffer, 16-byte aligned: of
                                colibri_session_plan bytes when 64-byte aligned, up to 48 more if not */
     size_t arena_size;
@@ -247,6 +248,16 @@ const float *colibri_session_logits(const colibri_session *session);   /* (vocab
  * them, so a long text can be measured window by window).  counts: (n_layers, n_experts). */
 colibri_status colibri_expert_load(const colibri_session *session, uint64_t *counts);
 void colibri_expert_load_clear(colibri_session *session);
+/* The profiler (colibri_session_options.profile): nanoseconds spent in each phase since the
+ * session was created, summed over layers and tokens.  Off, the forward pass reads no clock. */
+enum {
+    COLIBRI_PHASE_NORMS, COLIBRI_PHASE_ATTENTION, COLIBRI_PHASE_ROUTER, COLIBRI_PHASE_DISPATCH,
+    COLIBRI_PHASE_EXPERTS, COLIBRI_PHASE_AGGREGATION, COLIBRI_PHASE_DENSE, COLIBRI_PHASE_LM_HEAD,
+    COLIBRI_PHASE_SAMPLING, COLIBRI_PHASE_COUNT
+};
+const char *colibri_phase_name(int32_t phase);
+colibri_status colibri_profile(const colibri_session *session, uint64_t ns[COLIBRI_PHASE_COUNT]);
+
 /* Capacity routing: the tokens each expert dropped, counted and cleared with expert_load. */
 colibri_status colibri_expert_dropped(const colibri_session *session, uint64_t *counts);
 

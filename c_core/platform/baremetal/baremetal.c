@@ -24,3 +24,6 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
     return colibri_fail(err, COLIBRI_E_IO, "%s: no file system on bare metal; load the model with colibri_model_load",
                         dir ? dir : "(null)");
 }
+
+/* No clock the core could know of on bare metal: the firmware times with its board's. */
+uint64_t colibri_platform_now_ns(void) { return 0; }

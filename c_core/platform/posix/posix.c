@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../src/model/model.h"
@@ -162,4 +163,11 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
     (*out)->platform = pm;
     (*out)->release = release_posix_model;
     return COLIBRI_OK;
+}
+
+uint64_t colibri_platform_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "moe.h"
+#include "../platform.h"
 
 /* out (n, dim): row rows[i] += gates[i] * y (i, :) */
 static void combine_weighted(float *out, const float *y, const int32_t *rows, const float *gates,
@@ -60,12 +61,25 @@ static void route_by_hash(const colibri_routing *r, int32_t n, int32_t E, int32_
     }
 }
 
+uint64_t colibri_profile_start(const uint64_t *profile) { return profile ? colibri_platform_now_ns() : 0; }
+
+void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since)
+{
+    uint64_t now;
+    if (!profile) return;
+    now = colibri_platform_now_ns();
+    profile[phase] += now - *since;
+    *since = now;
+}
+
 void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const colibri_hparams *hp,
                          const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
-                         const float *x, int32_t n, float *out)
+                         const float *x, int32_t n, float *out, uint64_t *profile)
 {
     int32_t E = hp->n_experts, K = hp->top_k, d = hp->hidden_size;
     int32_t t, j, e, i;
+
+    uint64_t clock = colibri_profile_start(profile);
 
     k->matmul(b->router_logits, x, lw->w[L_ROUTER].data, lw->w[L_ROUTER].dtype, n, d, E);   /* (n, E) */
     if (hp->router_logit_bias)
@@ -75,6 +89,7 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
     if (r->mode == COLIBRI_ROUTING_NOISY) add_noise(r, b->router_logits, n, E);
     if (r->mode == COLIBRI_ROUTING_HASH) route_by_hash(r, n, E, K, b->ids, b->gates);
     else moe->router->route(hp, lw, b->router_logits, n, b->router_scratch, b->ids, b->gates);
+    colibri_profile_add(profile, COLIBRI_PHASE_ROUTER, &clock);
 
     for (e = 0; e <= E; e++) b->expert_start[e] = 0;
     for (i = 0; i < n * K; i++) b->expert_start[b->ids[i] + 1]++;
@@ -101,6 +116,7 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
     }
 
     memset(out, 0, (size_t)n * d * sizeof(float));
+    colibri_profile_add(profile, COLIBRI_PHASE_DISPATCH, &clock);
     for (e = 0; e < E; e++) {
         int32_t first = b->expert_start[e];
         int32_t m = (r->mode == COLIBRI_ROUTING_CAPACITY ? b->dropped_from[e] : b->expert_start[e + 1]) - first;
@@ -113,18 +129,23 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
                 b->pair_gate[first + i] = 1.0f;
             }
         }
+        colibri_profile_add(profile, COLIBRI_PHASE_DISPATCH, &clock);
         moe->expert->forward(k, hp, lw, e, b->xe, m, b->h1, b->h3, b->ye);
+        colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, &clock);
         moe->aggregator->combine(out, b->ye, b->pair_token + first, b->pair_gate + first, m, d);
+        colibri_profile_add(profile, COLIBRI_PHASE_AGGREGATION, &clock);
     }
 
     if (hp->shared_intermediate_size) {   /* every token, after the routed sum, as transformers adds it */
         float *gate = b->router_logits;    /* (n, 1): the logits are spent */
         colibri_swiglu(k, hp->activation, lw->w[L_SHARED_W1], lw->w[L_SHARED_W3], lw->w[L_SHARED_W2], d, hp->shared_intermediate_size,
                        x, n, b->h1, b->h3, b->ye);
+        colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, &clock);
         if (hp->shared_gate) k->matmul(gate, x, lw->w[L_SHARED_GATE].data, lw->w[L_SHARED_GATE].dtype, n, d, 1);
         for (t = 0; t < n; t++) {
             float g = hp->shared_gate ? 1.0f / (1.0f + colibri_expf(-gate[t])) : 1.0f;
             for (i = 0; i < d; i++) out[(size_t)t * d + i] += g * b->ye[(size_t)t * d + i];
         }
+        colibri_profile_add(profile, COLIBRI_PHASE_AGGREGATION, &clock);
     }
 }

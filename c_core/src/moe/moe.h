@@ -78,9 +78,13 @@ typedef struct colibri_routing {
     uint64_t *dropped;          /* (n_experts) this layer's dropped-token counters */
 } colibri_routing;
 
+/* The profiler's clock: phase times accumulate in `profile` (COLIBRI_PHASE_COUNT), NULL when off. */
+uint64_t colibri_profile_start(const uint64_t *profile);
+void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since);
+
 /* out (n, dim) = MoE(x (n, dim)) for one layer. */
 void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const colibri_hparams *hp,
                          const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
-                         const float *x, int32_t n, float *out);
+                         const float *x, int32_t n, float *out, uint64_t *profile);
 
 #endif

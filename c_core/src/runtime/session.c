@@ -282,6 +282,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->model = model;
     s->kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
                      ? colibri_kernels_reference() : colibri_kernels_best();
+    if (options && options->profile) s->profile = s->profile_ns;
     if (options) {
         s->routing.mode = options->routing;
         s->routing.noise = options->routing_noise;
@@ -622,47 +623,75 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
     int32_t d = hp->hidden_size, t, l;
     size_t nd = (size_t)n * d;
 
+    uint64_t clock;
+
     embed(s, tokens, n);
+    clock = colibri_profile_start(s->profile);
     for (l = 0; l < hp->n_layers; l++) {
         const colibri_layer_weights *lw = &m->layers[l];
         const colibri_weight *w = lw->w;
         for (t = 0; t < n; t++)
             norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_ATTN_NORM], w[L_ATTN_NORM_BIAS]);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
         if (lw->conv) conv_block(s, l, s->position, n);
         else if (hp->kv_lora_rank) attention_latent(s, l, s->position, n);
         else attention(s, l, s->position, n);
         add_into(s->x, s->block_out, nd, hp->residual_multiplier);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_ATTENTION, &clock);
 
         for (t = 0; t < n; t++)
             norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_FFN_NORM], w[L_FFN_NORM_BIAS]);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
         if (lw->moe) {
             s->routing.tokens = tokens;
             s->routing.position = s->position;
             s->routing.layer = l;
             s->routing.dropped = s->expert_dropped + (size_t)l * hp->n_experts;
-            colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing, s->xn, n, s->block_out);
+            colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing, s->xn, n, s->block_out, s->profile);
             count_expert_load(s, l);
+            clock = colibri_profile_start(s->profile);   /* the MoE block timed its own phases */
         } else {
             colibri_swiglu(k, hp->activation, w[L_MLP_W1], w[L_MLP_W3], w[L_MLP_W2], d, hp->dense_intermediate_size, s->xn, n,
                            s->moe_buf.h1, s->moe_buf.h3, s->block_out);
+            colibri_profile_add(s->profile, COLIBRI_PHASE_DENSE, &clock);
         }
         add_into(s->x, s->block_out, nd, hp->residual_multiplier);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_AGGREGATION, &clock);
     }
     s->position += n;
+    clock = colibri_profile_start(s->profile);
 
     if (logits) {
         for (t = 0; t < n; t++)
             norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, m->norm, m->norm_bias);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
         k->matmul(logits, s->xn, m->lm_head.data, m->lm_head.dtype, n, d, hp->vocab_size);
         if (hp->lm_head_bias) add_bias(logits, m->lm_head_bias, n, hp->vocab_size);
         if (hp->logits_divisor != 1.0f) divide(logits, (size_t)n * hp->vocab_size, hp->logits_divisor);
         memcpy(s->logits, logits + (size_t)(n - 1) * hp->vocab_size, (size_t)hp->vocab_size * sizeof(float));
     } else {
         norm_row(s, s->xn, s->x + (size_t)(n - 1) * d, m->norm, m->norm_bias);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
         k->matmul(s->logits, s->xn, m->lm_head.data, m->lm_head.dtype, 1, d, hp->vocab_size);
         if (hp->lm_head_bias) add_bias(s->logits, m->lm_head_bias, 1, hp->vocab_size);
         if (hp->logits_divisor != 1.0f) divide(s->logits, (size_t)hp->vocab_size, hp->logits_divisor);
     }
+    colibri_profile_add(s->profile, COLIBRI_PHASE_LM_HEAD, &clock);
+}
+
+const char *colibri_phase_name(int32_t phase)
+{
+    static const char *const names[COLIBRI_PHASE_COUNT] = {
+        "norms", "attention", "router", "dispatch", "experts", "aggregation", "dense_mlp", "lm_head", "sampling",
+    };
+    return phase >= 0 && phase < COLIBRI_PHASE_COUNT ? names[phase] : "?";
+}
+
+colibri_status colibri_profile(const colibri_session *s, uint64_t ns[COLIBRI_PHASE_COUNT])
+{
+    if (!s || !ns) return COLIBRI_E_ARG;
+    memcpy(ns, s->profile_ns, sizeof s->profile_ns);
+    return COLIBRI_OK;
 }
 
 colibri_status colibri_forward(colibri_session *s, const int32_t *tokens, size_t n, float *logits,

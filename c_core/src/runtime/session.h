@@ -42,6 +42,8 @@ struct colibri_session {
     colibri_moe_buffers moe_buf;
     uint64_t *expert_dropped;   /* (n_layers, n_experts) capacity routing's dropped tokens */
     colibri_routing routing;    /* the session's router choice (research routers are opt-in) */
+    uint64_t profile_ns[COLIBRI_PHASE_COUNT];   /* the profiler's sums */
+    uint64_t *profile;          /* profile_ns when profiling, else NULL: no clock is read */
     uint64_t *expert_load;      /* (n_layers, n_experts) tokens routed to each expert since the last clear */
     /* output */
     float *logits;              /* (vocab) the last position's logits */
@@ -49,6 +51,6 @@ struct colibri_session {
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 448   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 512   /* bytes reserved for the struct on every target (util.h) */
 
 #endif

@@ -44,8 +44,8 @@ static void sort_candidates(const float *p, int32_t *ids, int32_t n)
     }
 }
 
-colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params, uint64_t *rng,
-                              int32_t *token, colibri_error *err)
+static colibri_status sample(colibri_session *s, const colibri_sampling *params, uint64_t *rng,
+                             int32_t *token, colibri_error *err)
 {
     const float *logits;
     float *p;
@@ -112,4 +112,13 @@ colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params
     }
     *token = ids[n - 1];   /* rounding left r at the very end */
     return COLIBRI_OK;
+}
+
+colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params, uint64_t *rng,
+                              int32_t *token, colibri_error *err)
+{
+    uint64_t clock = colibri_profile_start(s ? s->profile : NULL);
+    colibri_status st = sample(s, params, rng, token, err);
+    if (s) colibri_profile_add(s->profile, COLIBRI_PHASE_SAMPLING, &clock);
+    return st;
 }
