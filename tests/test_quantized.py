@@ -77,7 +77,7 @@ def test_cli_quant_flag(tmp_path):
     assert "q4_0" in {t["dtype"] for t in json.loads((tmp_path / "q" / "colibri_model.json").read_text())["tensors"]}
 
 
-@pytest.mark.parametrize("target", ["aarch64", "riscv64"])
+@pytest.mark.parametrize("target", ["aarch64", "riscv64", "sanitize"])
 def test_quantized_models_give_the_same_bits_on_every_target(target, tmp_path):
     from test_targets import prompt_logits
 

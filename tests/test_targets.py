@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from bad_models import CASES, make_case
-from colibri.targets import TARGETS, build, infer_command
+from colibri.targets import TARGETS, build, env_for, infer_command
 from conftest import FIXTURES, HF_MODELS, transformers_expert_load
 
 BUNDLED_HF = FIXTURES / "shakespeare-hf"
 
 
 def infer(target, *args, check=True):
-    r = subprocess.run([*infer_command(target), *map(str, args)], capture_output=True, timeout=300)
+    r = subprocess.run([*infer_command(target), *map(str, args)], capture_output=True, timeout=300, env=env_for(target))
     if check and r.returncode != 0:
         raise AssertionError(r.stderr.decode(errors="replace"))
     return r
