@@ -84,6 +84,7 @@ cdef extern from "colibri/colibri.h" nogil:
         uint64_t routing_seed
         float capacity_factor
         int32_t profile
+        int32_t threads
         void *arena
         size_t arena_size
 

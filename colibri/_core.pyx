@@ -54,12 +54,18 @@ cdef class Model:
     """
     cdef c.colibri_model *_model
     cdef readonly str path
+    cdef readonly int threads
 
-    def __cinit__(self, path, *, bint verify=False):
+    def __cinit__(self, path, *, bint verify=False, int threads=0):
+        """``threads``: how many threads its sessions share big matmuls with (0: $COLIBRI_THREADS,
+        else the machine's cores); the results are the same for any count."""
         cdef c.colibri_error err
         cdef c.colibri_status st
         cdef unsigned flags = c.COLIBRI_LOAD_VERIFY if verify else 0
         self.path = os.fspath(path)
+        if threads < 0:
+            raise ValueError(f"threads must be >= 0, not {threads}")
+        self.threads = threads
         cdef bytes bpath = os.fsencode(self.path)
         if b"\0" in bpath:
             raise ValueError("model path contains a NUL byte")
@@ -173,7 +179,7 @@ cdef class Session:
     cdef int32_t _vocab
 
     def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto", str routing="model",
-                  float noise=1.0, noise_seed=0, float capacity_factor=1.0, bint profile=False):
+                  float noise=1.0, noise_seed=0, float capacity_factor=1.0, bint profile=False, threads=None):
         """``routing``: "model" (the model's own router), or a research router that changes the
         model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
         ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
@@ -193,6 +199,7 @@ cdef class Session:
         opts.routing_seed = <uint64_t>(int(noise_seed) & 0xFFFFFFFFFFFFFFFF)
         opts.capacity_factor = capacity_factor
         opts.profile = profile
+        opts.threads = model.threads if threads is None else threads
         opts.kernels = c.COLIBRI_KERNELS_REFERENCE if kernels == "reference" else c.COLIBRI_KERNELS_AUTO
         opts.n_ctx = ctx
         opts.n_batch = batch

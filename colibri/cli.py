@@ -83,6 +83,8 @@ def generate_on_target(model, ids, args):
         command.append("--ids")
     if args.verbose:
         command.append("--verbose")
+    if args.threads:
+        command += ["--threads", str(args.threads)]
     return subprocess.run(command).returncode
 
 
@@ -91,7 +93,7 @@ def cmd_generate(args):
     ids = _prompt_ids(model, args)
     if args.target != "native":
         return generate_on_target(model, ids, args)
-    session = model.session(ctx=args.ctx, batch=args.batch)
+    session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads)
     tok = model.tokenizer if args.tokens is None else None
     out = sys.stdout
     if tok is not None:
@@ -283,6 +285,7 @@ def build_parser():
     g.add_argument("--ctx", type=int, default=0, help="context to reserve (default: model's, at most 4096)")
     g.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    g.add_argument("--threads", type=int, default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
     g.add_argument("--verbose", action="store_true", help="timings on stderr")
     g.add_argument("--target", default="native", choices=["native", "aarch64", "riscv64"],
                    help="run the core built for this target, under QEMU (needs a source checkout)")

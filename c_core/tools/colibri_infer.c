@@ -32,6 +32,7 @@ typedef struct options {
     unsigned long long seed;
     int verbose, validate, memdump, stop_at_eos, ids, reference_kernels;
     int routing;                    /* COLIBRI_ROUTING_* */
+    long threads;                   /* 0: COLIBRI_THREADS, else the machine's cores */
     double routing_noise, capacity_factor;
     unsigned long long routing_seed;
 } options;
@@ -59,6 +60,7 @@ static void usage(FILE *f)
         "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
         "  --reference        compute with the plain C reference kernels (as COLIBRI_KERNELS=reference)\n"
         "  --expert_load FILE write the tokens routed to each expert, uint64 [n_layers, n_experts], to FILE\n"
+        "  --threads N        threads sharing the big matmuls (default: COLIBRI_THREADS, else the cores)\n"
         "  --profile FILE     time each phase of the forward pass; write them to FILE (JSON; colibri profile show FILE)\n"
         "  --routing R        research routing, which changes the model's output: noisy, hash or capacity\n"
         "                     (default: model, the model's own router)\n"
@@ -129,6 +131,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "logits")) o->logits_path = v;
         else if (option_is(a, "expert_load")) o->load_path = v;
         else if (option_is(a, "profile")) o->profile_path = v;
+        else if (option_is(a, "threads")) { if (!parse_long(a, v, 1, 256, &o->threads)) return 0; }
         else if (option_is(a, "max_tokens")) { if (!parse_long(a, v, 0, 1 << 24, &o->max_tokens)) return 0; }
         else if (option_is(a, "ctx")) { if (!parse_long(a, v, 1, 1 << 24, &o->ctx)) return 0; }
         else if (option_is(a, "batch")) { if (!parse_long(a, v, 1, 4096, &o->batch)) return 0; }
@@ -234,6 +237,7 @@ int main(int argc, char **argv)
     so.kernels = o.reference_kernels ? COLIBRI_KERNELS_REFERENCE : COLIBRI_KERNELS_AUTO;
     so.routing = o.routing;
     so.profile = o.profile_path != NULL;
+    so.threads = (int32_t)o.threads;
     so.routing_noise = (float)o.routing_noise;
     so.routing_seed = o.routing_seed;
     so.capacity_factor = (float)o.capacity_factor;

@@ -209,6 +209,7 @@ typedef struct colibri_session_options {
     float capacity_factor;  /* CAPACITY: each expert takes at most ceil(factor * n * top_k / n_experts)
                                of a forward chunk's n tokens, the first ones; the rest are dropped */
     int32_t profile;        /* nonzero: time each phase of the forward pass (colibri_profile) */
+    int32_t threads;        /* threads sharing the big matmuls; 0: COLIBRI_THREADS, else the machine's cores */
     void *arena;            /* NULL: the library maps one; else a caller buffer, 16-byte aligned: of
                                colibri_session_plan bytes when 64-byte aligned, up to 48 more if not */
     size_t arena_size;

@@ -27,3 +27,20 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
 
 /* No clock the core could know of on bare metal: the firmware times with its board's. */
 uint64_t colibri_platform_now_ns(void) { return 0; }
+
+/* No threads on bare metal: sessions compute on the caller's. */
+int32_t colibri_platform_default_threads(void) { return 1; }
+
+colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **pool, colibri_error *err)
+{
+    *pool = NULL;
+    return colibri_fail(err, COLIBRI_E_ARG, "threads = %d: bare metal runs on one thread", threads);
+}
+
+void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context)
+{
+    (void)pool;
+    fn(context, 0, 1);
+}
+
+void colibri_platform_pool_destroy(colibri_pool *pool) { (void)pool; }

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -170,4 +171,117 @@ uint64_t colibri_platform_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the thread pool ---- */
+
+/* Workers sleep on a condition variable until a job's generation number moves; the caller runs
+ * part 0 and then waits for the others to count down.  One lock, taken twice per job. */
+typedef struct worker_start { struct colibri_pool *pool; int32_t part; } worker_start;
+
+struct colibri_pool {
+    int32_t threads;                /* the caller included */
+    pthread_t *workers;             /* (threads), [0] unused: the caller is part 0 */
+    worker_start *starts;           /* (threads) each worker's pool and part, read as it starts */
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    uint64_t generation;            /* bumped per job */
+    int32_t running;                /* workers still on the current job */
+    int stopping;
+    void (*fn)(void *context, int32_t part, int32_t parts);
+    void *context;
+};
+
+static void *worker(void *arg)
+{
+    colibri_pool *pool = ((worker_start *)arg)->pool;
+    int32_t part = ((worker_start *)arg)->part;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool->lock);
+    for (;;) {
+        while (pool->generation == seen && !pool->stopping) pthread_cond_wait(&pool->wake, &pool->lock);
+        if (pool->stopping) break;
+        seen = pool->generation;
+        pthread_mutex_unlock(&pool->lock);
+        pool->fn(pool->context, part, pool->threads);
+        pthread_mutex_lock(&pool->lock);
+        if (--pool->running == 0) pthread_cond_signal(&pool->done);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return NULL;
+}
+
+int32_t colibri_platform_default_threads(void)
+{
+    const char *env = getenv("COLIBRI_THREADS");
+    long n = env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (int32_t)n;
+}
+
+colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **out, colibri_error *err)
+{
+    colibri_pool *pool;
+    worker_start *starts;
+    int32_t i, started = 0;
+    *out = NULL;
+    if (threads < 2 || threads > 256)
+        return colibri_fail(err, COLIBRI_E_ARG, "threads = %d: a pool has 2 to 256", threads);
+    pool = calloc(1, sizeof *pool);
+    starts = calloc((size_t)threads, sizeof *starts);
+    if (pool) pool->workers = calloc((size_t)threads, sizeof *pool->workers);
+    if (!pool || !starts || !pool->workers) {
+        if (pool) free(pool->workers);
+        free(pool);
+        free(starts);
+        return colibri_fail(err, COLIBRI_E_NOMEM, "no memory for a pool of %d threads", threads);
+    }
+    pool->threads = threads;
+    pool->starts = starts;
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    for (i = 1; i < threads; i++) {
+        starts[i].pool = pool;
+        starts[i].part = i;
+        if (pthread_create(&pool->workers[i], NULL, worker, &starts[i]) != 0) break;
+        started++;
+    }
+    if (started != threads - 1) {
+        pool->threads = started + 1;
+        colibri_platform_pool_destroy(pool);
+        return colibri_fail(err, COLIBRI_E_NOMEM, "could start %d of %d threads", started + 1, threads);
+    }
+    *out = pool;
+    return COLIBRI_OK;
+}
+
+void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context)
+{
+    pthread_mutex_lock(&pool->lock);
+    pool->fn = fn;
+    pool->context = context;
+    pool->running = pool->threads - 1;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    fn(context, 0, pool->threads);
+    pthread_mutex_lock(&pool->lock);
+    while (pool->running > 0) pthread_cond_wait(&pool->done, &pool->lock);
+    pthread_mutex_unlock(&pool->lock);
+}
+
+void colibri_platform_pool_destroy(colibri_pool *pool)
+{
+    int32_t i;
+    pthread_mutex_lock(&pool->lock);
+    pool->stopping = 1;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (i = 1; i < pool->threads; i++) pthread_join(pool->workers[i], NULL);
+    pthread_cond_destroy(&pool->done);
+    pthread_cond_destroy(&pool->wake);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool->workers);
+    free(pool->starts);
+    free(pool);
 }

@@ -96,7 +96,7 @@ colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, 
 
     emit(&r, "colibri memory report: %s, %d layers, %d experts (top-%d), dim %d, vocab %d\n",
          m->architecture, hp->n_layers, hp->n_experts, hp->top_k, hp->hidden_size, hp->vocab_size);
-    emit(&r, "session: n_ctx %d, n_batch %d, kernels %s\n\n", s->n_ctx, s->n_batch, s->kernels->name);
+    emit(&r, "session: n_ctx %d, n_batch %d, kernels %s\n\n", s->n_ctx, s->n_batch, s->compute.kernels->name);
 
     emit(&r, "weights (weights.bin, mapped read-only, used in place)  %s B  @%p\n", grouped(n1, weights), (const void *)m->weights);
     for (i = 0; i < m->n_tensors; i++) {

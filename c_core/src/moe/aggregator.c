@@ -72,7 +72,7 @@ void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since)
     *since = now;
 }
 
-void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const colibri_hparams *hp,
+void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
                          const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
                          const float *x, int32_t n, float *out, uint64_t *profile)
 {
@@ -81,7 +81,7 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
 
     uint64_t clock = colibri_profile_start(profile);
 
-    k->matmul(b->router_logits, x, lw->w[L_ROUTER].data, lw->w[L_ROUTER].dtype, n, d, E);   /* (n, E) */
+    colibri_matmul(k, b->router_logits, x, lw->w[L_ROUTER].data, lw->w[L_ROUTER].dtype, n, d, E);   /* (n, E) */
     if (hp->router_logit_bias)
         for (t = 0; t < n; t++)
             for (e = 0; e < E; e++)
@@ -141,7 +141,7 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const
         colibri_swiglu(k, hp->activation, lw->w[L_SHARED_W1], lw->w[L_SHARED_W3], lw->w[L_SHARED_W2], d, hp->shared_intermediate_size,
                        x, n, b->h1, b->h3, b->ye);
         colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, &clock);
-        if (hp->shared_gate) k->matmul(gate, x, lw->w[L_SHARED_GATE].data, lw->w[L_SHARED_GATE].dtype, n, d, 1);
+        if (hp->shared_gate) colibri_matmul(k, gate, x, lw->w[L_SHARED_GATE].data, lw->w[L_SHARED_GATE].dtype, n, d, 1);
         for (t = 0; t < n; t++) {
             float g = hp->shared_gate ? 1.0f / (1.0f + colibri_expf(-gate[t])) : 1.0f;
             for (i = 0; i < d; i++) out[(size_t)t * d + i] += g * b->ye[(size_t)t * d + i];

@@ -1,13 +1,13 @@
 /* Experts: one expert's FFN over the m tokens routed to it. */
 #include "moe.h"
 
-void colibri_swiglu(const colibri_kernels *k, int activation, colibri_weight w1, colibri_weight w3, colibri_weight w2,
+void colibri_swiglu(const colibri_compute *k, int activation, colibri_weight w1, colibri_weight w3, colibri_weight w2,
                     int32_t dim, int32_t f, const float *x, int32_t m, float *h1, float *h3, float *y)
 {
-    k->matmul(h1, x, w1.data, w1.dtype, m, dim, f);   /* (m, f) */
-    k->matmul(h3, x, w3.data, w3.dtype, m, dim, f);   /* (m, f) */
+    colibri_matmul(k, h1, x, w1.data, w1.dtype, m, dim, f);   /* (m, f) */
+    colibri_matmul(k, h3, x, w3.data, w3.dtype, m, dim, f);   /* (m, f) */
     colibri_act_mul(activation, h1, h3, (size_t)m * f);
-    k->matmul(y, h1, w2.data, w2.dtype, m, f, dim);   /* (m, dim) */
+    colibri_matmul(k, y, h1, w2.data, w2.dtype, m, f, dim);   /* (m, dim) */
 }
 
 /* Expert e of a stacked weight (n_experts, rows, cols): base + e * stride. */
@@ -28,7 +28,7 @@ static void add_expert_bias(float *rows, colibri_weight bias, int32_t e, int32_t
             rows[(size_t)t * cols + i] += colibri_load_f32(bias.data, bias.dtype, (size_t)e * cols + i);
 }
 
-static void expert_swiglu(const colibri_kernels *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
+static void expert_swiglu(const colibri_compute *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
                           int32_t e, const float *x, int32_t m, float *h1, float *h3, float *y)
 {
     int32_t d = hp->hidden_size, f = hp->intermediate_size;
@@ -38,7 +38,7 @@ static void expert_swiglu(const colibri_kernels *k, const colibri_hparams *hp, c
 
 /* gpt-oss: y = W2 @ ((clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)) + b2, with
  * g = min(gate, limit); gate and up with their biases. */
-static void expert_swiglu_clamped(const colibri_kernels *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
+static void expert_swiglu_clamped(const colibri_compute *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
                                   int32_t e, const float *x, int32_t m, float *h1, float *h3, float *y)
 {
     int32_t d = hp->hidden_size, f = hp->intermediate_size;
@@ -46,8 +46,8 @@ static void expert_swiglu_clamped(const colibri_kernels *k, const colibri_hparam
     colibri_weight w2 = expert_slice(lw->w[L_W2], e, d, f);
     float limit = hp->swiglu_limit;
     size_t i, n = (size_t)m * f;
-    k->matmul(h1, x, w1.data, w1.dtype, m, d, f);   /* (m, f) gate */
-    k->matmul(h3, x, w3.data, w3.dtype, m, d, f);   /* (m, f) up */
+    colibri_matmul(k, h1, x, w1.data, w1.dtype, m, d, f);   /* (m, f) gate */
+    colibri_matmul(k, h3, x, w3.data, w3.dtype, m, d, f);   /* (m, f) up */
     if (hp->expert_bias) {
         add_expert_bias(h1, lw->w[L_B1], e, m, f);
         add_expert_bias(h3, lw->w[L_B3], e, m, f);
@@ -57,7 +57,7 @@ static void expert_swiglu_clamped(const colibri_kernels *k, const colibri_hparam
         float u = h3[i] > limit ? limit : h3[i] < -limit ? -limit : h3[i];
         h1[i] = (u + 1.0f) * (g / (1.0f + colibri_expf(-(g * hp->swiglu_alpha))));
     }
-    k->matmul(y, h1, w2.data, w2.dtype, m, f, d);   /* (m, dim) */
+    colibri_matmul(k, y, h1, w2.data, w2.dtype, m, f, d);   /* (m, dim) */
     if (hp->expert_bias) add_expert_bias(y, lw->w[L_B2], e, m, d);
 }
 

@@ -21,7 +21,7 @@ typedef struct colibri_router {
 /* Scratch an expert may use: h1, h3 (m, ffn). */
 typedef struct colibri_expert {
     const char *name;
-    void (*forward)(const colibri_kernels *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
+    void (*forward)(const colibri_compute *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
                     int32_t expert, const float *x, int32_t m, float *h1, float *h3, float *y);
 } colibri_expert;
 
@@ -41,7 +41,7 @@ extern const colibri_aggregator colibri_aggregator_weighted;
 /* y (m, dim) = W2 @ (act(W1 @ x) * (W3 @ x)) for x (m, dim): one gated FFN of width f with
  * weights (f, dim), (f, dim), (dim, f); h1, h3 (m, f) scratch.  Experts, shared experts and
  * dense layers all are one. */
-void colibri_swiglu(const colibri_kernels *k, int activation, colibri_weight w1, colibri_weight w3, colibri_weight w2,
+void colibri_swiglu(const colibri_compute *k, int activation, colibri_weight w1, colibri_weight w3, colibri_weight w2,
                     int32_t dim, int32_t f, const float *x, int32_t m, float *h1, float *h3, float *y);
 
 /* Buffers of one MoE block, carved from the session arena. */
@@ -83,7 +83,7 @@ uint64_t colibri_profile_start(const uint64_t *profile);
 void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since);
 
 /* out (n, dim) = MoE(x (n, dim)) for one layer. */
-void colibri_moe_forward(const colibri_moe *moe, const colibri_kernels *k, const colibri_hparams *hp,
+void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
                          const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
                          const float *x, int32_t n, float *out, uint64_t *profile);
 

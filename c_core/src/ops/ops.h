@@ -19,6 +19,18 @@ typedef struct colibri_kernels {
     void (*rmsnorm)(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
 } colibri_kernels;
 
+/* What a forward pass computes with: the kernels, and the threads (platform.h's pool) that share
+ * a big matmul's rows (one token) or tokens (several), each computing exactly what one thread
+ * would: the result does not depend on the thread count. */
+typedef struct colibri_compute {
+    const colibri_kernels *kernels;
+    struct colibri_pool *pool;      /* NULL: this thread alone */
+} colibri_compute;
+
+/* y (n, rows) = x (n, cols) @ W (rows, cols)^T through c's kernels and threads (ops/parallel.c). */
+void colibri_matmul(const colibri_compute *c, float *y, const float *x, const void *w, colibri_dtype dtype,
+                    int32_t n, int32_t cols, int32_t rows);
+
 const colibri_kernels *colibri_kernels_reference(void);
 const colibri_kernels *colibri_kernels_best(void);      /* arch/dispatch.c: the best this CPU runs */
 /* Architecture variants (c_core/arch/), present only in builds for their architecture. */

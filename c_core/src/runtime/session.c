@@ -244,6 +244,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     void *base;
     size_t mapped = 0;
     int hugepages = 0, owned = 0;
+    int32_t threads;
     colibri_status st;
 
     if (!model || !out) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_create: NULL argument");
@@ -280,8 +281,13 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->arena = a;
     s->arena_raw = base;
     s->model = model;
-    s->kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
-                     ? colibri_kernels_reference() : colibri_kernels_best();
+    s->compute.kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
+                         ? colibri_kernels_reference() : colibri_kernels_best();
+    threads = options && options->threads ? options->threads : colibri_platform_default_threads();
+    if (threads > 1 && colibri_platform_pool_create(threads, &s->compute.pool, err) != COLIBRI_OK) {
+        if (owned) colibri_platform_unmap_arena(base, mapped);
+        return err ? err->status : COLIBRI_E_NOMEM;
+    }
     if (options && options->profile) s->profile = s->profile_ns;
     if (options) {
         s->routing.mode = options->routing;
@@ -306,6 +312,7 @@ void colibri_session_destroy(colibri_session *s)
 {
     colibri_arena arena;
     if (!s) return;
+    if (s->compute.pool) colibri_platform_pool_destroy(s->compute.pool);
     arena = s->arena;   /* the session lives in the arena: copy before releasing */
     colibri_arena_release(&arena);
     if (s->arena_owned) colibri_platform_unmap_arena(s->arena_raw, s->arena_mapped);
@@ -314,7 +321,7 @@ void colibri_session_destroy(colibri_session *s)
 void colibri_session_reset(colibri_session *s) { s->position = 0; }
 int32_t colibri_session_position(const colibri_session *s) { return s->position; }
 int32_t colibri_session_n_ctx(const colibri_session *s) { return s->n_ctx; }
-const char *colibri_session_kernels(const colibri_session *s) { return s->kernels->name; }
+const char *colibri_session_kernels(const colibri_session *s) { return s->compute.kernels->name; }
 const float *colibri_session_logits(const colibri_session *s) { return s->logits; }
 
 /* ---- forward ---- */
@@ -366,7 +373,7 @@ static void qk_norm(const colibri_session *s, float *rows, colibri_weight w, int
     int32_t hd = hp->head_dim, width = hp->qk_norm == COLIBRI_QK_NORM_HEAD ? hd : n_heads * hd;
     size_t r, n_rows = (size_t)n * n_heads * hd / width;
     for (r = 0; r < n_rows; r++)
-        s->kernels->rmsnorm(rows + r * width, rows + r * width, w.data, w.dtype, width, hp->rms_norm_eps);
+        s->compute.kernels->rmsnorm(rows + r * width, rows + r * width, w.data, w.dtype, width, hp->rms_norm_eps);
 }
 
 /* block_out (n, dim) for DeepSeek's multi-head latent attention.  The cache holds per position the
@@ -377,7 +384,7 @@ static void attention_latent(colibri_session *s, int32_t layer, int32_t pos0, in
 {
     const colibri_hparams *hp = &s->model->hp;
     const colibri_weight *w = s->model->layers[layer].w;
-    const colibri_kernels *k = s->kernels;
+    const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, H = hp->n_heads, dn = hp->nope_dim, dr = hp->rope_dim, dv = hp->v_head_dim;
     int32_t R = hp->kv_lora_rank, qd = hp->head_dim, QL = hp->q_lora_rank, half = dr / 2, t, h, j, i, r;
     float *latent = s->k_cache[layer], *k_rope = s->v_cache[layer];   /* (n_ctx, R), (n_ctx, dr) */
@@ -385,22 +392,22 @@ static void attention_latent(colibri_session *s, int32_t layer, int32_t pos0, in
 
     /* queries (n, H * qd): [nope | rope] per head */
     if (QL) {
-        k->matmul(s->latent_in, s->xn, w[L_WQ_A].data, w[L_WQ_A].dtype, n, d, QL);
+        colibri_matmul(k, s->latent_in, s->xn, w[L_WQ_A].data, w[L_WQ_A].dtype, n, d, QL);
         if (hp->attention_bias) add_bias(s->latent_in, w[L_BQ_A], n, QL);
         for (t = 0; t < n; t++)
-            k->rmsnorm(s->latent_in + (size_t)t * QL, s->latent_in + (size_t)t * QL, w[L_Q_A_NORM].data,
+            k->kernels->rmsnorm(s->latent_in + (size_t)t * QL, s->latent_in + (size_t)t * QL, w[L_Q_A_NORM].data,
                        w[L_Q_A_NORM].dtype, QL, hp->latent_norm_eps);
-        k->matmul(s->q, s->latent_in, w[L_WQ_B].data, w[L_WQ_B].dtype, n, QL, H * qd);
+        colibri_matmul(k, s->q, s->latent_in, w[L_WQ_B].data, w[L_WQ_B].dtype, n, QL, H * qd);
     } else {
-        k->matmul(s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, H * qd);
+        colibri_matmul(k, s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, H * qd);
     }
     /* the new positions' latent and rotary key, into the cache */
-    k->matmul(s->latent_in, s->xn, w[L_WKV_A].data, w[L_WKV_A].dtype, n, d, R + dr);   /* (n, R + dr) */
+    colibri_matmul(k, s->latent_in, s->xn, w[L_WKV_A].data, w[L_WKV_A].dtype, n, d, R + dr);   /* (n, R + dr) */
     if (hp->attention_bias) add_bias(s->latent_in, w[L_BKV_A], n, R + dr);
     for (t = 0; t < n; t++) {
         const float *row = s->latent_in + (size_t)t * (R + dr);
         const float *c = s->rope_cos + (size_t)(pos0 + t) * half, *sn = s->rope_sin + (size_t)(pos0 + t) * half;
-        k->rmsnorm(latent + (size_t)(pos0 + t) * R, row, w[L_KV_A_NORM].data, w[L_KV_A_NORM].dtype, R, hp->latent_norm_eps);
+        k->kernels->rmsnorm(latent + (size_t)(pos0 + t) * R, row, w[L_KV_A_NORM].data, w[L_KV_A_NORM].dtype, R, hp->latent_norm_eps);
         memcpy(k_rope + (size_t)(pos0 + t) * dr, row + R, (size_t)dr * sizeof(float));
         colibri_rope(k_rope + (size_t)(pos0 + t) * dr, 1, dr, dr, hp->rope_interleaved, c, sn);
         colibri_rope(s->q + (size_t)t * H * qd + dn, H, qd, dr, hp->rope_interleaved, c, sn);
@@ -426,11 +433,11 @@ static void attention_latent(colibri_session *s, int32_t layer, int32_t pos0, in
             for (r = 0; r < R; r++) s->ctx_latent[r] = 0.0f;
             for (j = 0; j < span; j++)
                 for (r = 0; r < R; r++) s->ctx_latent[r] += s->scores[j] * latent[(size_t)j * R + r];
-            k->matmul(s->attn + ((size_t)t * H + h) * dv, s->ctx_latent, wk + (size_t)dn * wkv_row, w[L_WKV_B].dtype,
+            colibri_matmul(k, s->attn + ((size_t)t * H + h) * dv, s->ctx_latent, wk + (size_t)dn * wkv_row, w[L_WKV_B].dtype,
                       1, R, dv);
         }
     }
-    k->matmul(s->block_out, s->attn, w[L_WO].data, w[L_WO].dtype, n, H * dv, d);
+    colibri_matmul(k, s->block_out, s->attn, w[L_WO].data, w[L_WO].dtype, n, H * dv, d);
     if (hp->attention_out_bias) add_bias(s->block_out, w[L_BO], n, d);
 }
 
@@ -441,12 +448,12 @@ static void conv_block(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
 {
     const colibri_hparams *hp = &s->model->hp;
     const colibri_weight *w = s->model->layers[layer].w;
-    const colibri_kernels *k = s->kernels;
+    const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, K = hp->conv_kernel, t, c, j;
     float *u = s->k_cache[layer];   /* (n_ctx, d) */
     float *y = s->attn;             /* (n, d) */
 
-    k->matmul(s->conv_in, s->xn, w[L_CONV_IN].data, w[L_CONV_IN].dtype, n, d, 3 * d);   /* (n, 3d): B | C | x */
+    colibri_matmul(k, s->conv_in, s->xn, w[L_CONV_IN].data, w[L_CONV_IN].dtype, n, d, 3 * d);   /* (n, 3d): B | C | x */
     if (hp->conv_bias) add_bias(s->conv_in, w[L_CONV_IN_BIAS], n, 3 * d);
     for (t = 0; t < n; t++) {
         const float *bcx = s->conv_in + (size_t)t * 3 * d;
@@ -464,7 +471,7 @@ static void conv_block(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
             y[(size_t)t * d + c] = gate[c] * acc;
         }
     }
-    k->matmul(s->block_out, y, w[L_CONV_OUT].data, w[L_CONV_OUT].dtype, n, d, d);
+    colibri_matmul(k, s->block_out, y, w[L_CONV_OUT].data, w[L_CONV_OUT].dtype, n, d, d);
     if (hp->conv_bias) add_bias(s->block_out, w[L_CONV_OUT_BIAS], n, d);
 }
 
@@ -485,7 +492,7 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
     const colibri_hparams *hp = &s->model->hp;
     const colibri_layer_weights *lw = &s->model->layers[layer];
     const colibri_weight *w = lw->w;
-    const colibri_kernels *k = s->kernels;
+    const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hp->rope_dim / 2;
     int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd, group = H / hp->n_kv_heads;
     float *k_rows = s->k_cache[layer] + (size_t)pos0 * kv_dim;     /* (n, kv_dim) */
@@ -493,9 +500,9 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
     float scale = hp->attention_scale;
     int32_t t, h, j, i;
 
-    k->matmul(s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, q_dim);
-    k->matmul(k_rows, s->xn, w[L_WK].data, w[L_WK].dtype, n, d, kv_dim);
-    k->matmul(v_rows, s->xn, w[L_WV].data, w[L_WV].dtype, n, d, kv_dim);
+    colibri_matmul(k, s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, q_dim);
+    colibri_matmul(k, k_rows, s->xn, w[L_WK].data, w[L_WK].dtype, n, d, kv_dim);
+    colibri_matmul(k, v_rows, s->xn, w[L_WV].data, w[L_WV].dtype, n, d, kv_dim);
     if (hp->attention_bias) {
         add_bias(s->q, w[L_BQ], n, q_dim);
         add_bias(k_rows, w[L_BK], n, kv_dim);
@@ -552,7 +559,7 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
             }
         }
     }
-    k->matmul(s->block_out, s->attn, w[L_WO].data, w[L_WO].dtype, n, q_dim, d);
+    colibri_matmul(k, s->block_out, s->attn, w[L_WO].data, w[L_WO].dtype, n, q_dim, d);
     if (hp->attention_out_bias) add_bias(s->block_out, w[L_BO], n, d);
 }
 
@@ -605,7 +612,7 @@ static void norm_row(const colibri_session *s, float *out, const float *x, colib
     if (hp->norm_kind == COLIBRI_NORM_LAYER)
         colibri_layernorm(out, x, w.data, w.dtype, b.data, b.dtype, hp->hidden_size, hp->rms_norm_eps);
     else
-        s->kernels->rmsnorm(out, x, w.data, w.dtype, hp->hidden_size, hp->rms_norm_eps);
+        s->compute.kernels->rmsnorm(out, x, w.data, w.dtype, hp->hidden_size, hp->rms_norm_eps);
 }
 
 static void divide(float *x, size_t n, float divisor)
@@ -619,7 +626,7 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
 {
     const colibri_model *m = s->model;
     const colibri_hparams *hp = &m->hp;
-    const colibri_kernels *k = s->kernels;
+    const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, t, l;
     size_t nd = (size_t)n * d;
 
@@ -665,14 +672,14 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
         for (t = 0; t < n; t++)
             norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, m->norm, m->norm_bias);
         colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
-        k->matmul(logits, s->xn, m->lm_head.data, m->lm_head.dtype, n, d, hp->vocab_size);
+        colibri_matmul(k, logits, s->xn, m->lm_head.data, m->lm_head.dtype, n, d, hp->vocab_size);
         if (hp->lm_head_bias) add_bias(logits, m->lm_head_bias, n, hp->vocab_size);
         if (hp->logits_divisor != 1.0f) divide(logits, (size_t)n * hp->vocab_size, hp->logits_divisor);
         memcpy(s->logits, logits + (size_t)(n - 1) * hp->vocab_size, (size_t)hp->vocab_size * sizeof(float));
     } else {
         norm_row(s, s->xn, s->x + (size_t)(n - 1) * d, m->norm, m->norm_bias);
         colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
-        k->matmul(s->logits, s->xn, m->lm_head.data, m->lm_head.dtype, 1, d, hp->vocab_size);
+        colibri_matmul(k, s->logits, s->xn, m->lm_head.data, m->lm_head.dtype, 1, d, hp->vocab_size);
         if (hp->lm_head_bias) add_bias(s->logits, m->lm_head_bias, 1, hp->vocab_size);
         if (hp->logits_divisor != 1.0f) divide(s->logits, (size_t)hp->vocab_size, hp->logits_divisor);
     }

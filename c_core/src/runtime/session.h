@@ -9,7 +9,7 @@
 
 struct colibri_session {
     const colibri_model *model;
-    const colibri_kernels *kernels;
+    colibri_compute compute;    /* the kernels, and the threads that share big matmuls */
     colibri_moe moe;
     int32_t n_ctx;
     int32_t n_batch;

@@ -1,0 +1,44 @@
+"""Threads share a big matmul's rows (one token) or tokens (several); each output is computed by the
+same kernel call as with one thread, so any thread count gives the same bits."""
+import numpy as np
+import pytest
+
+import colibri
+from colibri.convert import convert
+from conftest import load_make_fixtures
+
+CONFIG = dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
+              tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """lm_head is 4096 x 128: above the size where a matmul is shared."""
+    root = tmp_path_factory.mktemp("threads")
+    load_make_fixtures().build_model(CONFIG, seed=2).save_pretrained(root / "hf")
+    return convert(root / "hf", root / "colibri", dtype="f32", progress=False)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
+def test_any_thread_count_gives_the_same_bits(model, kernels):
+    tokens = np.random.default_rng(8).integers(0, CONFIG["vocab_size"], 40)
+
+    def run(threads):
+        s = colibri.Model(model, threads=threads).session(ctx=64, batch=16, kernels=kernels)
+        prefill = s.forward(tokens[:32])
+        decode = np.concatenate([s.forward(tokens[i:i + 1]) for i in range(32, 40)])
+        s.reset()
+        return prefill, decode, s.generate(list(tokens[:4]), max_tokens=8, temperature=0.0, stop_at_eos=False)
+
+    one = run(1)
+    for threads in (2, 3, 7):
+        other = run(threads)
+        assert np.array_equal(one[0], other[0]) and np.array_equal(one[1], other[1]) and one[2] == other[2], threads
+
+
+def test_thread_counts_are_checked(model):
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        colibri.Model(model, threads=-1)
+    with pytest.raises(colibri.Error, match="threads = 300"):
+        colibri.Model(model, threads=300).session(ctx=16)
