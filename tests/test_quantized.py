@@ -81,6 +81,9 @@ def test_cli_quant_flag(tmp_path):
 def test_quantized_models_give_the_same_bits_on_every_target(target, tmp_path):
     from test_targets import prompt_logits
 
+    from test_targets import infer
+
     src = convert(FIXTURES / "tiny-mixtral", tmp_path / "q", dtype="q4_0", progress=False)
+    infer(target, "--model", src, "--validate-model")   # every block's scale checked (under the sanitizers too)
     host = prompt_logits("native", src, TOKENS, tmp_path, "--reference")
     assert np.array_equal(host.view(np.uint32), prompt_logits(target, src, TOKENS, tmp_path, "--reference").view(np.uint32))

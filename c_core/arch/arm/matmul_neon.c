@@ -57,13 +57,7 @@ static void matmul_neon(float *y, const float *x, const void *w, colibri_dtype d
 {
     size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
     int32_t r, t;
-    if (colibri_dtype_is_block(dtype)) {
-        size_t block_row = colibri_row_bytes(dtype, (size_t)cols);
-        for (r = 0; r < rows; r++)
-            for (t = 0; t < n; t++)
-                y[(size_t)t * rows + r] = dot_blocks((const uint8_t *)w + (size_t)r * block_row, dtype, x + (size_t)t * cols, cols);
-        return;
-    }
+    if (colibri_dtype_is_block(dtype)) { colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_blocks); return; }
     for (r = 0; r < rows; r++) {
         const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (t = 0; t < n; t++) {

@@ -799,7 +799,7 @@ static colibri_status check_overlaps(const colibri_model *m, int32_t *order, col
 static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor *t, colibri_error *err)
 {
     const uint8_t *p = m->weights + t->file_offset;
-    uint64_t i, n = t->file_size / colibri_dtype_size(t->dtype);
+    uint64_t i, n;
     uint32_t crc = colibri_crc32(0, p, (size_t)t->file_size);
     if (crc != t->crc32)
         return colibri_fail(err, COLIBRI_E_CHECKSUM, "tensor `%s`: crc32 %x != %x in colibri_model.json",
@@ -816,6 +816,7 @@ static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor
         return COLIBRI_OK;
     }
     if (t->dtype > COLIBRI_DTYPE_BF16) return COLIBRI_OK;   /* integers are always finite */
+    n = t->file_size / colibri_dtype_size(t->dtype);
     for (i = 0; i < n; i++) {
         int finite;
         if (t->dtype == COLIBRI_DTYPE_F32) {

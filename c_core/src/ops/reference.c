@@ -64,6 +64,16 @@ float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i)
     return dtype == COLIBRI_DTYPE_F16 ? colibri_f16_to_f32(h) : colibri_bf16_to_f32(h);
 }
 
+void colibri_matmul_by_rows(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t n, int32_t cols,
+                            int32_t rows, float (*dot)(const uint8_t *row, colibri_dtype dtype, const float *x, int32_t cols))
+{
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
+    int32_t r, t;
+    for (r = 0; r < rows; r++)
+        for (t = 0; t < n; t++)
+            y[(size_t)t * rows + r] = dot((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
+}
+
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T */
 void colibri_ref_matmul(float *y, const float *x, const void *w, colibri_dtype dtype,
                         int32_t n, int32_t cols, int32_t rows)
