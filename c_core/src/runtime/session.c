@@ -580,13 +580,17 @@ static void count_expert_load(colibri_session *s, int32_t layer)
     for (e = 0; e < E; e++) load[e] += (uint64_t)(end[e] - s->moe_buf.expert_start[e]);
 }
 
+/* counts (n_layers, n_experts) <- one of the session's per-expert counters */
+static colibri_status copy_counts(const colibri_session *s, const uint64_t *from, uint64_t *counts)
+{
+    if (!s || !counts) return COLIBRI_E_ARG;
+    memcpy(counts, from, (size_t)s->model->hp.n_layers * s->model->hp.n_experts * sizeof(uint64_t));
+    return COLIBRI_OK;
+}
+
 colibri_status colibri_expert_load(const colibri_session *s, uint64_t *counts)
 {
-    const colibri_hparams *hp;
-    if (!s || !counts) return COLIBRI_E_ARG;
-    hp = &s->model->hp;
-    memcpy(counts, s->expert_load, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
-    return COLIBRI_OK;
+    return copy_counts(s, s ? s->expert_load : NULL, counts);
 }
 
 void colibri_expert_load_clear(colibri_session *s)
@@ -598,11 +602,7 @@ void colibri_expert_load_clear(colibri_session *s)
 
 colibri_status colibri_expert_dropped(const colibri_session *s, uint64_t *counts)
 {
-    const colibri_hparams *hp;
-    if (!s || !counts) return COLIBRI_E_ARG;
-    hp = &s->model->hp;
-    memcpy(counts, s->expert_dropped, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
-    return COLIBRI_OK;
+    return copy_counts(s, s ? s->expert_dropped : NULL, counts);
 }
 
 /* out (dim) = the model's norm of x: RMSNorm, or LayerNorm with its bias */
