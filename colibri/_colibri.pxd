@@ -77,6 +77,7 @@ cdef extern from "colibri/colibri.h" nogil:
 
     ctypedef struct colibri_session_options:
         int32_t kernels
+        const char *kernel_variant
         int32_t n_ctx
         int32_t n_batch
         int32_t routing
@@ -97,6 +98,7 @@ cdef extern from "colibri/colibri.h" nogil:
     int32_t colibri_session_position(const colibri_session *session)
     int32_t colibri_session_n_ctx(const colibri_session *session)
     const char *colibri_session_kernels(const colibri_session *session)
+    const char *colibri_kernel_variant(int32_t i, int *runs_here)
     colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                    float *logits, colibri_error *err)
     const float *colibri_session_logits(const colibri_session *session)

@@ -42,6 +42,19 @@ def _token_ids(tokens):
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def kernel_variants():
+    """{name: whether this CPU runs it} for the kernel variants this build has, the reference first."""
+    out = {}
+    cdef int runs = 0
+    cdef int32_t i = 0
+    cdef const char *name = c.colibri_kernel_variant(0, &runs)
+    while name is not NULL:
+        out[name.decode()] = bool(runs)
+        i += 1
+        name = c.colibri_kernel_variant(i, &runs)
+    return out
+
+
 cdef raise_error(c.colibri_error *err):
     raise Error(c.colibri_status_name(err.status).decode(), <int>err.status,
                 err.message.decode("utf-8", "replace"))
@@ -189,8 +202,13 @@ cdef class Session:
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
-        if kernels not in ("auto", "reference"):
-            raise ValueError(f"kernels must be 'auto' or 'reference', not {kernels!r}")
+        variants = kernel_variants()
+        if kernels != "auto" and kernels not in variants:
+            raise ValueError(f"kernels must be 'auto' or one of {', '.join(variants)}, not {kernels!r}")
+        if kernels != "auto" and not variants[kernels]:
+            raise ValueError(f"this CPU cannot run the {kernels} kernels (it runs: "
+                             f"{', '.join(k for k, runs in variants.items() if runs)})")
+        cdef bytes kernel_name = kernels.encode()
         if routing not in _ROUTINGS:
             raise ValueError(f"routing must be one of {', '.join(_ROUTINGS)}, not {routing!r}")
         memset(&opts, 0, sizeof(opts))
@@ -200,7 +218,8 @@ cdef class Session:
         opts.capacity_factor = capacity_factor
         opts.profile = profile
         opts.threads = model.threads if threads is None else threads
-        opts.kernels = c.COLIBRI_KERNELS_REFERENCE if kernels == "reference" else c.COLIBRI_KERNELS_AUTO
+        opts.kernels = c.COLIBRI_KERNELS_AUTO
+        opts.kernel_variant = NULL if kernels == "auto" else <const char *>kernel_name
         opts.n_ctx = ctx
         opts.n_batch = batch
         self.model = model
@@ -292,6 +311,22 @@ cdef class Session:
             raise_error(&err)
         return out
 
+    def prefill(self, tokens):
+        """Appends ``tokens`` to the KV cache, computing only the last position's logits (for
+        sample()): a prompt's lm_head costs one row, not one per token."""
+        cdef int32_t[::1] ids = _token_ids(tokens)
+        cdef size_t n = ids.shape[0]
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        self._enter()
+        try:
+            with nogil:
+                st = c.colibri_forward(self._session, &ids[0], n, NULL, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
     def sample(self, float temperature=0.0, int top_k=0, float top_p=1.0):
         """Draws the next token from the last logits (greedy at temperature 0).  top_k keeps the k
         most likely tokens, then top_p the nucleus of those (renormalised, as transformers does)."""
@@ -339,7 +374,7 @@ cdef class Session:
         if seed is not None:
             self.seed(seed)
         eos = c.colibri_model_hparams(self.model._model).eos_token_id
-        self.forward(prompt)
+        self.prefill(prompt)
         if max_tokens <= 0:
             return
         token = self.sample(temperature, top_k, top_p)

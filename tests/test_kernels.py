@@ -23,24 +23,45 @@ def cpu_flags():
     return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
 
 
+def expected_variants():
+    """The kernel variants this machine should run, from /proc/cpuinfo (an outside witness of the
+    CPU probe), best last."""
+    flags = cpu_flags()
+    if platform.machine() == "x86_64" and {"avx2", "fma", "f16c"} <= flags:
+        if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+            return ["reference", "reference-int8", "avx2", "avx512"]
+        return ["reference", "reference-int8", "avx2"]
+    if platform.machine() == "aarch64":
+        return ["reference", "reference-int8", "neon"] + (["neon-dotprod"] if "asimddp" in flags else [])
+    return ["reference", "reference-int8"]
+
+
 def test_the_fastest_variant_is_the_default():
+    expected = expected_variants()
+    assert [k for k, runs in colibri.kernel_variants().items() if runs] == expected
     s = colibri.Model(MODEL_DIR).session(ctx=16)
-    expected = "reference"
-    if platform.machine() == "x86_64" and {"avx2", "fma", "f16c"} <= cpu_flags():
-        expected = "avx2"
-    elif platform.machine() == "aarch64":
-        expected = "neon"
-    assert s.kernels == expected
-    assert colibri.Model(MODEL_DIR).session(ctx=16, kernels="reference").kernels == "reference"
-    with pytest.raises(ValueError):
+    assert s.kernels == (expected[-1] if len(expected) > 2 else "reference")
+    for name in expected:
+        assert colibri.Model(MODEL_DIR).session(ctx=16, kernels=name).kernels == name
+    with pytest.raises(ValueError, match="kernels must be"):
         colibri.Model(MODEL_DIR).session(kernels="fast")
 
 
-def test_environment_forces_the_reference():
+@pytest.mark.parametrize("variant", expected_variants())
+def test_environment_forces_a_variant(variant):
     code = "import colibri; from colibri.demo import MODEL_DIR; print(colibri.Model(MODEL_DIR).session(ctx=8).kernels)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/",
-                         env=dict(os.environ, COLIBRI_KERNELS="reference")).stdout
-    assert out.strip() == "reference"
+                         env=dict(os.environ, COLIBRI_KERNELS=variant)).stdout
+    assert out.strip() == variant
+
+
+def test_environment_names_an_unknown_variant():
+    code = "import colibri; from colibri.demo import MODEL_DIR; colibri.Model(MODEL_DIR).session(ctx=8)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
+                         env=dict(os.environ, COLIBRI_KERNELS="sse9"))
+    assert run.returncode != 0
+    assert 'COLIBRI_KERNELS "sse9": no such kernel variant runs here' in run.stderr
+    assert "reference" in run.stderr
 
 
 @pytest.mark.parametrize("model_dir", [MODEL_DIR, FIXTURES / "tiny-mixtral.colibri"], ids=["bundled", "tiny"])

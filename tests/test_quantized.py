@@ -41,13 +41,30 @@ def test_quantized_logits_are_transformers_on_the_dequantized_weights(dtype, tmp
             weights[name] = dequantize(quantize(w.astype(np.float32), kind), kind).reshape(w.shape).astype(np.float32)
     save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
 
-    ours = model.session(ctx=64).forward(TOKENS)
+    ours = model.session(ctx=64, kernels="reference").forward(TOKENS)
     ref = hf_logits(tmp_path / "hf", TOKENS)
     full = colibri.Model(convert(src, tmp_path / "f32", dtype="f32", progress=False)).session(ctx=64).forward(TOKENS)
     print(f"{dtype}: max |colibri - transformers on the same weights| = {np.abs(ours - ref).max():.2e}; "
           f"quantization moved the logits by {np.abs(ours - full).max():.2e}; "
           f"weights {model.weight_bytes:,} B")
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_fast_kernels_compute_the_int8_path(dtype, tmp_path):
+    """The fast kernels quantize activations to int8 blocks for q8_0 and q4_0 weights, as llama.cpp
+    does.  Whole-model logits equal the scalar int8 path's (reference-int8: the same integers,
+    float sums in another order); one matmul of that path against the float oracle is bounded in
+    c_core/tests/test_kernels.c."""
+    model = colibri.Model(convert(FIXTURES / "tiny-mixtral", tmp_path / dtype, dtype=dtype, progress=False))
+    fast = model.session(ctx=64)
+    int8_ref = model.session(ctx=64, kernels="reference-int8").forward(TOKENS)
+    float_ref = model.session(ctx=64, kernels="reference").forward(TOKENS)
+    ours = fast.forward(TOKENS)
+    print(f"{dtype} {fast.kernels}: max |fast - reference-int8| = {np.abs(ours - int8_ref).max():.2e}; "
+          f"int8 activations moved the logits by {np.abs(int8_ref - float_ref).max():.2e}")
+    np.testing.assert_allclose(ours, int8_ref, atol=1e-4, rtol=0)
+    assert np.abs(int8_ref - float_ref).max() > 1e-3   # the int8 path really ran
 
 
 def test_quantized_rows_must_be_whole_blocks(tmp_path):

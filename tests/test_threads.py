@@ -1,5 +1,6 @@
-"""Threads share a big matmul's rows (one token) or tokens (several); each output is computed by the
-same kernel call as with one thread, so any thread count gives the same bits."""
+"""Threads share a big matmul's rows (one token) or tokens (several), or in decode the routed experts
+(each whole on one thread, added in id order); each output is computed by the same kernel calls as
+with one thread, so any thread count gives the same bits."""
 import numpy as np
 import pytest
 
@@ -12,12 +13,12 @@ CONFIG = dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidde
               tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """lm_head is 4096 x 128: above the size where a matmul is shared."""
+@pytest.fixture(scope="module", params=["f32", "q4_0"])
+def model(tmp_path_factory, request):
+    """lm_head is 4096 x 128: above the size where a matmul is shared.  q4_0: the int8 path."""
     root = tmp_path_factory.mktemp("threads")
     load_make_fixtures().build_model(CONFIG, seed=2).save_pretrained(root / "hf")
-    return convert(root / "hf", root / "colibri", dtype="f32", progress=False)
+    return convert(root / "hf", root / "colibri", dtype=request.param, progress=False)
 
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])

@@ -14,9 +14,9 @@ colibri_status colibri_platform_map_arena(size_t size, void **base, size_t *mapp
                                           colibri_error *err);
 void colibri_platform_unmap_arena(void *base, size_t mapped);
 
-/* Whether the environment asks for the reference kernels (COLIBRI_KERNELS=reference on POSIX),
- * so tests and users can force that path without changing code. */
-int colibri_platform_wants_reference_kernels(void);
+/* The kernel variant the environment asks for by name (COLIBRI_KERNELS=reference, avx2, ... on
+ * POSIX; NULL when unset or "auto"), so tests and users can force a path without changing code. */
+const char *colibri_platform_kernels_request(void);
 
 /* Threads for the forward pass, made with the session: `threads` - 1 workers that sleep until
  * colibri_platform_pool_run hands them a part of a job, so no thread is made and nothing is

@@ -56,28 +56,60 @@ static void quantize_row(const float *x, int32_t cols, colibri_dtype dtype, uint
     }
 }
 
-int main(void)
+/* Budget of the int8 path against the float oracle: quantizing x to blocks moves each x by at
+ * most d / 2 = amax / 254 of its block, so |error| <= sum over blocks of amax / 254 * sum |w|,
+ * plus float summation of the block sums. */
+static double q8_budget(const float *w32, const float *x, int32_t cols)
 {
-    static const int32_t ns[] = { 1, 3, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 257 }, rowss[] = { 1, 5 };
-    const colibri_kernels *ref = colibri_kernels_reference(), *best = colibri_kernels_best();
-    int di, ni, ci, ri, failures = 0, checked = 0;
-    if (best == ref) {
-        printf("no kernel variant on this architecture: only the reference runs\n");
-        return 0;
+    double budget = 0.0, mag = 0.0;
+    int32_t b, j;
+    for (b = 0; b < cols / 32; b++) {
+        double amax = 0.0, wsum = 0.0;
+        for (j = 0; j < 32; j++) {
+            if (fabs((double)x[b * 32 + j]) > amax) amax = fabs((double)x[b * 32 + j]);
+            wsum += fabs((double)w32[b * 32 + j]);
+            mag += fabs((double)w32[b * 32 + j] * x[b * 32 + j]);
+        }
+        budget += amax / 254.0 * wsum * (1.0 + 1e-6);
     }
+    return budget + cols * ldexp(1.0, -22) * mag + 1e-30;
+}
+
+static int failures, checked;
+
+static void check(const char *variant, const char *what, const char *dtype, int32_t n, int32_t cols, int32_t rows,
+                  int32_t t, int32_t r, double got, double want, double budget)
+{
+    checked++;
+    if (fabs(got - want) > budget && failures++ < 10)
+        fprintf(stderr, "%s %s %s n=%d cols=%d rows=%d [%d,%d]: %.9g != %.9g (budget %.3g)\n", variant, what, dtype,
+                (int)n, (int)cols, (int)rows, (int)t, (int)r, got, want, budget);
+}
+
+/* One variant against the reference: the float matmul for every dtype; for the block formats,
+ * its int8 path against the scalar int8 path (the same integers: only float summation order
+ * differs) and against the float oracle (the activation quantization's bound). */
+static void test_variant(const colibri_kernels *k)
+{
+    static const int32_t ns[] = { 1, 3, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 257, 1024 }, rowss[] = { 1, 5 };
     static const char *const colibri_dtype_names[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
                                             COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0 };
+    const colibri_kernels *ref = colibri_kernels_reference();
+    int di, ni, ci, ri, before = failures, count = checked;
     for (di = 0; di < 5; di++) {
         colibri_dtype dtype = dtypes[di];
-        for (ni = 0; ni < 3; ni++) for (ci = 0; ci < 10; ci++) for (ri = 0; ri < 2; ri++) {
+        for (ni = 0; ni < 3; ni++) for (ci = 0; ci < 11; ci++) for (ri = 0; ri < 2; ri++) {
             int32_t n = ns[ni], cols = colss[ci], rows = rowss[ri], i, t, r;
             size_t wsize = (size_t)rows * colibri_row_bytes(dtype, (size_t)cols);
             if (colibri_dtype_is_block(dtype) && cols % 32) continue;   /* rows are whole blocks */
             float *x = malloc((size_t)n * cols * 4), *w32 = malloc((size_t)rows * cols * 4);
-            float *y_ref = malloc((size_t)n * rows * 4), *y = malloc((size_t)n * rows * 4);
+            float *y_ref = malloc((size_t)n * rows * 4), *y = malloc((size_t)n * rows * 4), *y_q8 = malloc((size_t)n * rows * 4);
+            colibri_q8_block *xq_ref = malloc((size_t)n * (cols / 32 + 1) * sizeof *xq_ref);
+            colibri_q8_block *xq = malloc((size_t)n * (cols / 32 + 1) * sizeof *xq);
             void *w = malloc(wsize);
             for (i = 0; i < n * cols; i++) x[i] = next_float();
+            if (n == 3 && cols >= 64) for (i = 0; i < 32; i++) x[i] = 0.0f;   /* an all-zero block: d = 0 */
             for (i = 0; i < rows * cols; i++) {
                 w32[i] = next_float();
                 if (dtype == COLIBRI_DTYPE_F32) ((float *)w)[i] = w32[i];
@@ -93,22 +125,49 @@ int main(void)
                         w32[(size_t)r * cols + i] = colibri_load_f32((uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols), dtype, (size_t)i);
                 }
             ref->matmul(y_ref, x, w, dtype, n, cols, rows);
-            best->matmul(y, x, w, dtype, n, cols, rows);
+            k->matmul(y, x, w, dtype, n, cols, rows);
             for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
-                double mag = 0.0, budget;
+                double mag = 0.0;
                 for (i = 0; i < cols; i++) mag += fabs((double)w32[r * cols + i] * x[t * cols + i]);
-                budget = cols * ldexp(1.0, -24) * mag + 1e-30;
-                checked++;
-                if (fabs((double)y[t * rows + r] - y_ref[t * rows + r]) > budget) {
-                    if (failures++ < 10)
-                        fprintf(stderr, "%s matmul %s n=%d cols=%d rows=%d [%d,%d]: %.9g != reference %.9g (budget %.3g)\n",
-                                best->name, colibri_dtype_names[di], (int)n, (int)cols, (int)rows, (int)t, (int)r,
-                                y[t * rows + r], y_ref[t * rows + r], budget);
+                check(k->name, "matmul", colibri_dtype_names[di], n, cols, rows, t, r, y[t * rows + r], y_ref[t * rows + r],
+                      cols * ldexp(1.0, -24) * mag + 1e-30);
+            }
+            if (colibri_dtype_is_block(dtype) && k->matmul_q8) {
+                colibri_ref_quantize_q8(xq_ref, x, n, cols);
+                k->quantize_q8(xq, x, n, cols);
+                for (i = 0; i < n * cols / 32; i++) {   /* the same blocks, bit for bit */
+                    checked++;
+                    if ((memcmp(&xq[i].d, &xq_ref[i].d, 4) || xq[i].sum != xq_ref[i].sum || memcmp(xq[i].q, xq_ref[i].q, 32))
+                        && failures++ < 10)
+                        fprintf(stderr, "%s quantize_q8 cols=%d block %d differs from the reference\n", k->name, (int)cols, (int)i);
+                }
+                colibri_ref_matmul_q8(y, xq_ref, w, dtype, n, cols, rows);
+                k->matmul_q8(y_q8, xq_ref, w, dtype, n, cols, rows);
+                for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
+                    double mag = 0.0;   /* sum |block scale * integer dot| bounds the float sums' error */
+                    for (i = 0; i < cols; i++) mag += fabs((double)w32[r * cols + i] * xq_ref[t * cols / 32 + i / 32].d * xq_ref[t * cols / 32 + i / 32].q[i % 32]);
+                    check(k->name, "matmul_q8 vs scalar int8", colibri_dtype_names[di], n, cols, rows, t, r, y_q8[t * rows + r],
+                          y[t * rows + r], (cols / 32 + 8) * ldexp(1.0, -23) * mag + 1e-30);
+                    check(k->name, "matmul_q8 vs float oracle", colibri_dtype_names[di], n, cols, rows, t, r, y_q8[t * rows + r],
+                          y_ref[t * rows + r], q8_budget(w32 + (size_t)r * cols, x + (size_t)t * cols, cols));
                 }
             }
-            free(x); free(w32); free(y_ref); free(y); free(w);
+            free(x); free(w32); free(y_ref); free(y); free(y_q8); free(xq_ref); free(xq); free(w);
         }
     }
-    printf("%s kernels: %d outputs compared with the reference, %d outside the budget\n", best->name, checked, failures);
+    printf("%s kernels: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
+           failures - before);
+}
+
+int main(void)
+{
+    int32_t i, tested = 0;
+    for (i = 1; colibri_kernels_variant(i); i++) {   /* reference-int8 too: its int8 path against the float oracle */
+        const colibri_kernels *k = colibri_kernels_variant(i);
+        if (!colibri_kernels_runnable(k)) { printf("%s kernels: this CPU cannot run them\n", k->name); continue; }
+        test_variant(k);
+        tested++;
+    }
+    if (tested == 1) printf("no SIMD kernel variant runs here: only the references\n");
     return failures ? 1 : 0;
 }

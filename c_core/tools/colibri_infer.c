@@ -23,6 +23,7 @@ typedef struct options {
     const char *logits_path;
     const char *load_path;
     const char *profile_path;
+    const char *kernels;            /* a kernel variant by name, NULL: the best */
     long max_tokens;
     long ctx;
     long batch;
@@ -59,6 +60,8 @@ static void usage(FILE *f)
         "  --ids              print token ids even when the model has a vocabulary\n"
         "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
         "  --reference        compute with the plain C reference kernels (as COLIBRI_KERNELS=reference)\n"
+        "  --kernels NAME     compute with one kernel variant: reference, avx2, avx512, neon, neon-dotprod\n"
+        "                     (as COLIBRI_KERNELS=NAME; default: the best this CPU runs)\n"
         "  --expert_load FILE write the tokens routed to each expert, uint64 [n_layers, n_experts], to FILE\n"
         "  --threads N        threads sharing the big matmuls (default: COLIBRI_THREADS, else the cores)\n"
         "  --profile FILE     time each phase of the forward pass; write them to FILE (JSON; colibri profile show FILE)\n"
@@ -131,6 +134,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "logits")) o->logits_path = v;
         else if (option_is(a, "expert_load")) o->load_path = v;
         else if (option_is(a, "profile")) o->profile_path = v;
+        else if (option_is(a, "kernels")) o->kernels = v;
         else if (option_is(a, "threads")) { if (!parse_long(a, v, 1, 256, &o->threads)) return 0; }
         else if (option_is(a, "max_tokens")) { if (!parse_long(a, v, 0, 1 << 24, &o->max_tokens)) return 0; }
         else if (option_is(a, "ctx")) { if (!parse_long(a, v, 1, 1 << 24, &o->ctx)) return 0; }
@@ -235,6 +239,7 @@ int main(int argc, char **argv)
     so.n_ctx = (int32_t)o.ctx;   /* 0: the model's, at most 4096 */
     so.n_batch = (int32_t)o.batch;
     so.kernels = o.reference_kernels ? COLIBRI_KERNELS_REFERENCE : COLIBRI_KERNELS_AUTO;
+    so.kernel_variant = o.kernels;
     so.routing = o.routing;
     so.profile = o.profile_path != NULL;
     so.threads = (int32_t)o.threads;

@@ -1,9 +1,6 @@
 /* NEON kernels (AArch64, where Advanced SIMD is part of the base architecture).
  * Each is tested against ops/reference.c. */
-#include <arm_neon.h>
-#include <string.h>
-
-#include "../../src/ops/ops.h"
+#include "q8_neon.h"
 
 /* 4 weights of row w starting at c, as floats. */
 static inline float32x4_t load4(const void *w, colibri_dtype dtype, size_t c)
@@ -79,6 +76,22 @@ static void matmul_neon(float *y, const float *x, const void *w, colibri_dtype d
     }
 }
 
-static const colibri_kernels neon_kernels = { "neon", matmul_neon, colibri_ref_rmsnorm };
+/* 16 by 16 signed bytes into 4 int32: widening multiplies, pairs summed.  No int16 overflows:
+ * activations lie in [-127, 127], so a pair is at most 2 * 128 * 127. */
+static int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b)
+{
+    int16x8_t p = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    return vpadalq_s16(acc, vmlal_s8(p, vget_high_s8(a), vget_high_s8(b)));
+}
+
+static void quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols) { quantize_q8_neon(xq, x, n, cols); }
+
+static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                      int32_t n, int32_t cols, int32_t rows)
+{
+    matmul_q8_neon_with(y, xq, w, dtype, n, cols, rows, dot16);
+}
+
+static const colibri_kernels neon_kernels = { "neon", matmul_neon, colibri_ref_rmsnorm, quantize_q8, matmul_q8 };
 
 const colibri_kernels *colibri_kernels_neon(void) { return &neon_kernels; }

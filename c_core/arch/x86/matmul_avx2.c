@@ -1,9 +1,6 @@
 /* AVX2 + FMA + F16C kernels (x86-64).  Compiled with -mavx2 -mfma -mf16c; called only
  * after colibri_cpu_has_avx2() said yes.  Each is tested against ops/reference.c. */
-#include <immintrin.h>
-#include <string.h>
-
-#include "../../src/ops/ops.h"
+#include "q8_x86.h"
 
 /* 8 weights of row w starting at c, as floats. */
 static inline __m256 load8(const void *w, colibri_dtype dtype, size_t c)
@@ -14,14 +11,6 @@ static inline __m256 load8(const void *w, colibri_dtype dtype, size_t c)
         if (dtype == COLIBRI_DTYPE_F16) return _mm256_cvtph_ps(h);
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));   /* bf16 */
     }
-}
-
-static inline float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* 8 int8 quants as floats. */
@@ -62,7 +51,7 @@ static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x,
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(h)), s, acc);
     }
-    return hsum(acc);
+    return hsum8(acc);
 }
 
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 8-wide accumulators per dot product. */
@@ -86,13 +75,40 @@ static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype d
                 a3 = _mm256_fmadd_ps(load8(wr, dtype, c + 24), _mm256_loadu_ps(xt + c + 24), a3);
             }
             for (; c + 8 <= end; c += 8) a0 = _mm256_fmadd_ps(load8(wr, dtype, c), _mm256_loadu_ps(xt + c), a0);
-            acc = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+            acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
             for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
             y[(size_t)t * rows + r] = acc;
         }
     }
 }
 
-static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, colibri_ref_rmsnorm };
+/* Integer block dots: maddubs multiplies unsigned by signed bytes, so q8_0 moves w's sign onto x
+ * (|w| * sign(w) x); q4_0's nibbles are unsigned already.  Pairs sum to int16 without overflow
+ * (at most 2 * 128 * 127), madd with ones widens them to 8 int32. */
+static inline __m256i dot_q8_0(const uint8_t *block, const int8_t *x)
+{
+    __m256i w = _mm256_loadu_si256((const __m256i *)block), v = _mm256_loadu_si256((const __m256i *)x);
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+static inline __m256i dot_q4_0(const uint8_t *block, const int8_t *x)
+{
+    __m256i pairs = _mm256_maddubs_epi16(q4_nibbles(block), _mm256_loadu_si256((const __m256i *)x));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+static void quantize_q8_avx2(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
+{
+    quantize_q8_x86(xq, x, n, cols);
+}
+
+static void matmul_q8_avx2(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                           int32_t n, int32_t cols, int32_t rows)
+{
+    matmul_q8_x86(y, xq, w, dtype, n, cols, rows, dot_q8_0, dot_q4_0);
+}
+
+static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, colibri_ref_rmsnorm, quantize_q8_avx2, matmul_q8_avx2 };
 
 const colibri_kernels *colibri_kernels_avx2(void) { return &avx2_kernels; }

@@ -199,7 +199,9 @@ enum {
 };
 
 typedef struct colibri_session_options {
-    int32_t kernels;        /* COLIBRI_KERNELS_*; AUTO yields to COLIBRI_KERNELS=reference in the environment */
+    int32_t kernels;        /* COLIBRI_KERNELS_*; AUTO yields to COLIBRI_KERNELS=<variant> in the environment */
+    const char *kernel_variant; /* a variant by name ("reference", "avx2", "avx512", "neon", "neon-dotprod"):
+                               overrides `kernels`; NULL: as `kernels` says */
     int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings, at most 4096 */
     int32_t n_batch;        /* tokens computed together in one forward chunk; 0: 64 */
     /* Research routing, off unless asked for: it changes what the model computes. */
@@ -235,7 +237,10 @@ void colibri_session_destroy(colibri_session *session);
 void colibri_session_reset(colibri_session *session);          /* empties the KV cache */
 int32_t colibri_session_position(const colibri_session *session);
 int32_t colibri_session_n_ctx(const colibri_session *session);
-const char *colibri_session_kernels(const colibri_session *session);   /* "avx2", "neon", "reference" */
+const char *colibri_session_kernels(const colibri_session *session);   /* "avx2", "neon", "reference", ... */
+/* The kernel variants this build has, in order of preference after the reference: name of the
+ * i-th (NULL past the end), and whether this CPU runs it. */
+const char *colibri_kernel_variant(int32_t i, int *runs_here);
 
 /* Appends `n` tokens to the KV cache and computes their logits.
  * logits (n, vocab): every position's logits, or NULL to keep only the last one,

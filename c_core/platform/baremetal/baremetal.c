@@ -15,7 +15,7 @@ colibri_status colibri_platform_map_arena(size_t size, void **base, size_t *mapp
 
 void colibri_platform_unmap_arena(void *base, size_t mapped) { (void)base; (void)mapped; }
 
-int colibri_platform_wants_reference_kernels(void) { return 0; }
+const char *colibri_platform_kernels_request(void) { return NULL; }
 
 colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model **model, colibri_error *err)
 {

@@ -44,10 +44,10 @@ void colibri_platform_unmap_arena(void *base, size_t mapped)
     munmap(base, mapped);
 }
 
-int colibri_platform_wants_reference_kernels(void)
+const char *colibri_platform_kernels_request(void)
 {
     const char *v = getenv("COLIBRI_KERNELS");
-    return v && strcmp(v, "reference") == 0;
+    return v && *v && strcmp(v, "auto") != 0 ? v : NULL;
 }
 
 /* What a model opened from a directory owns besides its metadata block. */
@@ -175,8 +175,22 @@ uint64_t colibri_platform_now_ns(void)
 
 /* ---- the thread pool ---- */
 
-/* Workers sleep on a condition variable until a job's generation number moves; the caller runs
- * part 0 and then waits for the others to count down.  One lock, taken twice per job. */
+/* A job is published by bumping `generation`; workers spin on it for a short while (a decode step
+ * hands out the next job within microseconds), then sleep on a condition variable, so an idle
+ * pool costs nothing.  The caller runs part 0, then likewise spins, then sleeps, until `running`
+ * counts down.  A sleeper announces itself before its last check and the other side looks after
+ * its own store (both sequentially consistent), so no wake-up is lost. */
+#define SPIN_ROUNDS 20000   /* ~50-100 us of pause instructions before sleeping */
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 typedef struct worker_start { struct colibri_pool *pool; int32_t part; } worker_start;
 
 struct colibri_pool {
@@ -185,29 +199,43 @@ struct colibri_pool {
     worker_start *starts;           /* (threads) each worker's pool and part, read as it starts */
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
-    uint64_t generation;            /* bumped per job */
-    int32_t running;                /* workers still on the current job */
-    int stopping;
+    uint64_t generation;            /* bumped per job (atomic) */
+    int32_t running;                /* workers still on the current job (atomic) */
+    int32_t sleeping_workers;       /* workers waiting on `wake` (atomic) */
+    int32_t caller_sleeping;        /* the caller waits on `done` (atomic) */
+    int32_t stopping;
     void (*fn)(void *context, int32_t part, int32_t parts);
     void *context;
 };
+
+static uint64_t load_generation(colibri_pool *pool) { return __atomic_load_n(&pool->generation, __ATOMIC_SEQ_CST); }
 
 static void *worker(void *arg)
 {
     colibri_pool *pool = ((worker_start *)arg)->pool;
     int32_t part = ((worker_start *)arg)->part;
     uint64_t seen = 0;
-    pthread_mutex_lock(&pool->lock);
     for (;;) {
-        while (pool->generation == seen && !pool->stopping) pthread_cond_wait(&pool->wake, &pool->lock);
-        if (pool->stopping) break;
-        seen = pool->generation;
-        pthread_mutex_unlock(&pool->lock);
+        int32_t spin;
+        for (spin = 0; spin < SPIN_ROUNDS && load_generation(pool) == seen; spin++) cpu_relax();
+        if (load_generation(pool) == seen) {
+            pthread_mutex_lock(&pool->lock);
+            __atomic_add_fetch(&pool->sleeping_workers, 1, __ATOMIC_SEQ_CST);
+            while (load_generation(pool) == seen && !__atomic_load_n(&pool->stopping, __ATOMIC_SEQ_CST))
+                pthread_cond_wait(&pool->wake, &pool->lock);
+            __atomic_sub_fetch(&pool->sleeping_workers, 1, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&pool->lock);
+        }
+        if (__atomic_load_n(&pool->stopping, __ATOMIC_SEQ_CST)) break;
+        seen = load_generation(pool);
         pool->fn(pool->context, part, pool->threads);
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->running == 0) pthread_cond_signal(&pool->done);
+        if (__atomic_sub_fetch(&pool->running, 1, __ATOMIC_SEQ_CST) == 0
+            && __atomic_load_n(&pool->caller_sleeping, __ATOMIC_SEQ_CST)) {
+            pthread_mutex_lock(&pool->lock);
+            pthread_cond_signal(&pool->done);
+            pthread_mutex_unlock(&pool->lock);
+        }
     }
-    pthread_mutex_unlock(&pool->lock);
     return NULL;
 }
 
@@ -257,24 +285,32 @@ colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **out,
 
 void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context)
 {
-    pthread_mutex_lock(&pool->lock);
+    int32_t spin;
     pool->fn = fn;
     pool->context = context;
-    pool->running = pool->threads - 1;
-    pool->generation++;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
+    __atomic_store_n(&pool->running, pool->threads - 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&pool->generation, 1, __ATOMIC_SEQ_CST);   /* publishes fn and context */
+    if (__atomic_load_n(&pool->sleeping_workers, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&pool->lock);
+        pthread_cond_broadcast(&pool->wake);
+        pthread_mutex_unlock(&pool->lock);
+    }
     fn(context, 0, pool->threads);
-    pthread_mutex_lock(&pool->lock);
-    while (pool->running > 0) pthread_cond_wait(&pool->done, &pool->lock);
-    pthread_mutex_unlock(&pool->lock);
+    for (spin = 0; spin < SPIN_ROUNDS && __atomic_load_n(&pool->running, __ATOMIC_SEQ_CST) > 0; spin++) cpu_relax();
+    if (__atomic_load_n(&pool->running, __ATOMIC_SEQ_CST) > 0) {
+        pthread_mutex_lock(&pool->lock);
+        __atomic_store_n(&pool->caller_sleeping, 1, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(&pool->running, __ATOMIC_SEQ_CST) > 0) pthread_cond_wait(&pool->done, &pool->lock);
+        __atomic_store_n(&pool->caller_sleeping, 0, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&pool->lock);
+    }
 }
 
 void colibri_platform_pool_destroy(colibri_pool *pool)
 {
     int32_t i;
     pthread_mutex_lock(&pool->lock);
-    pool->stopping = 1;
+    __atomic_store_n(&pool->stopping, 1, __ATOMIC_SEQ_CST);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
     for (i = 1; i < pool->threads; i++) pthread_join(pool->workers[i], NULL);

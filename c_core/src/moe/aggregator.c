@@ -72,6 +72,44 @@ void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since)
     *since = now;
 }
 
+/* Decode (one token): the hit experts shared among the threads, each expert whole on one thread,
+ * so the pool is woken once per layer instead of once per matmul.  Slot i (the i-th hit expert,
+ * in id order) has its own rows of h1, h3, ye, xe and the quantized-input scratch; each expert
+ * runs the same kernel calls as on one thread, and the outputs are added afterwards in id order:
+ * the same bits as the sequential loop. */
+typedef struct experts_job {
+    const colibri_moe *moe;
+    const colibri_compute *k;
+    const colibri_hparams *hp;
+    const colibri_layer_weights *lw;
+    const colibri_moe_buffers *b;
+    const float *x;             /* (1, dim) */
+    const int32_t *slot_expert; /* (n_slots) expert ids */
+    int32_t n_slots;
+} experts_job;
+
+static void experts_part(void *context, int32_t part, int32_t parts)
+{
+    const experts_job *j = context;
+    int32_t d = j->hp->hidden_size, f = j->hp->intermediate_size, i, c;
+    for (i = j->n_slots * part / parts; i < j->n_slots * (part + 1) / parts; i++) {
+        const colibri_moe_buffers *b = j->b;
+        colibri_compute alone;
+        const float *x = j->x;
+        alone.kernels = j->k->kernels;
+        alone.pool = NULL;
+        alone.xq = j->k->xq ? j->k->xq + (size_t)i * j->k->xq_row_blocks : NULL;
+        alone.xq_row_blocks = j->k->xq_row_blocks;
+        if (j->hp->gate_on_input) {   /* Llama 4: the weight scales what the expert reads */
+            int32_t first = b->expert_start[j->slot_expert[i]];
+            for (c = 0; c < d; c++) b->xe[(size_t)i * d + c] = x[c] * b->pair_gate[first];
+            x = b->xe + (size_t)i * d;
+        }
+        j->moe->expert->forward(&alone, j->hp, j->lw, j->slot_expert[i], x, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
+                                b->ye + (size_t)i * d);
+    }
+}
+
 void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
                          const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
                          const float *x, int32_t n, float *out, uint64_t *profile)
@@ -117,6 +155,23 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const
 
     memset(out, 0, (size_t)n * d * sizeof(float));
     colibri_profile_add(profile, COLIBRI_PHASE_DISPATCH, &clock);
+    if (n == 1 && k->pool && K <= b->n_batch && r->mode != COLIBRI_ROUTING_CAPACITY) {
+        experts_job job;
+        int32_t slot = 0;
+        for (e = 0; e < E; e++)
+            if (b->expert_start[e + 1] > b->expert_start[e]) b->slot_expert[slot++] = e;
+        job.moe = moe; job.k = k; job.hp = hp; job.lw = lw; job.b = b; job.x = x;
+        job.slot_expert = b->slot_expert; job.n_slots = slot;
+        colibri_platform_pool_run(k->pool, experts_part, &job);
+        colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, &clock);
+        for (i = 0; i < slot; i++) {
+            int32_t first = b->expert_start[b->slot_expert[i]];
+            if (hp->gate_on_input) b->pair_gate[first] = 1.0f;   /* the output adds as is */
+            moe->aggregator->combine(out, b->ye + (size_t)i * d, b->pair_token + first, b->pair_gate + first, 1, d);
+        }
+        colibri_profile_add(profile, COLIBRI_PHASE_AGGREGATION, &clock);
+        E = 0;   /* the routed experts are done */
+    }
     for (e = 0; e < E; e++) {
         int32_t first = b->expert_start[e];
         int32_t m = (r->mode == COLIBRI_ROUTING_CAPACITY ? b->dropped_from[e] : b->expert_start[e + 1]) - first;

@@ -132,4 +132,23 @@ double colibri_cos(double x)
     }
 }
 
-float colibri_expf(float x) { return (float)colibri_exp((double)x); }
+/* A float's exp needs fewer terms: |r| <= ln2 / 2, so Horner over 1/k! up to k = 11 leaves a
+ * relative error below 1e-15 before the rounding to float.  The attention softmax calls this
+ * once per score. */
+float colibri_expf(float xf)
+{
+    static const double inv_factorial[12] = {
+        1.0, 1.0, 0.5, 1.6666666666666666e-01, 4.1666666666666664e-02, 8.3333333333333332e-03,
+        1.3888888888888889e-03, 1.9841269841269841e-04, 2.4801587301587302e-05, 2.7557319223985893e-06,
+        2.7557319223985888e-07, 2.5052108385441720e-08 };
+    double x = xf, r, p;
+    int k, i;
+    if (x != x) return xf;
+    if (x > 88.73) return (float)(0x1p1023 * 2.0);   /* beyond FLT_MAX: +inf */
+    if (x < -104.0) return 0.0f;
+    k = nearest(x / LN2_HI);
+    r = (x - k * LN2_HI) - k * LN2_LO;
+    p = inv_factorial[11];
+    for (i = 10; i >= 0; i--) p = p * r + inv_factorial[i];
+    return (float)scale2(p, k);
+}

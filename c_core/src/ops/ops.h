@@ -10,6 +10,14 @@
 
 #include "colibri/colibri.h"
 
+/* 32 activations quantized to int8 on the fly, for integer dot products with q8_0 and q4_0
+ * weights: x[j] ~ d * q[j], d = max|x| / 127, q rounded to nearest (ties to even). */
+typedef struct colibri_q8_block {
+    float d;
+    int32_t sum;            /* sum of q: folds q4_0's "- 8" into one product per block */
+    int8_t q[32];
+} colibri_q8_block;
+
 typedef struct colibri_kernels {
     const char *name;
     /* y (n, rows) = x (n, cols) @ W (rows, cols)^T, W stored in `dtype` */
@@ -17,6 +25,12 @@ typedef struct colibri_kernels {
                    int32_t n, int32_t cols, int32_t rows);
     /* y (dim) = x / sqrt(mean(x^2) + eps) * w */
     void (*rmsnorm)(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
+    /* The int8 path for q8_0 and q4_0 weights, NULL where a variant has none (the reference: its
+     * matmul is the float oracle).  xq (n, cols / 32) = blocks of x (n, cols); then
+     * y (n, rows) = xq @ W (rows, cols)^T by integer dot products, one scale per block pair. */
+    void (*quantize_q8)(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
+    void (*matmul_q8)(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                      int32_t n, int32_t cols, int32_t rows);
 } colibri_kernels;
 
 /* What a forward pass computes with: the kernels, and the threads (platform.h's pool) that share
@@ -25,6 +39,8 @@ typedef struct colibri_kernels {
 typedef struct colibri_compute {
     const colibri_kernels *kernels;
     struct colibri_pool *pool;      /* NULL: this thread alone */
+    colibri_q8_block *xq;           /* (n_batch, xq_row_blocks) quantized activations */
+    int32_t xq_row_blocks;          /* the widest q8_0 / q4_0 input / 32 */
 } colibri_compute;
 
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T through c's kernels and threads (ops/parallel.c). */
@@ -32,11 +48,27 @@ void colibri_matmul(const colibri_compute *c, float *y, const float *x, const vo
                     int32_t n, int32_t cols, int32_t rows);
 
 const colibri_kernels *colibri_kernels_reference(void);
-const colibri_kernels *colibri_kernels_best(void);      /* arch/dispatch.c: the best this CPU runs */
-/* Architecture variants (c_core/arch/), present only in builds for their architecture. */
+const colibri_kernels *colibri_kernels_reference_int8(void);   /* the reference plus the scalar int8 path */
+/* arch/dispatch.c: the variants this build has, reference first (NULL past the end); whether
+ * this CPU runs one; the best it runs; one by name (NULL: unknown here or not runnable). */
+const colibri_kernels *colibri_kernels_variant(int32_t i);
+int colibri_kernels_runnable(const colibri_kernels *kernels);
+const colibri_kernels *colibri_kernels_best(void);
+const colibri_kernels *colibri_kernels_named(const char *name);
+/* Architecture variants (c_core/arch/), present only in builds for their architecture, and
+ * the CPU probes that say whether they run. */
 const colibri_kernels *colibri_kernels_avx2(void);
+const colibri_kernels *colibri_kernels_avx512(void);
 const colibri_kernels *colibri_kernels_neon(void);
+const colibri_kernels *colibri_kernels_neon_dotprod(void);
 int colibri_cpu_has_avx2(void);
+int colibri_cpu_has_avx512_vnni(void);
+int colibri_cpu_has_dotprod(void);
+
+/* The scalar int8 path: what every variant's quantize_q8 and matmul_q8 are tested against. */
+void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
+void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                           int32_t n, int32_t cols, int32_t rows);
 
 /* Reference kernels that variants reuse where they have nothing faster. */
 void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);

@@ -124,9 +124,61 @@ void colibri_layernorm(float *y, const float *x, const void *w, colibri_dtype w_
         y[i] = (x[i] - mean) * inv * colibri_load_f32(w, w_dtype, (size_t)i) + colibri_load_f32(b, b_dtype, (size_t)i);
 }
 
-static const colibri_kernels reference_kernels = { "reference", colibri_ref_matmul, colibri_ref_rmsnorm };
+/* Round to nearest, ties to even, for |v| < 2^22: what cvtps2dq and fcvtns do in their default mode. */
+static float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
+void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
+{
+    int32_t b, j;
+    for (b = 0; b < n * (cols / COLIBRI_BLOCK); b++, x += COLIBRI_BLOCK, xq++) {
+        float amax = 0.0f, id;
+        xq->sum = 0;
+        for (j = 0; j < COLIBRI_BLOCK; j++) if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
+        xq->d = amax / 127.0f;
+        id = xq->d != 0.0f ? 1.0f / xq->d : 0.0f;
+        for (j = 0; j < COLIBRI_BLOCK; j++) {
+            xq->q[j] = (int8_t)round_even(x[j] * id);
+            xq->sum += xq->q[j];
+        }
+    }
+}
+
+/* y (n, rows) = xq @ W^T: per block pair an exact integer dot, times both scales. */
+void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                           int32_t n, int32_t cols, int32_t rows)
+{
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), block_bytes = colibri_row_bytes(dtype, COLIBRI_BLOCK);
+    int32_t r, t, b, j, blocks = cols / COLIBRI_BLOCK;
+    for (r = 0; r < rows; r++) {
+        for (t = 0; t < n; t++) {
+            const uint8_t *wb = (const uint8_t *)w + (size_t)r * row_bytes;
+            const colibri_q8_block *xb = xq + (size_t)t * blocks;
+            float acc = 0.0f;
+            for (b = 0; b < blocks; b++, wb += block_bytes, xb++) {
+                int32_t dot = 0;
+                uint16_t h;
+                memcpy(&h, wb, 2);
+                for (j = 0; j < COLIBRI_BLOCK; j++) {
+                    int wq = dtype == COLIBRI_DTYPE_Q8_0 ? (int8_t)wb[2 + j]
+                                                         : (j < 16 ? wb[2 + j] & 0x0f : wb[2 + j - 16] >> 4) - 8;
+                    dot += wq * xb->q[j];
+                }
+                acc += colibri_f16_to_f32(h) * xb->d * (float)dot;
+            }
+            y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+static const colibri_kernels reference_kernels = { "reference", colibri_ref_matmul, colibri_ref_rmsnorm, NULL, NULL };
+
+/* The reference with the int8 path: the same integers as every variant's, so whole-model runs of
+ * a variant can be compared with it to float rounding (never picked as the best). */
+static const colibri_kernels reference_int8_kernels = { "reference-int8", colibri_ref_matmul, colibri_ref_rmsnorm,
+                                                        colibri_ref_quantize_q8, colibri_ref_matmul_q8 };
 
 const colibri_kernels *colibri_kernels_reference(void) { return &reference_kernels; }
+const colibri_kernels *colibri_kernels_reference_int8(void) { return &reference_int8_kernels; }
 
 void colibri_softmax(float *x, int32_t n)
 {

@@ -29,6 +29,20 @@ static int has_conv(const colibri_model *m)
     return 0;
 }
 
+/* The widest input of any q8_0 / q4_0 matrix (0: the model has none): the int8 path quantizes
+ * activations of that width. */
+static size_t widest_block_input(const colibri_model *m)
+{
+    size_t widest = 0;
+    int32_t i;
+    for (i = 0; i < m->n_tensors; i++) {
+        const colibri_tensor *t = &m->tensors[i];
+        if (colibri_dtype_is_block(t->dtype) && (size_t)t->shape[t->n_dims - 1] > widest)
+            widest = (size_t)t->shape[t->n_dims - 1];
+    }
+    return widest;
+}
+
 static void carve_session(colibri_session *s, colibri_arena *a, const colibri_model *m,
                           int32_t n_ctx, int32_t n_batch)
 {
@@ -50,7 +64,8 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     s->xn = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "x_normed", -1, "(n_batch, dim) f32");
     s->q = colibri_arena_carve(a, colibri_arena_bytes(a, B, Q, f), ARENA_ACTIVATIONS, "q", -1, "(n_batch, n_heads * head_dim) f32");
     s->attn = colibri_arena_carve(a, colibri_arena_bytes(a, B, O, f), ARENA_ACTIVATIONS, "attention_out", -1, "(n_batch, n_heads * value dim) f32");
-    s->scores = colibri_arena_carve(a, colibri_arena_bytes(a, C, 1, f), ARENA_ACTIVATIONS, "attention_scores", -1, "(n_ctx) f32");
+    s->scores = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_heads, C, f), ARENA_ACTIVATIONS, "attention_scores", -1,
+                                    "(n_heads, n_ctx) f32");
     if (has_conv(m))
         s->conv_in = colibri_arena_carve(a, colibri_arena_bytes(a, B, 3 * D, f), ARENA_ACTIVATIONS, "conv_in", -1, "(n_batch, 3 * dim) f32");
     if (R) {
@@ -84,6 +99,8 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
                                             "expert_dropped", -1, "(n_layers, n_experts) u64");
     s->moe_buf.expert_start = colibri_arena_carve(a, (E + 1) * sizeof(int32_t), ARENA_ROUTER, "expert_start", -1, "(n_experts + 1) i32");
     s->moe_buf.pair_token = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "pair_token", -1, "(n_batch * top_k) i32");
+    s->moe_buf.slot_expert = colibri_arena_carve(a, K * sizeof(int32_t), ARENA_ROUTER, "slot_expert", -1, "(top_k) i32");
+    s->moe_buf.n_batch = n_batch;
     s->moe_buf.pair_gate = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "pair_gate", -1, "(n_batch * top_k) f32");
     s->expert_load = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_layers, E, sizeof(uint64_t)), ARENA_ROUTER,
                                          "expert_load", -1, "(n_layers, n_experts) u64");
@@ -91,16 +108,56 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     s->moe_buf.h1 = colibri_arena_carve(a, colibri_arena_bytes(a, B, FF, f), ARENA_EXPERTS, "gate_act", -1, "(n_batch, widest ffn) f32");
     s->moe_buf.h3 = colibri_arena_carve(a, colibri_arena_bytes(a, B, FF, f), ARENA_EXPERTS, "up_act", -1, "(n_batch, widest ffn) f32");
     s->moe_buf.ye = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_EXPERTS, "expert_out", -1, "(n_batch, dim) f32");
+    s->compute.xq_row_blocks = (int32_t)(widest_block_input(m) / COLIBRI_BLOCK);
+    s->compute.xq = colibri_arena_carve(a, colibri_arena_bytes(a, B, widest_block_input(m) / COLIBRI_BLOCK, sizeof(colibri_q8_block)),
+                                        ARENA_ACTIVATIONS, "quantized_input", -1, "(n_batch, widest q8_0/q4_0 input / 32) q8 blocks");
 
     s->logits = colibri_arena_carve(a, V * f, ARENA_OUTPUT, "logits", -1, "(vocab) f32");
     s->probs = colibri_arena_carve(a, V * f, ARENA_SAMPLING, "probs", -1, "(vocab) f32");
     s->candidates = colibri_arena_carve(a, V * sizeof(int32_t), ARENA_SAMPLING, "candidates", -1, "(vocab) i32");
 }
 
-/* Carves: the session struct, the record table, then carve_session's 23 + 2 per layer. */
+/* Carves: the session struct, the record table, then carve_session's 28 + 2 per layer. */
 static int32_t record_count(const colibri_model *m)
 {
-    return 28 + 2 * m->hp.n_layers + (m->hp.kv_lora_rank ? 3 : 0) + has_conv(m);
+    return 30 + 2 * m->hp.n_layers + (m->hp.kv_lora_rank ? 3 : 0) + has_conv(m);
+}
+
+/* A kernel variant asked for by name that this build lacks or this CPU cannot run. */
+static colibri_status unknown_variant(const char *name, const char *asked_by, colibri_error *err)
+{
+    char list[96] = "";
+    size_t used = 0;
+    int32_t i;
+    for (i = 0; colibri_kernels_variant(i); i++) {
+        const colibri_kernels *k = colibri_kernels_variant(i);
+        size_t len = strlen(k->name);
+        if (!colibri_kernels_runnable(k) || used + len + 3 > sizeof list) continue;
+        if (used) { memcpy(list + used, ", ", 2); used += 2; }
+        memcpy(list + used, k->name, len + 1);
+        used += len;
+    }
+    return colibri_fail(err, COLIBRI_E_ARG, "%s \"%s\": no such kernel variant runs here (this build and CPU: %s)",
+                        asked_by, name, list);
+}
+
+/* The kernels a session computes with: a variant named in the options, else the reference when
+ * asked, else one named by the environment, else the best this CPU runs. */
+static const colibri_kernels *pick_kernels(const colibri_session_options *o, colibri_error *err)
+{
+    const char *wanted = colibri_platform_kernels_request();
+    if (o && o->kernel_variant) return colibri_kernels_named(o->kernel_variant);
+    if (o && o->kernels == COLIBRI_KERNELS_REFERENCE) return colibri_kernels_reference();
+    if (!wanted) return colibri_kernels_best();
+    if (!colibri_kernels_named(wanted)) unknown_variant(wanted, "COLIBRI_KERNELS", err);
+    return colibri_kernels_named(wanted);
+}
+
+const char *colibri_kernel_variant(int32_t i, int *runs_here)
+{
+    const colibri_kernels *k = colibri_kernels_variant(i);
+    if (runs_here) *runs_here = k && colibri_kernels_runnable(k);
+    return k ? k->name : NULL;
 }
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
@@ -120,6 +177,8 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
         return colibri_fail(err, COLIBRI_E_ARG, "capacity_factor must be a finite number > 0");
     if (o && o->kernels != COLIBRI_KERNELS_AUTO && o->kernels != COLIBRI_KERNELS_REFERENCE)
         return colibri_fail(err, COLIBRI_E_ARG, "kernels = %d: use COLIBRI_KERNELS_AUTO or _REFERENCE", o->kernels);
+    if (o && o->kernel_variant && !colibri_kernels_named(o->kernel_variant))
+        return unknown_variant(o->kernel_variant, "kernel_variant", err);
     if (*n_batch < 1 || *n_batch > 4096)
         return colibri_fail(err, COLIBRI_E_ARG, "n_batch = %d must lie in [1, 4096]", *n_batch);
     if (*n_batch > *n_ctx) *n_batch = *n_ctx;
@@ -245,6 +304,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     size_t mapped = 0;
     int hugepages = 0, owned = 0;
     int32_t threads;
+    const colibri_kernels *kernels;
     colibri_status st;
 
     if (!model || !out) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_create: NULL argument");
@@ -252,6 +312,8 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     st = colibri_session_plan(model, options, &need, err);
     if (st) return st;
     resolve_options(model, options, &n_ctx, &n_batch, err);
+    kernels = pick_kernels(options, err);
+    if (!kernels) return err ? err->status : COLIBRI_E_ARG;
 
     if (options && options->arena) {
         size_t pad = colibri_align_up((size_t)(uintptr_t)options->arena, COLIBRI_ALIGNMENT) - (size_t)(uintptr_t)options->arena;
@@ -281,8 +343,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->arena = a;
     s->arena_raw = base;
     s->model = model;
-    s->compute.kernels = (options && options->kernels == COLIBRI_KERNELS_REFERENCE) || colibri_platform_wants_reference_kernels()
-                         ? colibri_kernels_reference() : colibri_kernels_best();
+    s->compute.kernels = kernels;
     threads = options && options->threads ? options->threads : colibri_platform_default_threads();
     if (threads > 1 && colibri_platform_pool_create(threads, &s->compute.pool, err) != COLIBRI_OK) {
         if (owned) colibri_platform_unmap_arena(base, mapped);
@@ -487,6 +548,50 @@ static void softmax_with_sink(float *x, int32_t n, float sink)
 }
 
 /* block_out (n, dim) = wo @ attention(x_normed) for the n tokens at positions pos0 .. pos0 + n - 1. */
+/* softmax(q k^T * scale) v for heads [part * H / parts, (part + 1) * H / parts) of n queries at
+ * positions pos0.., over the cached keys and values: the threads share a layer's heads, each head
+ * with its own scores row, so the result does not depend on the split. */
+typedef struct heads_job { colibri_session *s; int32_t layer, pos0, n; } heads_job;
+
+static void attend_heads(void *context, int32_t part, int32_t parts)
+{
+    const heads_job *job = context;
+    colibri_session *s = job->s;
+    const colibri_hparams *hp = &s->model->hp;
+    const colibri_layer_weights *lw = &s->model->layers[job->layer];
+    int32_t hd = hp->head_dim, H = hp->n_heads, q_dim = H * hd, kv_dim = hp->n_kv_heads * hd, group = H / hp->n_kv_heads;
+    int32_t t, h, j, i;
+    for (h = H * part / parts; h < H * (part + 1) / parts; h++) {
+        float *scores = s->scores + (size_t)h * s->n_ctx;
+        size_t kv_off = (size_t)(h / group) * hd;
+        for (t = 0; t < job->n; t++) {
+            int32_t pos = job->pos0 + t, first = 0, span;
+            const float *qh = s->q + (size_t)t * q_dim + (size_t)h * hd;
+            float *out = s->attn + (size_t)t * q_dim + (size_t)h * hd;
+            if (lw->window > 0 && pos - lw->window + 1 > 0) first = pos - lw->window + 1;
+            if (lw->chunk) first = pos / lw->chunk * lw->chunk;
+            span = pos - first + 1;
+            for (j = 0; j < span; j++) {   /* four partial sums: no 64-add dependency chain */
+                const float *kj = s->k_cache[job->layer] + (size_t)(first + j) * kv_dim + kv_off;
+                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+                for (i = 0; i + 4 <= hd; i += 4) {
+                    d0 += qh[i] * kj[i]; d1 += qh[i + 1] * kj[i + 1];
+                    d2 += qh[i + 2] * kj[i + 2]; d3 += qh[i + 3] * kj[i + 3];
+                }
+                for (; i < hd; i++) d0 += qh[i] * kj[i];
+                scores[j] = ((d0 + d1) + (d2 + d3)) * hp->attention_scale;
+            }
+            if (hp->attention_sinks) softmax_with_sink(scores, span, colibri_load_f32(lw->w[L_SINKS].data, lw->w[L_SINKS].dtype, (size_t)h));
+            else colibri_softmax(scores, span);
+            for (i = 0; i < hd; i++) out[i] = 0.0f;
+            for (j = 0; j < span; j++) {
+                const float *vj = s->v_cache[job->layer] + (size_t)(first + j) * kv_dim + kv_off;
+                for (i = 0; i < hd; i++) out[i] += scores[j] * vj[i];
+            }
+        }
+    }
+}
+
 static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
 {
     const colibri_hparams *hp = &s->model->hp;
@@ -494,11 +599,10 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
     const colibri_weight *w = lw->w;
     const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hp->rope_dim / 2;
-    int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd, group = H / hp->n_kv_heads;
+    int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd;
     float *k_rows = s->k_cache[layer] + (size_t)pos0 * kv_dim;     /* (n, kv_dim) */
     float *v_rows = s->v_cache[layer] + (size_t)pos0 * kv_dim;
-    float scale = hp->attention_scale;
-    int32_t t, h, j, i;
+    int32_t t, i;
 
     colibri_matmul(k, s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, q_dim);
     colibri_matmul(k, k_rows, s->xn, w[L_WK].data, w[L_WK].dtype, n, d, kv_dim);
@@ -534,30 +638,13 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
         }
     }
 
-    for (t = 0; t < n; t++) {
-        int32_t pos = pos0 + t;
-        int32_t window = lw->window;
-        int32_t first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        if (lw->chunk) first = pos / lw->chunk * lw->chunk;
-        for (h = 0; h < H; h++) {
-            const float *qh = s->q + (size_t)t * q_dim + (size_t)h * hd;
-            size_t kv_off = (size_t)(h / group) * hd;
-            float *out = s->attn + (size_t)t * q_dim + (size_t)h * hd;
-            int32_t span = pos - first + 1;
-            for (j = 0; j < span; j++) {
-                const float *kj = s->k_cache[layer] + (size_t)(first + j) * kv_dim + kv_off;
-                float dot = 0.0f;
-                for (i = 0; i < hd; i++) dot += qh[i] * kj[i];
-                s->scores[j] = dot * scale;
-            }
-            if (hp->attention_sinks) softmax_with_sink(s->scores, span, colibri_load_f32(w[L_SINKS].data, w[L_SINKS].dtype, (size_t)h));
-            else colibri_softmax(s->scores, span);
-            for (i = 0; i < hd; i++) out[i] = 0.0f;
-            for (j = 0; j < span; j++) {
-                const float *vj = s->v_cache[layer] + (size_t)(first + j) * kv_dim + kv_off;
-                for (i = 0; i < hd; i++) out[i] += s->scores[j] * vj[i];
-            }
-        }
+    {
+        heads_job job;
+        job.s = s; job.layer = layer; job.pos0 = pos0; job.n = n;
+        if (k->pool && (uint64_t)n * (uint64_t)(pos0 + n) * (uint64_t)q_dim >= (1u << 16))
+            colibri_platform_pool_run(k->pool, attend_heads, &job);
+        else
+            attend_heads(&job, 0, 1);
     }
     colibri_matmul(k, s->block_out, s->attn, w[L_WO].data, w[L_WO].dtype, n, q_dim, d);
     if (hp->attention_out_bias) add_bias(s->block_out, w[L_BO], n, d);

@@ -26,7 +26,7 @@ struct colibri_session {
     float *xn;                  /* (n_batch, dim) normed input of a block */
     float *q;                   /* (n_batch, n_heads * head_dim) */
     float *attn;                /* (n_batch, n_heads * head_dim) attention output */
-    float *scores;              /* (n_ctx) one head's attention weights */
+    float *scores;              /* (n_heads, n_ctx) each head's attention weights: heads run on any thread */
     float *conv_in;             /* (n_batch, 3 * dim) short-convolution layers' B, C, x */
     /* latent attention only (hparams.kv_lora_rank > 0) */
     float *latent_in;           /* (n_batch, max(q_lora_rank, kv_lora_rank + rope_dim)) projections before their norms */
@@ -51,6 +51,6 @@ struct colibri_session {
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 512   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 576   /* bytes reserved for the struct on every target (util.h) */
 
 #endif

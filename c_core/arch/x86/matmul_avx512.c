@@ -1,0 +1,73 @@
+/* AVX-512 kernels (F, BW, VL, VNNI): 16-wide float dot products, and int8 block dots with
+ * vpdpbusd.  Called only after colibri_cpu_has_avx512_vnni() said yes; tested against
+ * ops/reference.c like every variant. */
+#include "q8_x86.h"
+
+/* 16 weights of row w starting at c, as floats. */
+static inline __m512 load16(const void *w, colibri_dtype dtype, size_t c)
+{
+    if (dtype == COLIBRI_DTYPE_F32) return _mm512_loadu_ps((const float *)w + c);
+    {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + c));
+        if (dtype == COLIBRI_DTYPE_F16) return _mm512_cvtph_ps(h);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));   /* bf16 */
+    }
+}
+
+/* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 16-wide accumulators per dot product.
+ * Block formats take AVX2's float path (every AVX-512 CPU has AVX2); sessions use matmul_q8. */
+static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype dtype,
+                          int32_t n, int32_t cols, int32_t rows)
+{
+    size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
+    int32_t r, t;
+    if (colibri_dtype_is_block(dtype)) { colibri_kernels_avx2()->matmul(y, x, w, dtype, n, cols, rows); return; }
+    for (r = 0; r < rows; r++) {
+        const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+        for (t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * cols;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            size_t c = 0, end = (size_t)cols;
+            float acc;
+            for (; c + 64 <= end; c += 64) {
+                a0 = _mm512_fmadd_ps(load16(wr, dtype, c), _mm512_loadu_ps(xt + c), a0);
+                a1 = _mm512_fmadd_ps(load16(wr, dtype, c + 16), _mm512_loadu_ps(xt + c + 16), a1);
+                a2 = _mm512_fmadd_ps(load16(wr, dtype, c + 32), _mm512_loadu_ps(xt + c + 32), a2);
+                a3 = _mm512_fmadd_ps(load16(wr, dtype, c + 48), _mm512_loadu_ps(xt + c + 48), a3);
+            }
+            for (; c + 16 <= end; c += 16) a0 = _mm512_fmadd_ps(load16(wr, dtype, c), _mm512_loadu_ps(xt + c), a0);
+            acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+            for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
+            y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+/* vpdpbusd: unsigned bytes times signed bytes, four products summed into each int32 lane.
+ * q8_0 moves w's sign onto x as the AVX2 path does; q4_0's nibbles are unsigned already. */
+static inline __m256i dot_q8_0(const uint8_t *block, const int8_t *x)
+{
+    __m256i w = _mm256_loadu_si256((const __m256i *)block), v = _mm256_loadu_si256((const __m256i *)x);
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w));
+}
+
+static inline __m256i dot_q4_0(const uint8_t *block, const int8_t *x)
+{
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), q4_nibbles(block), _mm256_loadu_si256((const __m256i *)x));
+}
+
+static void quantize_q8_avx512(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
+{
+    quantize_q8_x86(xq, x, n, cols);
+}
+
+static void matmul_q8_avx512(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                             int32_t n, int32_t cols, int32_t rows)
+{
+    matmul_q8_x86(y, xq, w, dtype, n, cols, rows, dot_q8_0, dot_q4_0);
+}
+
+static const colibri_kernels avx512_kernels = { "avx512", matmul_avx512, colibri_ref_rmsnorm, quantize_q8_avx512,
+                                                matmul_q8_avx512 };
+
+const colibri_kernels *colibri_kernels_avx512(void) { return &avx512_kernels; }
