@@ -341,6 +341,43 @@ def run_engine(engine, path, threads, profile=False):
 
 
 
+def routing_microbench(work, threads, reps=200):
+    """Routing alone, 128 tokens x hidden 4096, 8 experts, top-2 (router matmul + softmax + top-k +
+    renormalise): colibri's router phase (its profiler, per forward of 128 tokens) against PyTorch
+    fp32 on the same weights and threads.  Returns (colibri us, torch us), medians."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+    import colibri
+    from colibri.convert import convert
+    hf, out = work / "routing-hf", work / "routing.colibri"
+    if not (out / "colibri_model.json").exists():
+        torch.manual_seed(SEED)
+        cfg = MixtralConfig(vocab_size=256, hidden_size=4096, intermediate_size=32, num_hidden_layers=1, num_attention_heads=32,
+                            num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=256)
+        MixtralForCausalLM(cfg).save_pretrained(hf)
+        convert(hf, out, dtype="f32", progress=False)
+    s = colibri.Model(out, threads=threads).session(ctx=128, batch=128, profile=True)
+    tokens = np.arange(128) % 256
+    ours = []
+    for _ in range(reps // 4):
+        before = s.profile()["router"]
+        s.reset(); s.prefill(tokens)
+        ours.append((s.profile()["router"] - before) / 1e3)
+    torch.set_num_threads(threads)
+    model = MixtralForCausalLM.from_pretrained(hf, dtype=torch.float32)
+    w = model.model.layers[0].mlp.gate.weight.detach().contiguous()
+    x = torch.randn(128, 4096)
+    theirs = []
+    with torch.no_grad():
+        for _ in range(reps):
+            start = time.perf_counter()
+            probs = torch.softmax(x @ w.T, dim=-1)
+            top, ids = torch.topk(probs, 2, dim=-1)
+            top = top / top.sum(-1, keepdim=True)
+            theirs.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(ours), statistics.median(theirs)
+
+
 def busy_neighbour():
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
@@ -411,6 +448,8 @@ def main():
         finally:
             neighbour.kill()
 
+    routing = routing_microbench(work, args.threads)
+    log(f"routing alone: colibri {routing[0]:.1f} us, PyTorch {routing[1]:.1f} us")
     profiles = {key: run_engine("colibri", paths["colibri"], args.threads, profile=True)["profile"]
                 for key, paths in files.items()}
 
@@ -439,6 +478,8 @@ def main():
                   "| model | type | llama.cpp | colibri | ratio |", "|---|---|---|---|---|"]
         for (name, kind), c in contended.items():
             lines.append(f"| bench-{name} | {kind} | {c['llama.cpp']:.1f} | {c['colibri']:.1f} | {c['colibri'] / c['llama.cpp']:.2f} |")
+    lines += ["", f"Routing alone (128 tokens x hidden 4096, 8 experts, top-2; router matmul + softmax + top-k + "
+              f"renormalise, f32, median): colibri {routing[0]:.1f} us, PyTorch {routing[1]:.1f} us."]
     lines += ["", "Where colibri's time goes (one profiled run: prefill + decode, share of the forward pass):", ""]
     for (name, kind), prof in profiles.items():
         total = sum(prof.values()) or 1

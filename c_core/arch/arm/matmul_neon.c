@@ -48,6 +48,24 @@ static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x,
     return vaddvq_f32(acc);
 }
 
+/* One float dot product: row wr of W (dtype) . xt (cols). */
+static inline float dot_row(const void *wr, colibri_dtype dtype, const float *xt, int32_t cols)
+{
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0, end = (size_t)cols;
+    float acc;
+    for (; c + 16 <= end; c += 16) {
+        a0 = vfmaq_f32(a0, load4(wr, dtype, c), vld1q_f32(xt + c));
+        a1 = vfmaq_f32(a1, load4(wr, dtype, c + 4), vld1q_f32(xt + c + 4));
+        a2 = vfmaq_f32(a2, load4(wr, dtype, c + 8), vld1q_f32(xt + c + 8));
+        a3 = vfmaq_f32(a3, load4(wr, dtype, c + 12), vld1q_f32(xt + c + 12));
+    }
+    for (; c + 4 <= end; c += 4) a0 = vfmaq_f32(a0, load4(wr, dtype, c), vld1q_f32(xt + c));
+    acc = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
+    for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
+    return acc;
+}
+
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 4-wide accumulators per dot product. */
 static void matmul_neon(float *y, const float *x, const void *w, colibri_dtype dtype,
                         int32_t n, int32_t cols, int32_t rows)
@@ -55,24 +73,16 @@ static void matmul_neon(float *y, const float *x, const void *w, colibri_dtype d
     size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
     int32_t r, t;
     if (colibri_dtype_is_block(dtype)) { colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_blocks); return; }
-    for (r = 0; r < rows; r++) {
-        const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-        for (t = 0; t < n; t++) {
-            const float *xt = x + (size_t)t * cols;
-            float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
-            size_t c = 0, end = (size_t)cols;
-            float acc;
-            for (; c + 16 <= end; c += 16) {
-                a0 = vfmaq_f32(a0, load4(wr, dtype, c), vld1q_f32(xt + c));
-                a1 = vfmaq_f32(a1, load4(wr, dtype, c + 4), vld1q_f32(xt + c + 4));
-                a2 = vfmaq_f32(a2, load4(wr, dtype, c + 8), vld1q_f32(xt + c + 8));
-                a3 = vfmaq_f32(a3, load4(wr, dtype, c + 12), vld1q_f32(xt + c + 12));
-            }
-            for (; c + 4 <= end; c += 4) a0 = vfmaq_f32(a0, load4(wr, dtype, c), vld1q_f32(xt + c));
-            acc = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
-            for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
-            y[(size_t)t * rows + r] = acc;
-        }
+    /* W small enough for L2 (a router, a small projection): each token's x stays in L1 while the
+     * rows go by; else each row stays in L1 while the tokens go by.  Same dots either way. */
+    if ((size_t)rows * row_bytes <= (256u << 10)) {
+        for (t = 0; t < n; t++)
+            for (r = 0; r < rows; r++)
+                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
+    } else {
+        for (r = 0; r < rows; r++)
+            for (t = 0; t < n; t++)
+                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
     }
 }
 

@@ -54,6 +54,24 @@ static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x,
     return hsum8(acc);
 }
 
+/* One float dot product: row wr of W (dtype) . xt (cols). */
+static inline float dot_row(const void *wr, colibri_dtype dtype, const float *xt, int32_t cols)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0, end = (size_t)cols;
+    float acc;
+    for (; c + 32 <= end; c += 32) {
+        a0 = _mm256_fmadd_ps(load8(wr, dtype, c), _mm256_loadu_ps(xt + c), a0);
+        a1 = _mm256_fmadd_ps(load8(wr, dtype, c + 8), _mm256_loadu_ps(xt + c + 8), a1);
+        a2 = _mm256_fmadd_ps(load8(wr, dtype, c + 16), _mm256_loadu_ps(xt + c + 16), a2);
+        a3 = _mm256_fmadd_ps(load8(wr, dtype, c + 24), _mm256_loadu_ps(xt + c + 24), a3);
+    }
+    for (; c + 8 <= end; c += 8) a0 = _mm256_fmadd_ps(load8(wr, dtype, c), _mm256_loadu_ps(xt + c), a0);
+    acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
+    return acc;
+}
+
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 8-wide accumulators per dot product. */
 static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype dtype,
                         int32_t n, int32_t cols, int32_t rows)
@@ -61,24 +79,16 @@ static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype d
     size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
     int32_t r, t;
     if (colibri_dtype_is_block(dtype)) { colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_blocks); return; }
-    for (r = 0; r < rows; r++) {
-        const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-        for (t = 0; t < n; t++) {
-            const float *xt = x + (size_t)t * cols;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            size_t c = 0, end = (size_t)cols;
-            float acc;
-            for (; c + 32 <= end; c += 32) {
-                a0 = _mm256_fmadd_ps(load8(wr, dtype, c), _mm256_loadu_ps(xt + c), a0);
-                a1 = _mm256_fmadd_ps(load8(wr, dtype, c + 8), _mm256_loadu_ps(xt + c + 8), a1);
-                a2 = _mm256_fmadd_ps(load8(wr, dtype, c + 16), _mm256_loadu_ps(xt + c + 16), a2);
-                a3 = _mm256_fmadd_ps(load8(wr, dtype, c + 24), _mm256_loadu_ps(xt + c + 24), a3);
-            }
-            for (; c + 8 <= end; c += 8) a0 = _mm256_fmadd_ps(load8(wr, dtype, c), _mm256_loadu_ps(xt + c), a0);
-            acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-            for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
-            y[(size_t)t * rows + r] = acc;
-        }
+    /* W small enough for L2 (a router, a small projection): each token's x stays in L1 while the
+     * rows go by; else each row stays in L1 while the tokens go by.  Same dots either way. */
+    if ((size_t)rows * row_bytes <= (256u << 10)) {
+        for (t = 0; t < n; t++)
+            for (r = 0; r < rows; r++)
+                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
+    } else {
+        for (r = 0; r < rows; r++)
+            for (t = 0; t < n; t++)
+                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
     }
 }
 

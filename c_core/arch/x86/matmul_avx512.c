@@ -14,6 +14,24 @@ static inline __m512 load16(const void *w, colibri_dtype dtype, size_t c)
     }
 }
 
+/* One float dot product: row wr of W (dtype) . xt (cols). */
+static inline float dot_row(const void *wr, colibri_dtype dtype, const float *xt, int32_t cols)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0, end = (size_t)cols;
+    float acc;
+    for (; c + 64 <= end; c += 64) {
+        a0 = _mm512_fmadd_ps(load16(wr, dtype, c), _mm512_loadu_ps(xt + c), a0);
+        a1 = _mm512_fmadd_ps(load16(wr, dtype, c + 16), _mm512_loadu_ps(xt + c + 16), a1);
+        a2 = _mm512_fmadd_ps(load16(wr, dtype, c + 32), _mm512_loadu_ps(xt + c + 32), a2);
+        a3 = _mm512_fmadd_ps(load16(wr, dtype, c + 48), _mm512_loadu_ps(xt + c + 48), a3);
+    }
+    for (; c + 16 <= end; c += 16) a0 = _mm512_fmadd_ps(load16(wr, dtype, c), _mm512_loadu_ps(xt + c), a0);
+    acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
+    return acc;
+}
+
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 16-wide accumulators per dot product.
  * Block formats take AVX2's float path (every AVX-512 CPU has AVX2); sessions use matmul_q8. */
 static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype dtype,
@@ -22,24 +40,16 @@ static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype
     size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
     int32_t r, t;
     if (colibri_dtype_is_block(dtype)) { colibri_kernels_avx2()->matmul(y, x, w, dtype, n, cols, rows); return; }
-    for (r = 0; r < rows; r++) {
-        const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-        for (t = 0; t < n; t++) {
-            const float *xt = x + (size_t)t * cols;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            size_t c = 0, end = (size_t)cols;
-            float acc;
-            for (; c + 64 <= end; c += 64) {
-                a0 = _mm512_fmadd_ps(load16(wr, dtype, c), _mm512_loadu_ps(xt + c), a0);
-                a1 = _mm512_fmadd_ps(load16(wr, dtype, c + 16), _mm512_loadu_ps(xt + c + 16), a1);
-                a2 = _mm512_fmadd_ps(load16(wr, dtype, c + 32), _mm512_loadu_ps(xt + c + 32), a2);
-                a3 = _mm512_fmadd_ps(load16(wr, dtype, c + 48), _mm512_loadu_ps(xt + c + 48), a3);
-            }
-            for (; c + 16 <= end; c += 16) a0 = _mm512_fmadd_ps(load16(wr, dtype, c), _mm512_loadu_ps(xt + c), a0);
-            acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-            for (; c < end; c++) acc += colibri_load_f32(wr, dtype, c) * xt[c];
-            y[(size_t)t * rows + r] = acc;
-        }
+    /* W small enough for L2 (a router, a small projection): each token's x stays in L1 while the
+     * rows go by; else each row stays in L1 while the tokens go by.  Same dots either way. */
+    if ((size_t)rows * row_bytes <= (256u << 10)) {
+        for (t = 0; t < n; t++)
+            for (r = 0; r < rows; r++)
+                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
+    } else {
+        for (r = 0; r < rows; r++)
+            for (t = 0; t < n; t++)
+                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
     }
 }
 
