@@ -19,13 +19,15 @@ void colibri_platform_unmap_arena(void *base, size_t mapped);
 const char *colibri_platform_kernels_request(void);
 
 /* Threads for the forward pass, made with the session: `threads` - 1 workers that sleep until
- * colibri_platform_pool_run hands them a part of a job, so no thread is made and nothing is
+ * colibri_platform_pool_run offers them the parts of a job, so no thread is made and nothing is
  * allocated per token.  Platforms without threads report 1 and never make a pool. */
 typedef struct colibri_pool colibri_pool;
 int32_t colibri_platform_default_threads(void);   /* COLIBRI_THREADS, else the online cores */
 colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **pool, colibri_error *err);
-/* fn(context, part, parts) for every part in [0, parts), the caller taking part 0; returns when all are done. */
-void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context);
+/* fn(context, part, parts) for every part in [0, parts), each run by whichever thread claims it first
+ * (the caller too); returns when all are done. */
+void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context,
+                               int32_t parts);
 void colibri_platform_pool_destroy(colibri_pool *pool);
 
 /* A monotonic clock in nanoseconds, for the profiler; 0 where the platform has none. */

@@ -37,10 +37,12 @@ colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **pool
     return colibri_fail(err, COLIBRI_E_ARG, "threads = %d: bare metal runs on one thread", threads);
 }
 
-void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context)
+void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context,
+                               int32_t parts)
 {
+    int32_t part;
     (void)pool;
-    fn(context, 0, 1);
+    for (part = 0; part < parts; part++) fn(context, part, parts);
 }
 
 void colibri_platform_pool_destroy(colibri_pool *pool) { (void)pool; }

@@ -175,11 +175,14 @@ uint64_t colibri_platform_now_ns(void)
 
 /* ---- the thread pool ---- */
 
-/* A job is published by bumping `generation`; workers spin on it for a short while (a decode step
- * hands out the next job within microseconds), then sleep on a condition variable, so an idle
- * pool costs nothing.  The caller runs part 0, then likewise spins, then sleeps, until `running`
- * counts down.  A sleeper announces itself before its last check and the other side looks after
- * its own store (both sequentially consistent), so no wake-up is lost. */
+/* A job is `parts` independent parts that threads claim one at a time, the caller too, so a
+ * thread that a busy neighbour slows takes fewer parts instead of holding the others up.  The
+ * claim word packs (generation, parts, next part): a worker claims by compare-and-swap only
+ * within the generation it saw, so a late worker never touches a finished job, and the caller
+ * waits only for parts in flight, never for a worker to show up.  Idle workers spin on the word
+ * for a short while (the next job of a decode step comes within microseconds), then sleep on a
+ * condition variable.  A sleeper announces itself before its last check and the other side
+ * looks after its own store (both sequentially consistent), so no wake-up is lost. */
 #define SPIN_ROUNDS 20000   /* ~50-100 us of pause instructions before sleeping */
 
 static void cpu_relax(void)
@@ -199,8 +202,8 @@ struct colibri_pool {
     worker_start *starts;           /* (threads) each worker's pool and part, read as it starts */
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
-    uint64_t generation;            /* bumped per job (atomic) */
-    int32_t running;                /* workers still on the current job (atomic) */
+    uint64_t claim;                 /* generation << 32 | parts << 16 | next part (atomic) */
+    int32_t finished;               /* parts of the current job done (atomic) */
     int32_t sleeping_workers;       /* workers waiting on `wake` (atomic) */
     int32_t caller_sleeping;        /* the caller waits on `done` (atomic) */
     int32_t stopping;
@@ -208,33 +211,48 @@ struct colibri_pool {
     void *context;
 };
 
-static uint64_t load_generation(colibri_pool *pool) { return __atomic_load_n(&pool->generation, __ATOMIC_SEQ_CST); }
+#define CLAIM_GENERATION(c) ((uint32_t)((c) >> 32))
+#define CLAIM_PARTS(c) ((int32_t)(((c) >> 16) & 0xffffu))
+#define CLAIM_NEXT(c) ((int32_t)((c) & 0xffffu))
+
+static uint64_t load_claim(colibri_pool *pool) { return __atomic_load_n(&pool->claim, __ATOMIC_SEQ_CST); }
+
+/* Claims and runs parts of job `generation` until none is left. */
+static void run_parts(colibri_pool *pool, uint32_t generation)
+{
+    uint64_t c = load_claim(pool);
+    while (CLAIM_GENERATION(c) == generation && CLAIM_NEXT(c) < CLAIM_PARTS(c)) {
+        if (__atomic_compare_exchange_n(&pool->claim, &c, c + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            pool->fn(pool->context, CLAIM_NEXT(c), CLAIM_PARTS(c));   /* published before the claim word */
+            if (__atomic_add_fetch(&pool->finished, 1, __ATOMIC_SEQ_CST) == CLAIM_PARTS(c)
+                && __atomic_load_n(&pool->caller_sleeping, __ATOMIC_SEQ_CST)) {
+                pthread_mutex_lock(&pool->lock);
+                pthread_cond_signal(&pool->done);
+                pthread_mutex_unlock(&pool->lock);
+            }
+            c = load_claim(pool);
+        }   /* else c holds the word's new value: try again */
+    }
+}
 
 static void *worker(void *arg)
 {
     colibri_pool *pool = ((worker_start *)arg)->pool;
-    int32_t part = ((worker_start *)arg)->part;
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
         int32_t spin;
-        for (spin = 0; spin < SPIN_ROUNDS && load_generation(pool) == seen; spin++) cpu_relax();
-        if (load_generation(pool) == seen) {
+        for (spin = 0; spin < SPIN_ROUNDS && CLAIM_GENERATION(load_claim(pool)) == seen; spin++) cpu_relax();
+        if (CLAIM_GENERATION(load_claim(pool)) == seen) {
             pthread_mutex_lock(&pool->lock);
             __atomic_add_fetch(&pool->sleeping_workers, 1, __ATOMIC_SEQ_CST);
-            while (load_generation(pool) == seen && !__atomic_load_n(&pool->stopping, __ATOMIC_SEQ_CST))
+            while (CLAIM_GENERATION(load_claim(pool)) == seen && !__atomic_load_n(&pool->stopping, __ATOMIC_SEQ_CST))
                 pthread_cond_wait(&pool->wake, &pool->lock);
             __atomic_sub_fetch(&pool->sleeping_workers, 1, __ATOMIC_SEQ_CST);
             pthread_mutex_unlock(&pool->lock);
         }
         if (__atomic_load_n(&pool->stopping, __ATOMIC_SEQ_CST)) break;
-        seen = load_generation(pool);
-        pool->fn(pool->context, part, pool->threads);
-        if (__atomic_sub_fetch(&pool->running, 1, __ATOMIC_SEQ_CST) == 0
-            && __atomic_load_n(&pool->caller_sleeping, __ATOMIC_SEQ_CST)) {
-            pthread_mutex_lock(&pool->lock);
-            pthread_cond_signal(&pool->done);
-            pthread_mutex_unlock(&pool->lock);
-        }
+        seen = CLAIM_GENERATION(load_claim(pool));
+        run_parts(pool, seen);
     }
     return NULL;
 }
@@ -283,24 +301,28 @@ colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **out,
     return COLIBRI_OK;
 }
 
-void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context)
+void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int32_t part, int32_t parts), void *context,
+                               int32_t parts)
 {
+    uint32_t generation = CLAIM_GENERATION(load_claim(pool)) + 1;
     int32_t spin;
+    if (parts < 1) return;
+    if (parts > 0xffff) parts = 0xffff;   /* each part then covers more */
     pool->fn = fn;
     pool->context = context;
-    __atomic_store_n(&pool->running, pool->threads - 1, __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&pool->generation, 1, __ATOMIC_SEQ_CST);   /* publishes fn and context */
+    __atomic_store_n(&pool->finished, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pool->claim, (uint64_t)generation << 32 | (uint64_t)parts << 16, __ATOMIC_SEQ_CST);   /* publishes */
     if (__atomic_load_n(&pool->sleeping_workers, __ATOMIC_SEQ_CST)) {
         pthread_mutex_lock(&pool->lock);
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->lock);
     }
-    fn(context, 0, pool->threads);
-    for (spin = 0; spin < SPIN_ROUNDS && __atomic_load_n(&pool->running, __ATOMIC_SEQ_CST) > 0; spin++) cpu_relax();
-    if (__atomic_load_n(&pool->running, __ATOMIC_SEQ_CST) > 0) {
+    run_parts(pool, generation);
+    for (spin = 0; spin < SPIN_ROUNDS && __atomic_load_n(&pool->finished, __ATOMIC_SEQ_CST) < parts; spin++) cpu_relax();
+    if (__atomic_load_n(&pool->finished, __ATOMIC_SEQ_CST) < parts) {
         pthread_mutex_lock(&pool->lock);
         __atomic_store_n(&pool->caller_sleeping, 1, __ATOMIC_SEQ_CST);
-        while (__atomic_load_n(&pool->running, __ATOMIC_SEQ_CST) > 0) pthread_cond_wait(&pool->done, &pool->lock);
+        while (__atomic_load_n(&pool->finished, __ATOMIC_SEQ_CST) < parts) pthread_cond_wait(&pool->done, &pool->lock);
         __atomic_store_n(&pool->caller_sleeping, 0, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&pool->lock);
     }

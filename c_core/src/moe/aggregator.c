@@ -162,7 +162,7 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const
             if (b->expert_start[e + 1] > b->expert_start[e]) b->slot_expert[slot++] = e;
         job.moe = moe; job.k = k; job.hp = hp; job.lw = lw; job.b = b; job.x = x;
         job.slot_expert = b->slot_expert; job.n_slots = slot;
-        colibri_platform_pool_run(k->pool, experts_part, &job);
+        colibri_platform_pool_run(k->pool, experts_part, &job, slot);
         colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, &clock);
         for (i = 0; i < slot; i++) {
             int32_t first = b->expert_start[b->slot_expert[i]];

@@ -10,6 +10,9 @@
 
 /* Below this many multiply-adds a matmul runs on the calling thread: waking the others costs more. */
 #define PARALLEL_MIN_MACS (1u << 18)
+/* A shared matmul's parts (runs of rows or tokens): more than threads, so a thread slowed by a
+ * neighbour takes fewer. */
+#define MATMUL_PARTS 16
 
 typedef struct matmul_job {
     const colibri_kernels *kernels;
@@ -60,5 +63,5 @@ void colibri_matmul(const colibri_compute *c, float *y, const float *x, const vo
         job.xq = c->xq;
     }
     if (!c->pool || (uint64_t)n * (uint64_t)cols * (uint64_t)rows < PARALLEL_MIN_MACS) matmul_range(&job, 0, n, 0, rows);
-    else colibri_platform_pool_run(c->pool, matmul_part, &job);
+    else colibri_platform_pool_run(c->pool, matmul_part, &job, MATMUL_PARTS < (n == 1 ? rows : n) ? MATMUL_PARTS : (n == 1 ? rows : n));
 }

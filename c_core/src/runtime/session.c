@@ -642,7 +642,7 @@ static void attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n
         heads_job job;
         job.s = s; job.layer = layer; job.pos0 = pos0; job.n = n;
         if (k->pool && (uint64_t)n * (uint64_t)(pos0 + n) * (uint64_t)q_dim >= (1u << 16))
-            colibri_platform_pool_run(k->pool, attend_heads, &job);
+            colibri_platform_pool_run(k->pool, attend_heads, &job, hp->n_heads);
         else
             attend_heads(&job, 0, 1);
     }
