@@ -12,7 +12,7 @@
 #define PARALLEL_MIN_MACS (1u << 18)
 /* A shared matmul's parts (runs of rows or tokens): more than threads, so a thread slowed by a
  * neighbour takes fewer. */
-#define MATMUL_PARTS 16
+#define MATMUL_PARTS 4
 
 typedef struct matmul_job {
     const colibri_kernels *kernels;
