@@ -55,7 +55,7 @@ static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x,
 }
 
 /* One float dot product: row wr of W (dtype) . xt (cols). */
-static inline float dot_row(const void *wr, colibri_dtype dtype, const float *xt, int32_t cols)
+static float dot_row(const uint8_t *wr, colibri_dtype dtype, const float *xt, int32_t cols)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     size_t c = 0, end = (size_t)cols;
@@ -76,20 +76,7 @@ static inline float dot_row(const void *wr, colibri_dtype dtype, const float *xt
 static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype dtype,
                         int32_t n, int32_t cols, int32_t rows)
 {
-    size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
-    int32_t r, t;
-    if (colibri_dtype_is_block(dtype)) { colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_blocks); return; }
-    /* W small enough for L2 (a router, a small projection): each token's x stays in L1 while the
-     * rows go by; else each row stays in L1 while the tokens go by.  Same dots either way. */
-    if ((size_t)rows * row_bytes <= (256u << 10)) {
-        for (t = 0; t < n; t++)
-            for (r = 0; r < rows; r++)
-                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
-    } else {
-        for (r = 0; r < rows; r++)
-            for (t = 0; t < n; t++)
-                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
-    }
+    colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, colibri_dtype_is_block(dtype) ? dot_blocks : dot_row);
 }
 
 /* Integer block dots: maddubs multiplies unsigned by signed bytes, so q8_0 moves w's sign onto x

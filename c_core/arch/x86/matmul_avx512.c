@@ -15,7 +15,7 @@ static inline __m512 load16(const void *w, colibri_dtype dtype, size_t c)
 }
 
 /* One float dot product: row wr of W (dtype) . xt (cols). */
-static inline float dot_row(const void *wr, colibri_dtype dtype, const float *xt, int32_t cols)
+static float dot_row(const uint8_t *wr, colibri_dtype dtype, const float *xt, int32_t cols)
 {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     size_t c = 0, end = (size_t)cols;
@@ -37,20 +37,8 @@ static inline float dot_row(const void *wr, colibri_dtype dtype, const float *xt
 static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype dtype,
                           int32_t n, int32_t cols, int32_t rows)
 {
-    size_t row_bytes = (size_t)cols * (dtype == COLIBRI_DTYPE_F32 ? 4 : 2);
-    int32_t r, t;
     if (colibri_dtype_is_block(dtype)) { colibri_kernels_avx2()->matmul(y, x, w, dtype, n, cols, rows); return; }
-    /* W small enough for L2 (a router, a small projection): each token's x stays in L1 while the
-     * rows go by; else each row stays in L1 while the tokens go by.  Same dots either way. */
-    if ((size_t)rows * row_bytes <= (256u << 10)) {
-        for (t = 0; t < n; t++)
-            for (r = 0; r < rows; r++)
-                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
-    } else {
-        for (r = 0; r < rows; r++)
-            for (t = 0; t < n; t++)
-                y[(size_t)t * rows + r] = dot_row((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
-    }
+    colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_row);
 }
 
 /* vpdpbusd: unsigned bytes times signed bytes, four products summed into each int32 lane.

@@ -83,8 +83,8 @@ size_t colibri_row_bytes(colibri_dtype dtype, size_t n);
 int colibri_dtype_is_block(colibri_dtype dtype);
 #define COLIBRI_BLOCK 32
 
-/* y (n, rows) = x (n, cols) @ W^T as one dot(row of W, dtype, x row, cols) per output: how the
- * variants run their block-format dot products. */
+/* y (n, rows) = x (n, cols) @ W^T as one dot(row of W, dtype, x row, cols) per output, in the
+ * loop order that keeps the reused operand in cache: how the variants run their float paths. */
 void colibri_matmul_by_rows(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t n, int32_t cols,
                             int32_t rows, float (*dot)(const uint8_t *row, colibri_dtype dtype, const float *x, int32_t cols));
 

@@ -69,9 +69,17 @@ void colibri_matmul_by_rows(float *y, const float *x, const void *w, colibri_dty
 {
     size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
     int32_t r, t;
-    for (r = 0; r < rows; r++)
+    /* W small enough for L2 (a router, a small projection): each token's x stays in L1 while the
+     * rows go by; else each row stays in L1 while the tokens go by.  The same dots either way. */
+    if ((size_t)rows * row_bytes <= (256u << 10)) {
         for (t = 0; t < n; t++)
-            y[(size_t)t * rows + r] = dot((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
+            for (r = 0; r < rows; r++)
+                y[(size_t)t * rows + r] = dot((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
+    } else {
+        for (r = 0; r < rows; r++)
+            for (t = 0; t < n; t++)
+                y[(size_t)t * rows + r] = dot((const uint8_t *)w + (size_t)r * row_bytes, dtype, x + (size_t)t * cols, cols);
+    }
 }
 
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T */
