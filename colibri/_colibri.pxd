@@ -21,6 +21,7 @@ cdef extern from "colibri/colibri.h" nogil:
         COLIBRI_DTYPE_I32
         COLIBRI_DTYPE_Q8_0
         COLIBRI_DTYPE_Q4_0
+        COLIBRI_DTYPE_W4G128
 
     ctypedef struct colibri_model:
         pass

@@ -13,7 +13,7 @@ import numpy as np
 
 _DTYPES = {c.COLIBRI_DTYPE_F32: "f32", c.COLIBRI_DTYPE_F16: "f16", c.COLIBRI_DTYPE_BF16: "bf16",
            c.COLIBRI_DTYPE_U8: "u8", c.COLIBRI_DTYPE_I32: "i32", c.COLIBRI_DTYPE_Q8_0: "q8_0",
-           c.COLIBRI_DTYPE_Q4_0: "q4_0"}
+           c.COLIBRI_DTYPE_Q4_0: "q4_0", c.COLIBRI_DTYPE_W4G128: "w4g128"}
 
 
 class Error(Exception):

@@ -31,8 +31,9 @@ def cmd_convert(args):
 
     out = convert(args.src, args.out, dtype=args.dtype, progress=not args.quiet)
     model = _model(out, verify=True)
+    matrices = sorted({t["dtype"] for t in model.tensors() if len(t["shape"]) >= 2 and t["dtype"] not in ("u8", "i32")})
     print(f"wrote {out}: {model.architecture}, {len(model.tensors())} tensors, "
-          f"{model.weight_bytes / 1e6:.1f} MB of {args.dtype} weights (validated)")
+          f"{model.weight_bytes / 1e6:.1f} MB of weights, matrices in {', '.join(matrices)} (validated)")
     return 0
 
 
@@ -263,8 +264,9 @@ def build_parser():
     c = sub.add_parser("convert", help="Hugging Face directory (config.json + *.safetensors) or .gguf file -> colibri model")
     c.add_argument("src", help="Hugging Face model directory, or a .gguf file (its weights imported as they are)")
     c.add_argument("out", help="output colibri model directory")
-    c.add_argument("--dtype", "--quant", choices=["f32", "f16", "bf16", "q8_0", "q4_0"], default="f32",
-                   help="weight storage: f32 (default), f16, bf16, or llama.cpp's q8_0 / q4_0 blocks for the matrices")
+    c.add_argument("--dtype", "--quant", choices=["f32", "f16", "bf16", "q8_0", "q4_0", "w4g128"], default="f32",
+                   help="weight storage: f32 (default), f16, bf16, llama.cpp's q8_0 / q4_0 blocks (int8 activations), "
+                        "or w4g128 (4-bit groups of 128, float activations: w4a16) for the matrices")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_convert)
 

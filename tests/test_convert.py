@@ -325,7 +325,7 @@ def test_bad_input_raises_convert_error(tmp_path, setup, match):
 
 
 def test_bad_dtype_argument(tmp_path):
-    with pytest.raises(ConvertError, match=r"unknown dtype 'q8'.*\['bf16', 'f16', 'f32', 'q4_0', 'q8_0'\]"):
+    with pytest.raises(ConvertError, match=r"unknown dtype 'q8'.*\['bf16', 'f16', 'f32', 'q4_0', 'q8_0', 'w4g128'\]"):
         convert(FIXTURES / "tiny-mixtral", tmp_path / "out", dtype="q8", progress=False)
     assert not (tmp_path / "out").exists()
 

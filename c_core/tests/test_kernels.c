@@ -30,29 +30,28 @@ static uint16_t to_half_bits(float f, colibri_dtype dtype)
     }
 }
 
-/* One row of float weights as q8_0 or q4_0 blocks, quantized as llama.cpp does. */
+/* One row of float weights as q8_0, q4_0 or w4g128 blocks, quantized as llama.cpp does q8_0 and
+ * q4_0 (w4g128: q4_0's rule over 128 weights, then four nibble groups of 32). */
 static void quantize_row(const float *x, int32_t cols, colibri_dtype dtype, uint8_t *out)
 {
-    int32_t b, j;
-    for (b = 0; b < cols / 32; b++, x += 32) {
+    int32_t block = colibri_dtypes[dtype].block, b, g, j;
+    for (b = 0; b < cols / block; b++, x += block, out += colibri_dtypes[dtype].block_bytes) {
         float amax = 0.0f, max = 0.0f, d, id;
         uint16_t dh;
-        for (j = 0; j < 32; j++) if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        for (j = 0; j < block; j++) if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
         d = dtype == COLIBRI_DTYPE_Q8_0 ? amax / 127.0f : max / -8.0f;
         dh = to_half_bits(d, COLIBRI_DTYPE_F16);
         d = colibri_f16_to_f32(dh);
         id = d != 0.0f ? 1.0f / d : 0.0f;
         memcpy(out, &dh, 2);
-        if (dtype == COLIBRI_DTYPE_Q8_0) {
+        if (dtype == COLIBRI_DTYPE_Q8_0)
             for (j = 0; j < 32; j++) out[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
-            out += 34;
-        } else {
-            for (j = 0; j < 16; j++) {
-                int lo = (int)(x[j] * id + 8.5f), hi = (int)(x[j + 16] * id + 8.5f);
-                out[2 + j] = (uint8_t)((lo > 15 ? 15 : lo) | (hi > 15 ? 15 : hi) << 4);
-            }
-            out += 18;
-        }
+        else
+            for (g = 0; g < block / 32; g++)
+                for (j = 0; j < 16; j++) {
+                    int lo = (int)(x[32 * g + j] * id + 8.5f), hi = (int)(x[32 * g + j + 16] * id + 8.5f);
+                    out[2 + 16 * g + j] = (uint8_t)((lo > 15 ? 15 : lo) | (hi > 15 ? 15 : hi) << 4);
+                }
     }
 }
 
@@ -86,23 +85,24 @@ static void check(const char *variant, const char *what, const char *dtype, int3
                 (int)n, (int)cols, (int)rows, (int)t, (int)r, got, want, budget);
 }
 
-/* One variant against the reference: the float matmul for every dtype; for the block formats,
+/* One variant against the reference: the float matmul for every dtype; for q8_0 and q4_0,
  * its int8 path against the scalar int8 path (the same integers: only float summation order
  * differs) and against the float oracle (the activation quantization's bound). */
 static void test_variant(const colibri_kernels *k)
 {
-    static const int32_t ns[] = { 1, 3, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 257, 1024 }, rowss[] = { 1, 5 };
-    static const char *const colibri_dtype_names[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
+    static const int32_t ns[] = { 1, 3, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 257, 384, 1024 };
+    static const int32_t rowss[] = { 1, 5 };
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
-                                            COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0 };
+                                            COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128 };
     const colibri_kernels *ref = colibri_kernels_reference();
     int di, ni, ci, ri, before = failures, count = checked;
-    for (di = 0; di < 5; di++) {
+    for (di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++) {
         colibri_dtype dtype = dtypes[di];
-        for (ni = 0; ni < 3; ni++) for (ci = 0; ci < 11; ci++) for (ri = 0; ri < 2; ri++) {
+        const char *dtype_name = colibri_dtypes[dtype].name;
+        for (ni = 0; ni < 3; ni++) for (ci = 0; ci < (int)(sizeof colss / sizeof colss[0]); ci++) for (ri = 0; ri < 2; ri++) {
             int32_t n = ns[ni], cols = colss[ci], rows = rowss[ri], i, t, r;
             size_t wsize = (size_t)rows * colibri_row_bytes(dtype, (size_t)cols);
-            if (colibri_dtype_is_block(dtype) && cols % 32) continue;   /* rows are whole blocks */
+            if (cols % colibri_dtypes[dtype].block) continue;   /* rows are whole blocks */
             float *x = malloc((size_t)n * cols * 4), *w32 = malloc((size_t)rows * cols * 4);
             float *y_ref = malloc((size_t)n * rows * 4), *y = malloc((size_t)n * rows * 4), *y_q8 = malloc((size_t)n * rows * 4);
             colibri_q8_block *xq_ref = malloc((size_t)n * (cols / 32 + 1) * sizeof *xq_ref);
@@ -129,10 +129,10 @@ static void test_variant(const colibri_kernels *k)
             for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
                 double mag = 0.0;
                 for (i = 0; i < cols; i++) mag += fabs((double)w32[r * cols + i] * x[t * cols + i]);
-                check(k->name, "matmul", colibri_dtype_names[di], n, cols, rows, t, r, y[t * rows + r], y_ref[t * rows + r],
+                check(k->name, "matmul", dtype_name, n, cols, rows, t, r, y[t * rows + r], y_ref[t * rows + r],
                       cols * ldexp(1.0, -24) * mag + 1e-30);
             }
-            if (colibri_dtype_is_block(dtype) && k->matmul_q8) {
+            if (colibri_dtype_int8_path(dtype) && k->matmul_q8) {
                 colibri_ref_quantize_q8(xq_ref, x, n, cols);
                 k->quantize_q8(xq, x, n, cols);
                 for (i = 0; i < n * cols / 32; i++) {   /* the same blocks, bit for bit */
@@ -146,9 +146,9 @@ static void test_variant(const colibri_kernels *k)
                 for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
                     double mag = 0.0;   /* sum |block scale * integer dot| bounds the float sums' error */
                     for (i = 0; i < cols; i++) mag += fabs((double)w32[r * cols + i] * xq_ref[t * cols / 32 + i / 32].d * xq_ref[t * cols / 32 + i / 32].q[i % 32]);
-                    check(k->name, "matmul_q8 vs scalar int8", colibri_dtype_names[di], n, cols, rows, t, r, y_q8[t * rows + r],
+                    check(k->name, "matmul_q8 vs scalar int8", dtype_name, n, cols, rows, t, r, y_q8[t * rows + r],
                           y[t * rows + r], (cols / 32 + 8) * ldexp(1.0, -23) * mag + 1e-30);
-                    check(k->name, "matmul_q8 vs float oracle", colibri_dtype_names[di], n, cols, rows, t, r, y_q8[t * rows + r],
+                    check(k->name, "matmul_q8 vs float oracle", dtype_name, n, cols, rows, t, r, y_q8[t * rows + r],
                           y_ref[t * rows + r], q8_budget(w32 + (size_t)r * cols, x + (size_t)t * cols, cols));
                 }
             }

@@ -36,7 +36,7 @@ def _version():
 
 def convert(src_dir, out_dir, dtype="f32", progress=True):
     """Convert the HF model in `src_dir` to a colibri model in `out_dir`, weights stored as `dtype`
-    (f32, f16, bf16, q8_0 or q4_0); or import a .gguf file, its weights as they are. Returns out_dir
+    (f32, f16, bf16, q8_0, q4_0 or w4g128); or import a .gguf file, its weights as they are. Returns out_dir
     as a Path. Raises ConvertError on anything it cannot convert."""
     check_dtype(dtype)
     src_dir, out_dir = Path(src_dir), Path(out_dir)

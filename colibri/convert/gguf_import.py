@@ -117,7 +117,7 @@ def convert_gguf(path, out_dir, progress=True):
             raise ConvertError(f"unsupported: tensor type {kind} (`{t.name}`) in gguf: import F32, F16, BF16, Q8_0 or Q4_0")
         shape = [int(d) for d in reversed(t.shape)]   # GGUF lists the fastest dimension first
         data = t.data if kind != "BF16" else np.asarray(t.data).view(np.uint16)
-        entries.append((name, tuple(shape), lambda data=data, kind=kind: Stored(data, STORED[kind])))
+        entries.append((name, tuple(shape), lambda data=data, kind=kind: Stored(data, STORED[kind]), STORED[kind]))
     doc = {"format": "colibri", "version": 1, **desc,
            "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}
     write_model(out_dir, doc, entries, "f32", progress=progress)

@@ -23,25 +23,36 @@ static inline float32x4_t fma16(float32x4_t acc, int8x16_t q, const float *x)
     return vfmaq_f32(acc, vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi))), vld1q_f32(x + 12));
 }
 
-/* x (cols) . one row of q8_0 or q4_0 blocks: each block's 32 products in one accumulator, added
- * in times the block's scale. */
+/* 32 products of one q4_0 nibble group (byte j: weight j low, weight j + 16 high) with x, into acc. */
+static inline float32x4_t q4_group(float32x4_t acc, const uint8_t *group, const float *x)
+{
+    uint8x16_t v = vld1q_u8(group);
+    int8x16_t eight = vdupq_n_s8(8);
+    acc = fma16(acc, vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), eight), x);
+    return fma16(acc, vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight), x + 16);
+}
+
+/* x (cols) . one row of q8_0, q4_0 or w4g128 blocks (w4a16: x stays float): each block's products
+ * in one accumulator, added in times the block's scale. */
 static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x, int32_t cols)
 {
-    size_t block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
+    size_t block = (size_t)colibri_dtypes[dtype].block, block_bytes = (size_t)colibri_dtypes[dtype].block_bytes;
     float32x4_t acc = vdupq_n_f32(0.0f);
     int32_t b;
-    for (b = 0; b < cols / 32; b++, row += block_bytes, x += 32) {
+    for (b = 0; b < cols / (int32_t)block; b++, row += block_bytes, x += block) {
         float32x4_t s = vdupq_n_f32(0.0f);
         uint16_t h;
         memcpy(&h, row, 2);
         if (dtype == COLIBRI_DTYPE_Q8_0) {
             s = fma16(s, vld1q_s8((const int8_t *)row + 2), x);
             s = fma16(s, vld1q_s8((const int8_t *)row + 18), x + 16);
-        } else {   /* byte j: weight j (low nibble), weight j + 16 (high) */
-            uint8x16_t v = vld1q_u8(row + 2);
-            int8x16_t eight = vdupq_n_s8(8);
-            s = fma16(s, vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), eight), x);
-            s = fma16(s, vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), eight), x + 16);
+        } else if (dtype == COLIBRI_DTYPE_Q4_0) {
+            s = q4_group(s, row + 2, x);
+        } else {   /* w4g128: four groups, one scale */
+            s = q4_group(s, row + 2, x);
+            s = q4_group(s, row + 18, x + 32);
+            s = q4_group(s, row + 34, x + 64);
+            s = q4_group(s, row + 50, x + 96);
         }
         acc = vfmaq_n_f32(acc, s, colibri_f16_to_f32(h));
     }

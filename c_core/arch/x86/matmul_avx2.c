@@ -25,15 +25,26 @@ static inline __m256 u4x8(__m128i v)
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(v), _mm256_set1_epi32(8)));
 }
 
-/* x (cols) . one row of q8_0 or q4_0 blocks: each block's 32 products summed in one 8-wide
- * accumulator, then added in times the block's scale. */
+/* 32 products of one q4_0 nibble group (byte j: weight j low, weight j + 16 high) with x, in 8 lanes. */
+static inline __m256 q4_group(const uint8_t *group, const float *x, __m256 s)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)group), m = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+    s = _mm256_fmadd_ps(u4x8(lo), _mm256_loadu_ps(x), s);
+    s = _mm256_fmadd_ps(u4x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(u4x8(hi), _mm256_loadu_ps(x + 16), s);
+    return _mm256_fmadd_ps(u4x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), s);
+}
+
+/* x (cols) . one row of q8_0, q4_0 or w4g128 blocks (w4a16: x stays float): each block's products
+ * summed in one 8-wide accumulator, then added in times the block's scale. */
 static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x, int32_t cols)
 {
-    size_t block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
+    size_t block = (size_t)colibri_dtypes[dtype].block, block_bytes = (size_t)colibri_dtypes[dtype].block_bytes;
     __m256 acc = _mm256_setzero_ps();
     int32_t b;
-    for (b = 0; b < cols / 32; b++, row += block_bytes, x += 32) {
-        __m256 s;
+    for (b = 0; b < cols / (int32_t)block; b++, row += block_bytes, x += block) {
+        __m256 s = _mm256_setzero_ps();
         uint16_t h;
         memcpy(&h, row, 2);
         if (dtype == COLIBRI_DTYPE_Q8_0) {
@@ -41,13 +52,13 @@ static float dot_blocks(const uint8_t *row, colibri_dtype dtype, const float *x,
             s = _mm256_fmadd_ps(i8x8(row + 10), _mm256_loadu_ps(x + 8), s);
             s = _mm256_fmadd_ps(i8x8(row + 18), _mm256_loadu_ps(x + 16), s);
             s = _mm256_fmadd_ps(i8x8(row + 26), _mm256_loadu_ps(x + 24), s);
-        } else {   /* byte j: weight j (low nibble), weight j + 16 (high) */
-            __m128i v = _mm_loadu_si128((const __m128i *)(row + 2)), m = _mm_set1_epi8(0x0f);
-            __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
-            s = _mm256_mul_ps(u4x8(lo), _mm256_loadu_ps(x));
-            s = _mm256_fmadd_ps(u4x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), s);
-            s = _mm256_fmadd_ps(u4x8(hi), _mm256_loadu_ps(x + 16), s);
-            s = _mm256_fmadd_ps(u4x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), s);
+        } else if (dtype == COLIBRI_DTYPE_Q4_0) {
+            s = q4_group(row + 2, x, s);
+        } else {   /* w4g128: four groups, one scale */
+            s = q4_group(row + 2, x, s);
+            s = q4_group(row + 18, x + 32, s);
+            s = q4_group(row + 34, x + 64, s);
+            s = q4_group(row + 50, x + 96, s);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(h)), s, acc);
     }

@@ -32,13 +32,42 @@ static float dot_row(const uint8_t *wr, colibri_dtype dtype, const float *xt, in
     return acc;
 }
 
+/* 32 products of one q4_0 nibble group (byte j: weight j low, weight j + 16 high) with x: the
+ * nibbles minus 8 as signed bytes, widened 16 at a time. */
+static inline __m512 q4_group(const uint8_t *group, const float *x, __m512 s)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)group), m = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m), eight), hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), eight);
+    s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), _mm512_loadu_ps(x), s);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), _mm512_loadu_ps(x + 16), s);
+}
+
+/* x (cols) . one row of w4g128 blocks, x float (w4a16): four chains per block, one per group. */
+static float dot_w4g128(const uint8_t *row, colibri_dtype dtype, const float *x, int32_t cols)
+{
+    __m512 acc = _mm512_setzero_ps();
+    int32_t b;
+    (void)dtype;
+    for (b = 0; b < cols / 128; b++, row += 66, x += 128) {
+        __m512 zero = _mm512_setzero_ps();
+        __m512 s0 = q4_group(row + 2, x, zero), s1 = q4_group(row + 18, x + 32, zero);
+        __m512 s2 = q4_group(row + 34, x + 64, zero), s3 = q4_group(row + 50, x + 96, zero);
+        uint16_t h;
+        memcpy(&h, row, 2);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 16-wide accumulators per dot product.
- * Block formats take AVX2's float path (every AVX-512 CPU has AVX2); sessions use matmul_q8. */
+ * q8_0 and q4_0 take AVX2's float path (every AVX-512 CPU has AVX2) where a session has no int8
+ * scratch: sessions use matmul_q8. */
 static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype dtype,
                           int32_t n, int32_t cols, int32_t rows)
 {
-    if (colibri_dtype_is_block(dtype)) { colibri_kernels_avx2()->matmul(y, x, w, dtype, n, cols, rows); return; }
-    colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_row);
+    if (dtype == COLIBRI_DTYPE_W4G128) colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_w4g128);
+    else if (colibri_dtype_is_block(dtype)) colibri_kernels_avx2()->matmul(y, x, w, dtype, n, cols, rows);
+    else colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_row);
 }
 
 /* vpdpbusd: unsigned bytes times signed bytes, four products summed into each int32 lane.

@@ -44,6 +44,9 @@ typedef enum colibri_dtype {
     COLIBRI_DTYPE_Q8_0 = 5,         /* 34 bytes a block: d, 32 int8 */
     COLIBRI_DTYPE_Q4_0 = 6,         /* 18 bytes a block: d, 16 bytes; byte j holds q_j (low nibble) and
                                        q_{j+16} (high), each minus 8 */
+    /* The 4-bit group-128 format ("w4a16": its dot products keep the activations in float): 66 bytes
+     * a block of 128 weights, d then four q4_0 nibble groups of 32 sharing it */
+    COLIBRI_DTYPE_W4G128 = 7,
     COLIBRI_DTYPE_COUNT
 } colibri_dtype;
 

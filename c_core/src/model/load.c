@@ -26,13 +26,9 @@
 
 /* ---- dtypes ---- */
 
-static const char *const dtype_names[COLIBRI_DTYPE_COUNT] = { "f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0" };
-static const size_t dtype_sizes[COLIBRI_DTYPE_COUNT] = { 4, 2, 2, 1, 4, 0, 0 };   /* 0: a block format */
-
-size_t colibri_dtype_size(colibri_dtype dtype) { return dtype_sizes[dtype]; }
 const char *colibri_dtype_name(colibri_dtype dtype)
 {
-    return (unsigned)dtype < COLIBRI_DTYPE_COUNT ? dtype_names[dtype] : "?";
+    return (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtypes[dtype].name : "?";
 }
 
 /* ---- the tensors an architecture needs ---- */
@@ -637,7 +633,6 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
 {
     const colibri_hparams *hp = &m->hp;
     static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum", NULL };
-    static const char *const dtypes[] = { "f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0", NULL };
     char where[64];
     int32_t i = 0, shape_tok = 0;
     int64_t expected[4], v;
@@ -664,22 +659,21 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
 
     st = get_field(L, obj, where, "dtype", JSON_STRING, &i);
     if (st) return st;
-    for (choice = 0; dtypes[choice]; choice++)
-        if (json_string_equals(L->text, &L->tok[i], dtypes[choice])) break;
-    if (!dtypes[choice]) {
+    for (choice = 0; choice < COLIBRI_DTYPE_COUNT; choice++)
+        if (json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
+    if (choice == COLIBRI_DTYPE_COUNT) {
         char text[24];
         copy_token_text(text, sizeof text, L->text, &L->tok[i]);
-        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (f32, f16, bf16, q8_0, q4_0, u8, i32)",
+        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (f32, f16, bf16, q8_0, q4_0, w4g128, u8, i32)",
                             where, text);
     }
     t->dtype = (colibri_dtype)choice;
     {
         colibri_dtype need = *slot == G_TOKEN_BYTES ? COLIBRI_DTYPE_U8 : COLIBRI_DTYPE_I32;
-        int is_float = t->dtype <= COLIBRI_DTYPE_BF16 || colibri_dtype_is_block(t->dtype);
-        if (*slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? t->dtype != need : !is_float)
+        if (*slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? t->dtype != need : !colibri_dtypes[t->dtype].holds_weights)
             return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
                                 *slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? colibri_dtype_name(need)
-                                : "f32, f16, bf16, q8_0 or q4_0");
+                                : "f32, f16, bf16, q8_0, q4_0 or w4g128");
     }
 
     st = get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);
@@ -724,14 +718,13 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
     if (!json_as_int64(L->text, &L->tok[i], &v) || v < 0)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_size must be a non-negative integer", where);
     t->file_size = (uint64_t)v;
-    if (colibri_dtype_is_block(t->dtype) && (t->n_dims == 0 || t->shape[t->n_dims - 1] % COLIBRI_BLOCK != 0))
+    if (colibri_dtype_is_block(t->dtype) && (t->n_dims == 0 || t->shape[t->n_dims - 1] % colibri_dtypes[t->dtype].block != 0))
         return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: %s rows must be whole blocks: the last dimension (%lld) is not a multiple of %d",
                             where, colibri_dtype_name(t->dtype), t->n_dims ? (long long)t->shape[t->n_dims - 1] : 0LL,
-                            COLIBRI_BLOCK);
-    {
-        uint64_t need = colibri_dtype_is_block(t->dtype)   /* elements / 32 blocks: exact, rows are whole blocks */
-                        ? colibri_mul_u64(elements / COLIBRI_BLOCK, colibri_row_bytes(t->dtype, COLIBRI_BLOCK), &overflow)
-                        : colibri_mul_u64(elements, colibri_dtype_size(t->dtype), &overflow);
+                            (int)colibri_dtypes[t->dtype].block);
+    {   /* elements / block blocks: exact, rows are whole blocks */
+        uint64_t need = colibri_mul_u64(elements / (uint64_t)colibri_dtypes[t->dtype].block,
+                                        (uint64_t)colibri_dtypes[t->dtype].block_bytes, &overflow);
         if (overflow || need != t->file_size)
             return colibri_fail(L->err, COLIBRI_E_SIZE, "%s: file_size %llu != %llu bytes of %s",
                                 where, (unsigned long long)t->file_size, (unsigned long long)need,
@@ -805,7 +798,7 @@ static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor
         return colibri_fail(err, COLIBRI_E_CHECKSUM, "tensor `%s`: crc32 %x != %x in colibri_model.json",
                             t->name, crc, t->crc32);
     if (colibri_dtype_is_block(t->dtype)) {   /* the quants are integers: only the scales can be inf or nan */
-        size_t block = colibri_row_bytes(t->dtype, COLIBRI_BLOCK);
+        size_t block = (size_t)colibri_dtypes[t->dtype].block_bytes;
         for (i = 0; i < t->file_size / block; i++) {
             uint16_t bits;
             memcpy(&bits, p + i * block, 2);
@@ -816,7 +809,7 @@ static colibri_status verify_tensor(const colibri_model *m, const colibri_tensor
         return COLIBRI_OK;
     }
     if (t->dtype > COLIBRI_DTYPE_BF16) return COLIBRI_OK;   /* integers are always finite */
-    n = t->file_size / colibri_dtype_size(t->dtype);
+    n = t->file_size / (uint64_t)colibri_dtypes[t->dtype].block_bytes;
     for (i = 0; i < n; i++) {
         int finite;
         if (t->dtype == COLIBRI_DTYPE_F32) {

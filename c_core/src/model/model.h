@@ -85,7 +85,6 @@ struct colibri_model {
 };
 #define COLIBRI_MODEL_SLOT 512
 
-size_t colibri_dtype_size(colibri_dtype dtype);
 const char *colibri_dtype_name(colibri_dtype dtype);
 
 uint32_t colibri_crc32(uint32_t crc, const void *data, size_t len);

@@ -78,10 +78,21 @@ float colibri_f16_to_f32(uint16_t h);
 float colibri_bf16_to_f32(uint16_t b);
 float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);   /* element i of a row-major tensor */
 
-/* Bytes of one row of n weights (n a multiple of 32 for the block formats). */
+/* What a dtype stores: blocks of `block` elements in `block_bytes` bytes each (a plain type is a
+ * block of one); block formats begin each block with its f16 scale. */
+typedef struct colibri_dtype_traits {
+    const char *name;
+    int32_t block, block_bytes;
+    int holds_weights;      /* a float or block format; else an integer table (the tokenizer's) */
+    int int8_path;          /* dot products with int8 activation blocks: q8_0, q4_0 */
+} colibri_dtype_traits;
+extern const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT];
+
+/* Bytes of one row of n weights (n a multiple of the dtype's block). */
 size_t colibri_row_bytes(colibri_dtype dtype, size_t n);
 int colibri_dtype_is_block(colibri_dtype dtype);
-#define COLIBRI_BLOCK 32
+int colibri_dtype_int8_path(colibri_dtype dtype);
+#define COLIBRI_BLOCK 32            /* an int8 activation block, and a q8_0 / q4_0 block */
 
 /* y (n, rows) = x (n, cols) @ W^T as one dot(row of W, dtype, x row, cols) per output, in the
  * loop order that keeps the reused operand in cache: how the variants run their float paths. */

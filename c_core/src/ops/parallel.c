@@ -58,7 +58,7 @@ void colibri_matmul(const colibri_compute *c, float *y, const float *x, const vo
     matmul_job job;
     job.kernels = c->kernels; job.y = y; job.x = x; job.xq = NULL; job.w = w; job.dtype = dtype;
     job.n = n; job.cols = cols; job.rows = rows;
-    if (colibri_dtype_is_block(dtype) && c->kernels->matmul_q8 && c->xq) {
+    if (colibri_dtype_int8_path(dtype) && c->kernels->matmul_q8 && c->xq) {
         c->kernels->quantize_q8(c->xq, x, n, cols);
         job.xq = c->xq;
     }

@@ -32,33 +32,41 @@ float colibri_bf16_to_f32(uint16_t b)
     return f;
 }
 
-int colibri_dtype_is_block(colibri_dtype dtype) { return dtype == COLIBRI_DTYPE_Q8_0 || dtype == COLIBRI_DTYPE_Q4_0; }
+const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT] = {
+    /* name      block  bytes  weights int8 */
+    { "f32",      1,     4,     1,     0 },
+    { "f16",      1,     2,     1,     0 },
+    { "bf16",     1,     2,     1,     0 },
+    { "u8",       1,     1,     0,     0 },
+    { "i32",      1,     4,     0,     0 },
+    { "q8_0",     32,    34,    1,     1 },
+    { "q4_0",     32,    18,    1,     1 },
+    { "w4g128",   128,   66,    1,     0 },
+};
+
+int colibri_dtype_is_block(colibri_dtype dtype) { return colibri_dtypes[dtype].block > 1; }
+int colibri_dtype_int8_path(colibri_dtype dtype) { return colibri_dtypes[dtype].int8_path; }
 
 size_t colibri_row_bytes(colibri_dtype dtype, size_t n)
 {
-    switch (dtype) {
-    case COLIBRI_DTYPE_F32: case COLIBRI_DTYPE_I32: return 4 * n;
-    case COLIBRI_DTYPE_F16: case COLIBRI_DTYPE_BF16: return 2 * n;
-    case COLIBRI_DTYPE_Q8_0: return n / COLIBRI_BLOCK * 34;
-    case COLIBRI_DTYPE_Q4_0: return n / COLIBRI_BLOCK * 18;
-    default: return n;   /* u8 */
-    }
+    return n / (size_t)colibri_dtypes[dtype].block * (size_t)colibri_dtypes[dtype].block_bytes;
 }
+
+/* Quant j (0..31) of a q4_0 nibble group: byte j low, byte j - 16 high; 0..15. */
+static int q4_nibble(const uint8_t *group, size_t j) { return j < 16 ? group[j] & 0x0f : group[j - 16] >> 4; }
 
 float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i)
 {
     uint16_t h;
     if (dtype == COLIBRI_DTYPE_F32) return ((const float *)w)[i];
-    if (colibri_dtype_is_block(dtype)) {   /* rows are whole blocks, so element i is in block i / 32 */
-        size_t j = i % COLIBRI_BLOCK;
+    if (colibri_dtype_is_block(dtype)) {   /* rows are whole blocks, so element i is in block i / block */
+        size_t j = i % (size_t)colibri_dtypes[dtype].block;
         const uint8_t *block = (const uint8_t *)w + colibri_row_bytes(dtype, i - j);
-        float d;
         int q;
         memcpy(&h, block, 2);
-        d = colibri_f16_to_f32(h);
         if (dtype == COLIBRI_DTYPE_Q8_0) q = (int8_t)block[2 + j];
-        else q = (j < 16 ? block[2 + j] & 0x0f : block[2 + j - 16] >> 4) - 8;
-        return d * (float)q;
+        else q = q4_nibble(block + 2 + j / 32 * 16, j % 32) - 8;   /* q4_0: one group; w4g128: four */
+        return colibri_f16_to_f32(h) * (float)q;
     }
     memcpy(&h, (const uint8_t *)w + 2 * i, 2);
     return dtype == COLIBRI_DTYPE_F16 ? colibri_f16_to_f32(h) : colibri_bf16_to_f32(h);
@@ -167,8 +175,7 @@ void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, 
                 uint16_t h;
                 memcpy(&h, wb, 2);
                 for (j = 0; j < COLIBRI_BLOCK; j++) {
-                    int wq = dtype == COLIBRI_DTYPE_Q8_0 ? (int8_t)wb[2 + j]
-                                                         : (j < 16 ? wb[2 + j] & 0x0f : wb[2 + j - 16] >> 4) - 8;
+                    int wq = dtype == COLIBRI_DTYPE_Q8_0 ? (int8_t)wb[2 + j] : q4_nibble(wb + 2, (size_t)j) - 8;
                     dot += wq * xb->q[j];
                 }
                 acc += colibri_f16_to_f32(h) * xb->d * (float)dot;

@@ -37,7 +37,7 @@ static size_t widest_block_input(const colibri_model *m)
     int32_t i;
     for (i = 0; i < m->n_tensors; i++) {
         const colibri_tensor *t = &m->tensors[i];
-        if (colibri_dtype_is_block(t->dtype) && (size_t)t->shape[t->n_dims - 1] > widest)
+        if (colibri_dtype_int8_path(t->dtype) && (size_t)t->shape[t->n_dims - 1] > widest)
             widest = (size_t)t->shape[t->n_dims - 1];
     }
     return widest;
