@@ -159,6 +159,42 @@ static void test_variant(const colibri_kernels *k)
            failures - before);
 }
 
+/* The attention kernels against the reference: scores per key within hd * 2^-24 * sum |q k|,
+ * each output within span * 2^-24 * sum |p v| (the float-summation bound, as for matmul). */
+static void test_attention(const colibri_kernels *k)
+{
+    static const int32_t hds[] = { 4, 8, 12, 16, 32, 64, 80, 128, 256 }, spans[] = { 1, 3, 4, 5, 17, 64 };
+    int hi, si, before = failures, count = checked;
+    size_t stride_extra = 8;   /* rows lie stride apart in the cache: other heads between them */
+    for (hi = 0; hi < (int)(sizeof hds / sizeof hds[0]); hi++) for (si = 0; si < (int)(sizeof spans / sizeof spans[0]); si++) {
+        int32_t hd = hds[hi], span = spans[si], i, j;
+        size_t stride = (size_t)hd + stride_extra;
+        float *q = malloc((size_t)hd * 4), *kv = malloc((size_t)span * stride * 4), *p = malloc((size_t)span * 4);
+        float *scores = malloc((size_t)span * 4), *scores_ref = malloc((size_t)span * 4);
+        float *out = malloc((size_t)hd * 4), *out_ref = malloc((size_t)hd * 4);
+        for (i = 0; i < hd; i++) q[i] = next_float();
+        for (i = 0; i < (int32_t)(span * stride); i++) kv[i] = next_float();
+        for (j = 0; j < span; j++) p[j] = (next_float() + 1.0f) / (float)span;
+        colibri_ref_attention_scores(scores_ref, q, kv, stride, span, hd, 0.125f);
+        k->attention_scores(scores, q, kv, stride, span, hd, 0.125f);
+        for (j = 0; j < span; j++) {
+            double mag = 0.0;
+            for (i = 0; i < hd; i++) mag += fabs((double)q[i] * kv[(size_t)j * stride + i]) * 0.125;
+            check(k->name, "attention_scores", "f32", 1, hd, span, 0, j, scores[j], scores_ref[j], hd * ldexp(1.0, -24) * mag + 1e-30);
+        }
+        colibri_ref_attention_values(out_ref, p, kv, stride, span, hd);
+        k->attention_values(out, p, kv, stride, span, hd);
+        for (i = 0; i < hd; i++) {
+            double mag = 0.0;
+            for (j = 0; j < span; j++) mag += fabs((double)p[j] * kv[(size_t)j * stride + i]);
+            check(k->name, "attention_values", "f32", 1, span, hd, 0, i, out[i], out_ref[i], span * ldexp(1.0, -24) * mag + 1e-30);
+        }
+        free(q); free(kv); free(p); free(scores); free(scores_ref); free(out); free(out_ref);
+    }
+    printf("%s attention: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
+           failures - before);
+}
+
 int main(void)
 {
     int32_t i, tested = 0;
@@ -166,6 +202,7 @@ int main(void)
         const colibri_kernels *k = colibri_kernels_variant(i);
         if (!colibri_kernels_runnable(k)) { printf("%s kernels: this CPU cannot run them\n", k->name); continue; }
         test_variant(k);
+        test_attention(k);
         tested++;
     }
     if (tested == 1) printf("no SIMD kernel variant runs here: only the references\n");

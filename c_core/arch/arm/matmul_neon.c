@@ -100,6 +100,51 @@ static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colib
     matmul_q8_neon_with(y, xq, w, dtype, n, cols, rows, dot16);
 }
 
-static const colibri_kernels neon_kernels = { "neon", matmul_neon, colibri_ref_rmsnorm, quantize_q8, matmul_q8 };
+/* scores (span) = scale * K q, four keys at a time: four 4-wide dot products, reduced together
+ * by pairwise adds. */
+static void attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
+                             int32_t hd, float scale)
+{
+    int32_t j = 0, i;
+    if (hd % 4) { colibri_ref_attention_scores(scores, q, k, stride, span, hd, scale); return; }
+    for (; j + 4 <= span; j += 4, k += 4 * stride) {
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        for (i = 0; i < hd; i += 4) {
+            float32x4_t qv = vld1q_f32(q + i);
+            a0 = vfmaq_f32(a0, qv, vld1q_f32(k + i));
+            a1 = vfmaq_f32(a1, qv, vld1q_f32(k + stride + i));
+            a2 = vfmaq_f32(a2, qv, vld1q_f32(k + 2 * stride + i));
+            a3 = vfmaq_f32(a3, qv, vld1q_f32(k + 3 * stride + i));
+        }
+        vst1q_f32(scores + j, vmulq_n_f32(vpaddq_f32(vpaddq_f32(a0, a1), vpaddq_f32(a2, a3)), scale));
+    }
+    for (; j < span; j++, k += stride) {
+        float32x4_t a = vdupq_n_f32(0.0f);
+        for (i = 0; i < hd; i += 4) a = vfmaq_f32(a, vld1q_f32(q + i), vld1q_f32(k + i));
+        scores[j] = vaddvq_f32(a) * scale;
+    }
+}
+
+/* out (hd) = p @ V, out in registers 16 floats at a time. */
+static void attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+{
+    int32_t i, j;
+    if (hd % 16) { colibri_ref_attention_values(out, p, v, stride, span, hd); return; }
+    for (i = 0; i < hd; i += 16) {
+        float32x4_t o0 = vdupq_n_f32(0.0f), o1 = o0, o2 = o0, o3 = o0;
+        const float *vj = v + i;
+        for (j = 0; j < span; j++, vj += stride) {
+            o0 = vfmaq_n_f32(o0, vld1q_f32(vj), p[j]);
+            o1 = vfmaq_n_f32(o1, vld1q_f32(vj + 4), p[j]);
+            o2 = vfmaq_n_f32(o2, vld1q_f32(vj + 8), p[j]);
+            o3 = vfmaq_n_f32(o3, vld1q_f32(vj + 12), p[j]);
+        }
+        vst1q_f32(out + i, o0); vst1q_f32(out + i + 4, o1);
+        vst1q_f32(out + i + 8, o2); vst1q_f32(out + i + 12, o3);
+    }
+}
+
+static const colibri_kernels neon_kernels = { "neon", matmul_neon, colibri_ref_rmsnorm, quantize_q8, matmul_q8,
+                                              attention_scores, attention_values };
 
 const colibri_kernels *colibri_kernels_neon(void) { return &neon_kernels; }

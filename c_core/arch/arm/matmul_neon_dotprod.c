@@ -1,6 +1,6 @@
 /* NEON with the dot-product extension (Armv8.2 sdot): the int8 path four products to a lane.
  * Compiled with +dotprod; called only after colibri_cpu_has_dotprod() said yes.  Its float path
- * is the plain NEON one. */
+ * and attention are the plain NEON ones. */
 #include "q8_neon.h"
 
 static int32x4_t sdot16(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
@@ -21,7 +21,18 @@ static void matmul_dotprod(float *y, const float *x, const void *w, colibri_dtyp
     colibri_kernels_neon()->matmul(y, x, w, dtype, n, cols, rows);
 }
 
+static void attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
+                             int32_t hd, float scale)
+{
+    colibri_kernels_neon()->attention_scores(scores, q, k, stride, span, hd, scale);
+}
+
+static void attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+{
+    colibri_kernels_neon()->attention_values(out, p, v, stride, span, hd);
+}
+
 static const colibri_kernels dotprod_kernels = { "neon-dotprod", matmul_dotprod, colibri_ref_rmsnorm,
-                                                 quantize_q8_dotprod, matmul_q8_dotprod };
+                                                 quantize_q8_dotprod, matmul_q8_dotprod, attention_scores, attention_values };
 
 const colibri_kernels *colibri_kernels_neon_dotprod(void) { return &dotprod_kernels; }

@@ -117,6 +117,64 @@ static void matmul_q8_avx2(float *y, const colibri_q8_block *xq, const void *w, 
     matmul_q8_x86(y, xq, w, dtype, n, cols, rows, dot_q8_0, dot_q4_0);
 }
 
-static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, colibri_ref_rmsnorm, quantize_q8_avx2, matmul_q8_avx2 };
+/* scores (span) = scale * K q, four keys at a time: four 8-wide dot products, then one
+ * horizontal reduction for all four (two hadds and a lane add). */
+static void attention_scores_avx2(float *scores, const float *q, const float *k, size_t stride, int32_t span,
+                                  int32_t hd, float scale)
+{
+    int32_t j = 0, i, hd8 = hd & ~7;
+    if (hd8 != hd) { colibri_ref_attention_scores(scores, q, k, stride, span, hd, scale); return; }
+    for (; j + 4 <= span; j += 4, k += 4 * stride) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m128 s;
+        for (i = 0; i < hd; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + stride + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * stride + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * stride + i), a3);
+        }
+        a0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));   /* lanes: k0 k1 k2 k3 | k0 k1 k2 k3 */
+        s = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+        _mm_storeu_ps(scores + j, _mm_mul_ps(s, _mm_set1_ps(scale)));
+    }
+    for (; j < span; j++, k += stride) {
+        __m256 a = _mm256_setzero_ps();
+        for (i = 0; i < hd; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a);
+        scores[j] = hsum8(a) * scale;
+    }
+}
+
+/* out (hd) = p @ V: each 8-wide slice of out stays in a register over all span rows. */
+static void attention_values_avx2(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+{
+    int32_t i = 0, j;
+    for (; i + 32 <= hd; i += 32) {
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        const float *vj = v + i;
+        for (j = 0; j < span; j++, vj += stride) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), o0);
+            o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), o1);
+            o2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), o2);
+            o3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), o3);
+        }
+        _mm256_storeu_ps(out + i, o0); _mm256_storeu_ps(out + i + 8, o1);
+        _mm256_storeu_ps(out + i + 16, o2); _mm256_storeu_ps(out + i + 24, o3);
+    }
+    for (; i + 8 <= hd; i += 8) {
+        __m256 o = _mm256_setzero_ps();
+        for (j = 0; j < span; j++) o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + (size_t)j * stride + i), o);
+        _mm256_storeu_ps(out + i, o);
+    }
+    for (; i < hd; i++) {
+        float o = 0.0f;
+        for (j = 0; j < span; j++) o += p[j] * v[(size_t)j * stride + i];
+        out[i] = o;
+    }
+}
+
+static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, colibri_ref_rmsnorm, quantize_q8_avx2, matmul_q8_avx2,
+                                              attention_scores_avx2, attention_values_avx2 };
 
 const colibri_kernels *colibri_kernels_avx2(void) { return &avx2_kernels; }

@@ -94,7 +94,62 @@ static void matmul_q8_avx512(float *y, const colibri_q8_block *xq, const void *w
     matmul_q8_x86(y, xq, w, dtype, n, cols, rows, dot_q8_0, dot_q4_0);
 }
 
+/* The two 8-lane halves of v added. */
+static inline __m256 fold16(__m512 v)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+/* scores (span) = scale * K q, four keys at a time, 16 wide; heads whose size is no multiple of
+ * 16 take AVX2's. */
+static void attention_scores_avx512(float *scores, const float *q, const float *k, size_t stride, int32_t span,
+                                    int32_t hd, float scale)
+{
+    int32_t j = 0, i;
+    if (hd % 16) { colibri_kernels_avx2()->attention_scores(scores, q, k, stride, span, hd, scale); return; }
+    for (; j + 4 <= span; j += 4, k += 4 * stride) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 h;
+        __m128 s;
+        for (i = 0; i < hd; i += 16) {
+            __m512 qv = _mm512_loadu_ps(q + i);
+            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + i), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + stride + i), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + 2 * stride + i), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + 3 * stride + i), a3);
+        }
+        h = _mm256_hadd_ps(_mm256_hadd_ps(fold16(a0), fold16(a1)), _mm256_hadd_ps(fold16(a2), fold16(a3)));
+        s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(scores + j, _mm_mul_ps(s, _mm_set1_ps(scale)));
+    }
+    for (; j < span; j++, k += stride) {
+        __m512 a = _mm512_setzero_ps();
+        for (i = 0; i < hd; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a);
+        scores[j] = _mm512_reduce_add_ps(a) * scale;
+    }
+}
+
+/* out (hd) = p @ V, out in registers 64 floats at a time; other head sizes take AVX2's. */
+static void attention_values_avx512(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+{
+    int32_t i, j;
+    if (hd % 64) { colibri_kernels_avx2()->attention_values(out, p, v, stride, span, hd); return; }
+    for (i = 0; i < hd; i += 64) {
+        __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        const float *vj = v + i;
+        for (j = 0; j < span; j++, vj += stride) {
+            __m512 pj = _mm512_set1_ps(p[j]);
+            o0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), o0);
+            o1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), o1);
+            o2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), o2);
+            o3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), o3);
+        }
+        _mm512_storeu_ps(out + i, o0); _mm512_storeu_ps(out + i + 16, o1);
+        _mm512_storeu_ps(out + i + 32, o2); _mm512_storeu_ps(out + i + 48, o3);
+    }
+}
+
 static const colibri_kernels avx512_kernels = { "avx512", matmul_avx512, colibri_ref_rmsnorm, quantize_q8_avx512,
-                                                matmul_q8_avx512 };
+                                                matmul_q8_avx512, attention_scores_avx512, attention_values_avx512 };
 
 const colibri_kernels *colibri_kernels_avx512(void) { return &avx512_kernels; }

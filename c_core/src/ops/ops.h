@@ -31,6 +31,11 @@ typedef struct colibri_kernels {
     void (*quantize_q8)(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
     void (*matmul_q8)(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                       int32_t n, int32_t cols, int32_t rows);
+    /* One head's attention over its cached rows (span of them, `stride` floats apart):
+     * scores (span) = scale * K (span, hd) q (hd), then out (hd) = p (span) @ V (span, hd). */
+    void (*attention_scores)(float *scores, const float *q, const float *k, size_t stride, int32_t span,
+                             int32_t hd, float scale);
+    void (*attention_values)(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd);
 } colibri_kernels;
 
 /* What a forward pass computes with: the kernels, and the threads (platform.h's pool) that share
@@ -72,6 +77,9 @@ void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, 
 
 /* Reference kernels that variants reuse where they have nothing faster. */
 void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
+void colibri_ref_attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
+                                  int32_t hd, float scale);
+void colibri_ref_attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd);
 
 /* Scalar element conversions, exact. */
 float colibri_f16_to_f32(uint16_t h);

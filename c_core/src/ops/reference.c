@@ -185,12 +185,39 @@ void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, 
     }
 }
 
-static const colibri_kernels reference_kernels = { "reference", colibri_ref_matmul, colibri_ref_rmsnorm, NULL, NULL };
+/* scores (span) = scale * K q: four partial sums, no hd-long dependency chain. */
+void colibri_ref_attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
+                                  int32_t hd, float scale)
+{
+    int32_t j, i;
+    for (j = 0; j < span; j++, k += stride) {
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+        for (i = 0; i + 4 <= hd; i += 4) {
+            d0 += q[i] * k[i]; d1 += q[i + 1] * k[i + 1];
+            d2 += q[i + 2] * k[i + 2]; d3 += q[i + 3] * k[i + 3];
+        }
+        for (; i < hd; i++) d0 += q[i] * k[i];
+        scores[j] = ((d0 + d1) + (d2 + d3)) * scale;
+    }
+}
+
+/* out (hd) = sum over j of p[j] * V row j */
+void colibri_ref_attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+{
+    int32_t j, i;
+    for (i = 0; i < hd; i++) out[i] = 0.0f;
+    for (j = 0; j < span; j++, v += stride)
+        for (i = 0; i < hd; i++) out[i] += p[j] * v[i];
+}
+
+static const colibri_kernels reference_kernels = { "reference", colibri_ref_matmul, colibri_ref_rmsnorm, NULL, NULL,
+                                                   colibri_ref_attention_scores, colibri_ref_attention_values };
 
 /* The reference with the int8 path: the same integers as every variant's, so whole-model runs of
  * a variant can be compared with it to float rounding (never picked as the best). */
 static const colibri_kernels reference_int8_kernels = { "reference-int8", colibri_ref_matmul, colibri_ref_rmsnorm,
-                                                        colibri_ref_quantize_q8, colibri_ref_matmul_q8 };
+                                                        colibri_ref_quantize_q8, colibri_ref_matmul_q8,
+                                                        colibri_ref_attention_scores, colibri_ref_attention_values };
 
 const colibri_kernels *colibri_kernels_reference(void) { return &reference_kernels; }
 const colibri_kernels *colibri_kernels_reference_int8(void) { return &reference_int8_kernels; }

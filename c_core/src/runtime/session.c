@@ -559,8 +559,9 @@ static void attend_heads(void *context, int32_t part, int32_t parts)
     colibri_session *s = job->s;
     const colibri_hparams *hp = &s->model->hp;
     const colibri_layer_weights *lw = &s->model->layers[job->layer];
+    const colibri_kernels *kernels = s->compute.kernels;
     int32_t hd = hp->head_dim, H = hp->n_heads, q_dim = H * hd, kv_dim = hp->n_kv_heads * hd, group = H / hp->n_kv_heads;
-    int32_t t, h, j, i;
+    int32_t t, h;
     for (h = H * part / parts; h < H * (part + 1) / parts; h++) {
         float *scores = s->scores + (size_t)h * s->n_ctx;
         size_t kv_off = (size_t)(h / group) * hd;
@@ -571,23 +572,12 @@ static void attend_heads(void *context, int32_t part, int32_t parts)
             if (lw->window > 0 && pos - lw->window + 1 > 0) first = pos - lw->window + 1;
             if (lw->chunk) first = pos / lw->chunk * lw->chunk;
             span = pos - first + 1;
-            for (j = 0; j < span; j++) {   /* four partial sums: no 64-add dependency chain */
-                const float *kj = s->k_cache[job->layer] + (size_t)(first + j) * kv_dim + kv_off;
-                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-                for (i = 0; i + 4 <= hd; i += 4) {
-                    d0 += qh[i] * kj[i]; d1 += qh[i + 1] * kj[i + 1];
-                    d2 += qh[i + 2] * kj[i + 2]; d3 += qh[i + 3] * kj[i + 3];
-                }
-                for (; i < hd; i++) d0 += qh[i] * kj[i];
-                scores[j] = ((d0 + d1) + (d2 + d3)) * hp->attention_scale;
-            }
+            kernels->attention_scores(scores, qh, s->k_cache[job->layer] + (size_t)first * kv_dim + kv_off, (size_t)kv_dim,
+                                      span, hd, hp->attention_scale);
             if (hp->attention_sinks) softmax_with_sink(scores, span, colibri_load_f32(lw->w[L_SINKS].data, lw->w[L_SINKS].dtype, (size_t)h));
             else colibri_softmax(scores, span);
-            for (i = 0; i < hd; i++) out[i] = 0.0f;
-            for (j = 0; j < span; j++) {
-                const float *vj = s->v_cache[job->layer] + (size_t)(first + j) * kv_dim + kv_off;
-                for (i = 0; i < hd; i++) out[i] += scores[j] * vj[i];
-            }
+            kernels->attention_values(out, scores, s->v_cache[job->layer] + (size_t)first * kv_dim + kv_off, (size_t)kv_dim,
+                                      span, hd);
         }
     }
 }
