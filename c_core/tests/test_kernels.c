@@ -159,8 +159,9 @@ static void test_variant(const colibri_kernels *k)
            failures - before);
 }
 
-/* The attention kernels against the reference: scores per key within hd * 2^-24 * sum |q k|,
- * each output within span * 2^-24 * sum |p v| (the float-summation bound, as for matmul). */
+/* The attention kernels against the reference: any order of n float products and sums (fused or
+ * not) lies within (n + 1) * 2^-24 * sum |terms| of the exact sum, so two orders differ by at most
+ * twice that: per score (n = hd terms q k) and per output (n = span terms p v). */
 static void test_attention(const colibri_kernels *k)
 {
     static const int32_t hds[] = { 4, 8, 12, 16, 32, 64, 80, 128, 256 }, spans[] = { 1, 3, 4, 5, 17, 64 };
@@ -180,18 +181,45 @@ static void test_attention(const colibri_kernels *k)
         for (j = 0; j < span; j++) {
             double mag = 0.0;
             for (i = 0; i < hd; i++) mag += fabs((double)q[i] * kv[(size_t)j * stride + i]) * 0.125;
-            check(k->name, "attention_scores", "f32", 1, hd, span, 0, j, scores[j], scores_ref[j], hd * ldexp(1.0, -24) * mag + 1e-30);
+            check(k->name, "attention_scores", "f32", 1, hd, span, 0, j, scores[j], scores_ref[j], 2 * (hd + 1) * ldexp(1.0, -24) * mag + 1e-30);
         }
         colibri_ref_attention_values(out_ref, p, kv, stride, span, hd);
         k->attention_values(out, p, kv, stride, span, hd);
         for (i = 0; i < hd; i++) {
             double mag = 0.0;
             for (j = 0; j < span; j++) mag += fabs((double)p[j] * kv[(size_t)j * stride + i]);
-            check(k->name, "attention_values", "f32", 1, span, hd, 0, i, out[i], out_ref[i], span * ldexp(1.0, -24) * mag + 1e-30);
+            check(k->name, "attention_values", "f32", 1, span, hd, 0, i, out[i], out_ref[i], 2 * (span + 1) * ldexp(1.0, -24) * mag + 1e-30);
         }
         free(q); free(kv); free(p); free(scores); free(scores_ref); free(out); free(out_ref);
     }
     printf("%s attention: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
+           failures - before);
+}
+
+/* softmax and silu_mul against the reference's (colibri_expf, within an ulp of exp): each output
+ * within a few ulp of the exp plus the float sums' bound, relative to the reference value. */
+static void test_exp_kernels(const colibri_kernels *k)
+{
+    static const int32_t ns[] = { 1, 3, 8, 15, 16, 17, 64, 100, 1000 };
+    int ni, before = failures, count = checked;
+    for (ni = 0; ni < (int)(sizeof ns / sizeof ns[0]); ni++) {
+        int32_t n = ns[ni], i;
+        float *x = malloc((size_t)n * 4), *x_ref = malloc((size_t)n * 4), *u = malloc((size_t)n * 4);
+        for (i = 0; i < n; i++) { x[i] = x_ref[i] = 12.0f * next_float(); u[i] = next_float(); }
+        if (n == 100) x[7] = x_ref[7] = -200.0f;   /* exp underflows: 0 for the reference */
+        colibri_softmax(x_ref, n);
+        k->softmax(x, n);
+        for (i = 0; i < n; i++)
+            check(k->name, "softmax", "f32", 1, n, 1, 0, i, x[i], x_ref[i], (16 + 2 * n) * ldexp(1.0, -24) * x_ref[i] + 1e-30);
+        for (i = 0; i < n; i++) x[i] = x_ref[i] = 20.0f * next_float();
+        if (n == 100) { x[3] = x_ref[3] = -120.0f; x[4] = x_ref[4] = 95.0f; }   /* silu(-120) = -0, silu(95) = 95 */
+        colibri_silu_mul(x_ref, u, (size_t)n);
+        k->silu_mul(x, u, (size_t)n);
+        for (i = 0; i < n; i++)
+            check(k->name, "silu_mul", "f32", 1, n, 1, 0, i, x[i], x_ref[i], 16 * ldexp(1.0, -24) * fabs(x_ref[i]) + 1e-30);
+        free(x); free(x_ref); free(u);
+    }
+    printf("%s softmax, silu: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
            failures - before);
 }
 
@@ -203,6 +231,7 @@ int main(void)
         if (!colibri_kernels_runnable(k)) { printf("%s kernels: this CPU cannot run them\n", k->name); continue; }
         test_variant(k);
         test_attention(k);
+        test_exp_kernels(k);
         tested++;
     }
     if (tested == 1) printf("no SIMD kernel variant runs here: only the references\n");

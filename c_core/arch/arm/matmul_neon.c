@@ -144,7 +144,58 @@ static void attention_values(float *out, const float *p, const float *v, size_t 
     }
 }
 
+/* exp(x), 4 at a time: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), a
+ * degree-7 polynomial for exp(r) (Cephes' expf coefficients, within 2 ulp), times 2^n built in the
+ * exponent bits.  x is clamped to [-87.3, 88]: below, results are tiny normals rather than 0. */
+static inline float32x4_t exp4(float32x4_t x)
+{
+    float32x4_t r, p;
+    int32x4_t n;
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.3f)), vdupq_n_f32(88.0f));
+    n = vcvtnq_s32_f32(vmulq_n_f32(x, 1.44269504f));
+    r = vfmsq_f32(x, vcvtq_f32_s32(n), vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, vcvtq_f32_s32(n), vdupq_n_f32(-2.12194440e-4f));
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), vdupq_n_f32(1.9875691500e-4f), r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    return vmulq_f32(p, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n, vdupq_n_s32(127)), 23)));
+}
+
+static void softmax(float *x, int32_t n)
+{
+    float32x4_t vmax = vdupq_n_f32(x[0]), vsum = vdupq_n_f32(0.0f);
+    float max, sum, inv;
+    int32_t i;
+    for (i = 0; i + 4 <= n; i += 4) vmax = vmaxq_f32(vmax, vld1q_f32(x + i));
+    max = vmaxvq_f32(vmax);
+    for (; i < n; i++) if (x[i] > max) max = x[i];
+    for (i = 0; i + 4 <= n; i += 4) {
+        float32x4_t e = exp4(vsubq_f32(vld1q_f32(x + i), vdupq_n_f32(max)));
+        vst1q_f32(x + i, e);
+        vsum = vaddq_f32(vsum, e);
+    }
+    sum = vaddvq_f32(vsum);
+    for (; i < n; i++) { x[i] = colibri_expf(x[i] - max); sum += x[i]; }
+    inv = 1.0f / sum;
+    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), inv));
+    for (; i < n; i++) x[i] *= inv;
+}
+
+static void silu_mul(float *g, const float *u, size_t n)
+{
+    size_t i;
+    for (i = 0; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(g + i);
+        float32x4_t e = exp4(vnegq_f32(v));
+        vst1q_f32(g + i, vdivq_f32(vmulq_f32(v, vld1q_f32(u + i)), vaddq_f32(vdupq_n_f32(1.0f), e)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
+}
+
 static const colibri_kernels neon_kernels = { "neon", matmul_neon, colibri_ref_rmsnorm, quantize_q8, matmul_q8,
-                                              attention_scores, attention_values };
+                                              attention_scores, attention_values, softmax, silu_mul };
 
 const colibri_kernels *colibri_kernels_neon(void) { return &neon_kernels; }

@@ -32,7 +32,12 @@ static void attention_values(float *out, const float *p, const float *v, size_t 
     colibri_kernels_neon()->attention_values(out, p, v, stride, span, hd);
 }
 
+static void softmax(float *x, int32_t n) { colibri_kernels_neon()->softmax(x, n); }
+
+static void silu_mul(float *g, const float *u, size_t n) { colibri_kernels_neon()->silu_mul(g, u, n); }
+
 static const colibri_kernels dotprod_kernels = { "neon-dotprod", matmul_dotprod, colibri_ref_rmsnorm,
-                                                 quantize_q8_dotprod, matmul_q8_dotprod, attention_scores, attention_values };
+                                                 quantize_q8_dotprod, matmul_q8_dotprod, attention_scores, attention_values,
+                                                 softmax, silu_mul };
 
 const colibri_kernels *colibri_kernels_neon_dotprod(void) { return &dotprod_kernels; }

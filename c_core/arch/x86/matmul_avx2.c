@@ -90,20 +90,11 @@ static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype d
     colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, colibri_dtype_is_block(dtype) ? dot_blocks : dot_row);
 }
 
-/* Integer block dots: maddubs multiplies unsigned by signed bytes, so q8_0 moves w's sign onto x
- * (|w| * sign(w) x); q4_0's nibbles are unsigned already.  Pairs sum to int16 without overflow
- * (at most 2 * 128 * 127), madd with ones widens them to 8 int32. */
-static inline __m256i dot_q8_0(const uint8_t *block, const int8_t *x)
+/* maddubs multiplies unsigned by signed bytes; pairs sum to int16 without overflow (at most
+ * 2 * 128 * 127), madd with ones widens them to 8 int32. */
+static inline __m256i dot_us(__m256i u, __m256i s)
 {
-    __m256i w = _mm256_loadu_si256((const __m256i *)block), v = _mm256_loadu_si256((const __m256i *)x);
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
-
-static inline __m256i dot_q4_0(const uint8_t *block, const int8_t *x)
-{
-    __m256i pairs = _mm256_maddubs_epi16(q4_nibbles(block), _mm256_loadu_si256((const __m256i *)x));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
 static void quantize_q8_avx2(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
@@ -114,7 +105,7 @@ static void quantize_q8_avx2(colibri_q8_block *xq, const float *x, int32_t n, in
 static void matmul_q8_avx2(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
-    matmul_q8_x86(y, xq, w, dtype, n, cols, rows, dot_q8_0, dot_q4_0);
+    matmul_q8_x86(2, y, xq, w, dtype, n, cols, rows, dot_us);   /* 16 ymm registers: 4 x 2 accumulators */
 }
 
 /* scores (span) = scale * K q, four keys at a time: four 8-wide dot products, then one
@@ -174,7 +165,61 @@ static void attention_values_avx2(float *out, const float *p, const float *v, si
     }
 }
 
+/* exp(x), 8 at a time: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), a
+ * degree-7 polynomial for exp(r) (Cephes' expf coefficients, within 2 ulp), times 2^n built in the
+ * exponent bits.  x is clamped to [-87.3, 88]: below, results are tiny normals rather than 0. */
+static inline __m256 exp8(__m256 x)
+{
+    __m256 n, r, p;
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+    n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    p = _mm256_fmadd_ps(_mm256_set1_ps(1.9875691500e-4f), r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)));
+}
+
+static void softmax_avx2(float *x, int32_t n)
+{
+    __m256 vmax = _mm256_set1_ps(x[0]), vsum = _mm256_setzero_ps();
+    float max, sum, inv;
+    int32_t i;
+    for (i = 0; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    {
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        max = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    }
+    for (; i < n; i++) if (x[i] > max) max = x[i];
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(max)));
+        _mm256_storeu_ps(x + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    sum = hsum8(vsum);
+    for (; i < n; i++) { x[i] = colibri_expf(x[i] - max); sum += x[i]; }
+    inv = 1.0f / sum;
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(inv)));
+    for (; i < n; i++) x[i] *= inv;
+}
+
+static void silu_mul_avx2(float *g, const float *u, size_t n)
+{
+    size_t i;
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_storeu_ps(g + i, _mm256_div_ps(_mm256_mul_ps(v, _mm256_loadu_ps(u + i)), _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
+}
+
 static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, colibri_ref_rmsnorm, quantize_q8_avx2, matmul_q8_avx2,
-                                              attention_scores_avx2, attention_values_avx2 };
+                                              attention_scores_avx2, attention_values_avx2, softmax_avx2, silu_mul_avx2 };
 
 const colibri_kernels *colibri_kernels_avx2(void) { return &avx2_kernels; }

@@ -70,18 +70,8 @@ static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype
     else colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_row);
 }
 
-/* vpdpbusd: unsigned bytes times signed bytes, four products summed into each int32 lane.
- * q8_0 moves w's sign onto x as the AVX2 path does; q4_0's nibbles are unsigned already. */
-static inline __m256i dot_q8_0(const uint8_t *block, const int8_t *x)
-{
-    __m256i w = _mm256_loadu_si256((const __m256i *)block), v = _mm256_loadu_si256((const __m256i *)x);
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(v, w));
-}
-
-static inline __m256i dot_q4_0(const uint8_t *block, const int8_t *x)
-{
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), q4_nibbles(block), _mm256_loadu_si256((const __m256i *)x));
-}
+/* vpdpbusd: unsigned bytes times signed bytes, four products summed into each int32 lane. */
+static inline __m256i dot_us(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 
 static void quantize_q8_avx512(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
 {
@@ -91,7 +81,7 @@ static void quantize_q8_avx512(colibri_q8_block *xq, const float *x, int32_t n, 
 static void matmul_q8_avx512(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                              int32_t n, int32_t cols, int32_t rows)
 {
-    matmul_q8_x86(y, xq, w, dtype, n, cols, rows, dot_q8_0, dot_q4_0);
+    matmul_q8_x86(4, y, xq, w, dtype, n, cols, rows, dot_us);   /* 32 registers: 4 x 4 accumulators */
 }
 
 /* The two 8-lane halves of v added. */
@@ -149,7 +139,60 @@ static void attention_values_avx512(float *out, const float *p, const float *v, 
     }
 }
 
+/* exp(x), 16 at a time: AVX2's exp8 (see there) at twice the width. */
+static inline __m512 exp16(__m512 x)
+{
+    __m512 n, r, p;
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.0f));
+    n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)));
+}
+
+/* The tails (n % 16) run masked: the same polynomial for every element. */
+static void softmax_avx512(float *x, int32_t n)
+{
+    __m512 vmax = _mm512_set1_ps(x[0]), vsum = _mm512_setzero_ps(), vmaxb, inv;
+    __mmask16 tail = (__mmask16)((1u << (n % 16)) - 1u);
+    int32_t i, body = n - n % 16;
+    for (i = 0; i < body; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(x + i));
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, tail, x + body));
+    vmaxb = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    for (i = 0; i < body; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmaxb));
+        _mm512_storeu_ps(x + i, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    if (tail) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + body), vmaxb));
+        _mm512_mask_storeu_ps(x + body, tail, e);
+        vsum = _mm512_mask_add_ps(vsum, tail, vsum, e);
+    }
+    inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    for (i = 0; i < body; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    if (tail) _mm512_mask_storeu_ps(x + body, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + body), inv));
+}
+
+static void silu_mul_avx512(float *g, const float *u, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 v = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), v));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_div_ps(_mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, u + i)), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    }
+}
+
 static const colibri_kernels avx512_kernels = { "avx512", matmul_avx512, colibri_ref_rmsnorm, quantize_q8_avx512,
-                                                matmul_q8_avx512, attention_scores_avx512, attention_values_avx512 };
+                                                matmul_q8_avx512, attention_scores_avx512, attention_values_avx512,
+                                                softmax_avx512, silu_mul_avx512 };
 
 const colibri_kernels *colibri_kernels_avx512(void) { return &avx512_kernels; }

@@ -58,52 +58,120 @@ static inline void quantize_q8_x86(colibri_q8_block *xq, const float *x, int32_t
     }
 }
 
-#ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 1024
-#endif
+/* A variant's integer primitive: 32 unsigned bytes times 32 signed bytes, four products summed
+ * into each of 8 int32 lanes (maddubs + madd on AVX2, vpdpbusd on AVX-512 VNNI). */
+typedef __m256i (*dot_us_fn)(__m256i u, __m256i s);
 
-/* R rows of W (row_bytes apart) against one token's blocks: y[0..R) (y_stride apart).  R
- * independent accumulators hide the FMA latency, and each x block is loaded once for all R.
- * q4_0's nibbles are unsigned: sum(u x) - 8 sum(x), the second term subtracted in lane 0. */
-static inline __attribute__((always_inline)) void dot_rows_x86(int R, float *y, size_t y_stride, const uint8_t *w, size_t row_bytes, colibri_dtype dtype,
-                                const colibri_q8_block *xb, int32_t blocks,
-                                __m256i (*dot_q8_0)(const uint8_t *block, const int8_t *x),
-                                __m256i (*dot_q4_0)(const uint8_t *block, const int8_t *x))
+/* One weight block as dot_us's unsigned operand: q4_0's nibbles are unsigned already (the "- 8"
+ * comes back as -8 sum(x)); q8_0 gives |w| and moves w's sign onto x (sign_for_x). */
+static inline __m256i w_unsigned(const uint8_t *block, colibri_dtype dtype)
 {
-    __m256 acc[4];
-    int32_t b, r;
-    size_t block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
-    for (r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (b = 0; b < blocks; b++, xb++, w += block_bytes) {
-        __m256i minus_8sum = _mm256_setr_epi32(-8 * xb->sum, 0, 0, 0, 0, 0, 0, 0);
-        _mm_prefetch((const char *)w + PREFETCH_AHEAD, _MM_HINT_T0);
-        for (r = 0; r < R; r++) {
-            const uint8_t *wb = w + (size_t)r * row_bytes;
-            uint16_t h;
-            __m256i dot;
-            memcpy(&h, wb, 2);
-            dot = dtype == COLIBRI_DTYPE_Q8_0 ? dot_q8_0(wb + 2, xb->q) : _mm256_add_epi32(dot_q4_0(wb + 2, xb->q), minus_8sum);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(h) * xb->d), _mm256_cvtepi32_ps(dot), acc[r]);
-        }
+    if (dtype == COLIBRI_DTYPE_Q4_0) return q4_nibbles(block + 2);
+    {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(block + 2));
+        return _mm256_sign_epi8(w, w);
     }
-    for (r = 0; r < R; r++) y[(size_t)r * y_stride] = hsum8(acc[r]);
 }
 
-/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W, given the variant's block dot products (8 int32
- * partial sums each): one row at a time against every token while it is in L1.  Two rows at a
- * time (sharing each x block) ran 12% faster on weights in cache but up to 20% slower on decode,
- * where the experts' weights stream from DRAM. */
-static inline void matmul_q8_x86(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
-                                 int32_t n, int32_t cols, int32_t rows,
-                                 __m256i (*dot_q8_0)(const uint8_t *block, const int8_t *x),
-                                 __m256i (*dot_q4_0)(const uint8_t *block, const int8_t *x))
+static inline float w_scale(const uint8_t *block)
+{
+    uint16_t h;
+    memcpy(&h, block, 2);
+    return _cvtsh_ss(h);
+}
+
+/* The exact integer dot of one weight block (w_u its unsigned form) with one activation block. */
+static inline __attribute__((always_inline)) __m256i block_dot(const uint8_t *block, __m256i w_u, colibri_dtype dtype,
+                                                               const colibri_q8_block *xb, dot_us_fn dot_us)
+{
+    __m256i x = _mm256_loadu_si256((const __m256i *)xb->q);
+    if (dtype == COLIBRI_DTYPE_Q8_0) return dot_us(w_u, _mm256_sign_epi8(x, _mm256_loadu_si256((const __m256i *)(block + 2))));
+    return _mm256_add_epi32(dot_us(w_u, x), _mm256_setr_epi32(-8 * xb->sum, 0, 0, 0, 0, 0, 0, 0));
+}
+
+/* One row of W against one token's blocks (decode).  One row at a time: two rows sharing each x
+ * block ran 12% faster on weights in cache but up to 20% slower when they stream from DRAM, as
+ * the experts' do; the software prefetch keeps the stream ahead. */
+static inline __attribute__((always_inline)) float row_q8_x86(const uint8_t *w, colibri_dtype dtype, const colibri_q8_block *xb,
+                                                              int32_t blocks, dot_us_fn dot_us)
+{
+    size_t block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
+    __m256 acc = _mm256_setzero_ps();
+    int32_t b;
+    for (b = 0; b < blocks; b++, xb++, w += block_bytes) {
+        _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(w_scale(w) * xb->d), _mm256_cvtepi32_ps(block_dot(w, w_unsigned(w, dtype), dtype, xb, dot_us)),
+                              acc);
+    }
+    return hsum8(acc);
+}
+
+/* An RM x RN tile of y (several tokens: prefill, an expert's group of tokens): RM rows of W
+ * against RN tokens, each weight block unpacked once for RN tokens and each activation block
+ * loaded once for RM rows; RM * RN accumulators.  y (RN tokens, `rows` apart) gets the tile. */
+static inline __attribute__((always_inline)) void tile_q8_x86(int RM, int RN, float *y, int32_t rows, const uint8_t *w,
+                                                              size_t row_bytes, colibri_dtype dtype,
+                                                              const colibri_q8_block *xq, int32_t blocks, dot_us_fn dot_us)
+{
+    size_t block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
+    __m256 acc[4][4];
+    int32_t b, r, t;
+    for (r = 0; r < RM; r++) for (t = 0; t < RN; t++) acc[r][t] = _mm256_setzero_ps();
+    for (b = 0; b < blocks; b++) {
+        __m256i w_u[4], w_s[4];
+        __m256 d[4];
+        for (r = 0; r < RM; r++) {
+            const uint8_t *block = w + (size_t)r * row_bytes + (size_t)b * block_bytes;
+            w_u[r] = w_unsigned(block, dtype);
+            if (dtype == COLIBRI_DTYPE_Q8_0) w_s[r] = _mm256_loadu_si256((const __m256i *)(block + 2));
+            d[r] = _mm256_set1_ps(w_scale(block));
+        }
+        for (t = 0; t < RN; t++) {
+            const colibri_q8_block *xb = xq + (size_t)t * blocks + b;
+            __m256i x = _mm256_loadu_si256((const __m256i *)xb->q);
+            __m256i minus_8sum = _mm256_setr_epi32(-8 * xb->sum, 0, 0, 0, 0, 0, 0, 0);
+            __m256 dx = _mm256_set1_ps(xb->d);
+            for (r = 0; r < RM; r++) {
+                __m256i dot = dtype == COLIBRI_DTYPE_Q8_0 ? dot_us(w_u[r], _mm256_sign_epi8(x, w_s[r]))
+                                                          : _mm256_add_epi32(dot_us(w_u[r], x), minus_8sum);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(d[r], dx), _mm256_cvtepi32_ps(dot), acc[r][t]);
+            }
+        }
+    }
+    for (t = 0; t < RN; t++) for (r = 0; r < RM; r++) y[(size_t)t * rows + r] = hsum8(acc[r][t]);
+}
+
+/* y (n, rows) = xq @ W^T for one block format (a constant once inlined): one token row by row;
+ * several in tiles of 4 rows x RN tokens (the edges in smaller tiles). */
+static inline __attribute__((always_inline)) void matmul_q8_format(int RN, float *y, const colibri_q8_block *xq, const uint8_t *w,
+                                                                   colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
+                                                                   dot_us_fn dot_us)
 {
     size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
     int32_t r, t, blocks = cols / COLIBRI_BLOCK;
-    for (r = 0; r < rows; r++)
+    if (n == 1) {
+        for (r = 0; r < rows; r++) y[r] = row_q8_x86(w + (size_t)r * row_bytes, dtype, xq, blocks, dot_us);
+        return;
+    }
+    for (r = 0; r + 4 <= rows; r += 4) {
+        for (t = 0; t + RN <= n; t += RN)
+            tile_q8_x86(4, RN, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
+        for (; t < n; t++)
+            tile_q8_x86(4, 1, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
+    }
+    for (; r < rows; r++)
         for (t = 0; t < n; t++)
-            dot_rows_x86(1, y + (size_t)t * rows + r, 1, (const uint8_t *)w + (size_t)r * row_bytes, row_bytes, dtype,
-                         xq + (size_t)t * blocks, blocks, dot_q8_0, dot_q4_0);
+            tile_q8_x86(1, 1, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
+}
+
+/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W, given the variant's dot_us and how many tokens its
+ * registers hold in a tile (RN). */
+static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, float *y, const colibri_q8_block *xq, const void *w,
+                                                                colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
+                                                                dot_us_fn dot_us)
+{
+    if (dtype == COLIBRI_DTYPE_Q8_0) matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q8_0, n, cols, rows, dot_us);
+    else matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_0, n, cols, rows, dot_us);
 }
 
 #endif

@@ -6,7 +6,8 @@ void colibri_swiglu(const colibri_compute *k, int activation, colibri_weight w1,
 {
     colibri_matmul(k, h1, x, w1.data, w1.dtype, m, dim, f);   /* (m, f) */
     colibri_matmul(k, h3, x, w3.data, w3.dtype, m, dim, f);   /* (m, f) */
-    colibri_act_mul(activation, h1, h3, (size_t)m * f);
+    if (activation == COLIBRI_ACT_SILU) k->kernels->silu_mul(h1, h3, (size_t)m * f);
+    else colibri_act_mul(activation, h1, h3, (size_t)m * f);
     colibri_matmul(k, y, h1, w2.data, w2.dtype, m, f, dim);   /* (m, dim) */
 }
 

@@ -36,6 +36,10 @@ typedef struct colibri_kernels {
     void (*attention_scores)(float *scores, const float *q, const float *k, size_t stride, int32_t span,
                              int32_t hd, float scale);
     void (*attention_values)(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd);
+    /* x (n) <- softmax(x); g (n) <- silu(g) * u.  The reference's exp is colibri_expf (the same bits
+     * everywhere); the variants' is a float polynomial within a few ulp, 8 or 16 at a time. */
+    void (*softmax)(float *x, int32_t n);
+    void (*silu_mul)(float *g, const float *u, size_t n);
 } colibri_kernels;
 
 /* What a forward pass computes with: the kernels, and the threads (platform.h's pool) that share

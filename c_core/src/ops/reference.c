@@ -211,13 +211,15 @@ void colibri_ref_attention_values(float *out, const float *p, const float *v, si
 }
 
 static const colibri_kernels reference_kernels = { "reference", colibri_ref_matmul, colibri_ref_rmsnorm, NULL, NULL,
-                                                   colibri_ref_attention_scores, colibri_ref_attention_values };
+                                                   colibri_ref_attention_scores, colibri_ref_attention_values,
+                                                   colibri_softmax, colibri_silu_mul };
 
 /* The reference with the int8 path: the same integers as every variant's, so whole-model runs of
  * a variant can be compared with it to float rounding (never picked as the best). */
 static const colibri_kernels reference_int8_kernels = { "reference-int8", colibri_ref_matmul, colibri_ref_rmsnorm,
                                                         colibri_ref_quantize_q8, colibri_ref_matmul_q8,
-                                                        colibri_ref_attention_scores, colibri_ref_attention_values };
+                                                        colibri_ref_attention_scores, colibri_ref_attention_values,
+                                                        colibri_softmax, colibri_silu_mul };
 
 const colibri_kernels *colibri_kernels_reference(void) { return &reference_kernels; }
 const colibri_kernels *colibri_kernels_reference_int8(void) { return &reference_int8_kernels; }

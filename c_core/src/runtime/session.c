@@ -575,7 +575,7 @@ static void attend_heads(void *context, int32_t part, int32_t parts)
             kernels->attention_scores(scores, qh, s->k_cache[job->layer] + (size_t)first * kv_dim + kv_off, (size_t)kv_dim,
                                       span, hd, hp->attention_scale);
             if (hp->attention_sinks) softmax_with_sink(scores, span, colibri_load_f32(lw->w[L_SINKS].data, lw->w[L_SINKS].dtype, (size_t)h));
-            else colibri_softmax(scores, span);
+            else kernels->softmax(scores, span);
             kernels->attention_values(out, scores, s->v_cache[job->layer] + (size_t)first * kv_dim + kv_off, (size_t)kv_dim,
                                       span, hd);
         }
