@@ -91,7 +91,7 @@ static void check(const char *variant, const char *what, const char *dtype, int3
 static void test_variant(const colibri_kernels *k)
 {
     static const int32_t ns[] = { 1, 3, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 257, 384, 1024 };
-    static const int32_t rowss[] = { 1, 5 };
+    static const int32_t rowss[] = { 1, 5, 70 };   /* 70 x 1024 f32: past 256 KiB, the other tile order */
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
                                             COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128 };
     const colibri_kernels *ref = colibri_kernels_reference();
@@ -99,7 +99,7 @@ static void test_variant(const colibri_kernels *k)
     for (di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++) {
         colibri_dtype dtype = dtypes[di];
         const char *dtype_name = colibri_dtypes[dtype].name;
-        for (ni = 0; ni < 3; ni++) for (ci = 0; ci < (int)(sizeof colss / sizeof colss[0]); ci++) for (ri = 0; ri < 2; ri++) {
+        for (ni = 0; ni < 3; ni++) for (ci = 0; ci < (int)(sizeof colss / sizeof colss[0]); ci++) for (ri = 0; ri < (int)(sizeof rowss / sizeof rowss[0]); ri++) {
             int32_t n = ns[ni], cols = colss[ci], rows = rowss[ri], i, t, r;
             size_t wsize = (size_t)rows * colibri_row_bytes(dtype, (size_t)cols);
             if (cols % colibri_dtypes[dtype].block) continue;   /* rows are whole blocks */
@@ -219,7 +219,37 @@ static void test_exp_kernels(const colibri_kernels *k)
             check(k->name, "silu_mul", "f32", 1, n, 1, 0, i, x[i], x_ref[i], 16 * ldexp(1.0, -24) * fabs(x_ref[i]) + 1e-30);
         free(x); free(x_ref); free(u);
     }
-    printf("%s softmax, silu: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
+    {   /* rmsnorm: the sum of squares within dim * 2^-24 relative, three roundings after it */
+        static const int32_t dims[] = { 1, 7, 16, 64, 100, 1024 };
+        static const colibri_dtype norm_dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16, COLIBRI_DTYPE_Q8_0 };
+        int di, dj;
+        for (di = 0; di < 6; di++) for (dj = 0; dj < 4; dj++) {
+            int32_t dim = dims[di], i;
+            colibri_dtype dtype = norm_dtypes[dj];
+            float *x = malloc((size_t)dim * 4), *y = malloc((size_t)dim * 4), *y_ref = malloc((size_t)dim * 4);
+            uint8_t *w = malloc(colibri_row_bytes(COLIBRI_DTYPE_F32, (size_t)dim));
+            if (dim % colibri_dtypes[dtype].block) { free(x); free(y); free(y_ref); free(w); continue; }
+            for (i = 0; i < dim; i++) {
+                float v = 1.0f + 0.5f * next_float();
+                x[i] = 3.0f * next_float();
+                if (dtype == COLIBRI_DTYPE_F32) memcpy(w + 4 * i, &v, 4);
+                else if (dtype != COLIBRI_DTYPE_Q8_0) { uint16_t h = to_half_bits(v, dtype); memcpy(w + 2 * i, &h, 2); }
+            }
+            if (dtype == COLIBRI_DTYPE_Q8_0) {
+                float *v = malloc((size_t)dim * 4);
+                for (i = 0; i < dim; i++) v[i] = 1.0f + 0.5f * next_float();
+                quantize_row(v, dim, dtype, w);
+                free(v);
+            }
+            colibri_ref_rmsnorm(y_ref, x, w, dtype, dim, 1e-6f);
+            k->rmsnorm(y, x, w, dtype, dim, 1e-6f);
+            for (i = 0; i < dim; i++)
+                check(k->name, "rmsnorm", colibri_dtypes[dtype].name, 1, dim, 1, 0, i, y[i], y_ref[i],
+                      (dim + 4) * ldexp(1.0, -24) * fabs(y_ref[i]) + 1e-30);
+            free(x); free(y); free(y_ref); free(w);
+        }
+    }
+    printf("%s softmax, silu, rmsnorm: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
            failures - before);
 }
 

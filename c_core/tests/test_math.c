@@ -35,6 +35,13 @@ int main(void)
         if (fabs(colibri_cos(x) - cos(x)) > 1e-12 && failures++ < 10) fprintf(stderr, "cos(%.17g)\n", x);
         if (fabs(colibri_sin(-x * 1e-3) - sin(-x * 1e-3)) > 1e-15 && failures++ < 10) fprintf(stderr, "sin(%.17g)\n", -x * 1e-3);
     }
-    printf("exp, log, sin, cos against libm: %d outside tolerance\n", failures);
+    for (i = -118300; i <= 100950; i++) {   /* the float exp over [-104, 88.7] in steps of 0.9 * 2^-10: within 2 float ulps */
+        float x = (float)i * 0x1p-10f * 0.9f, got = colibri_expf(x);
+        double want = exp((double)x), ulp = ldexp(1.0, (int)floor(log2(want > 0x1p-126 ? want : 0x1p-126)) - 23);
+        if (x < -104.0f || x > 88.7f) continue;
+        if (fabs(got - want) > 2.0 * ulp && failures++ < 10)
+            fprintf(stderr, "expf(%.9g) = %.9g, libm %.9g (%.2f ulp)\n", x, got, want, fabs(got - want) / ulp);
+    }
+    printf("exp, log, sin, cos, expf against libm: %d outside tolerance\n", failures);
     return failures ? 1 : 0;
 }

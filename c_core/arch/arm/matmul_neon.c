@@ -144,6 +144,21 @@ static void attention_values(float *out, const float *p, const float *v, size_t 
     }
 }
 
+/* y (dim) = x / sqrt(mean(x^2) + eps) * w, 4 at a time; block-format weights take the reference. */
+static void rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
+{
+    float32x4_t ss = vdupq_n_f32(0.0f);
+    float sum, scale;
+    int32_t i, body = dim & ~3;
+    if (colibri_dtype_is_block(dtype)) { colibri_ref_rmsnorm(y, x, w, dtype, dim, eps); return; }
+    for (i = 0; i < body; i += 4) ss = vfmaq_f32(ss, vld1q_f32(x + i), vld1q_f32(x + i));
+    sum = vaddvq_f32(ss);
+    for (; i < dim; i++) sum += x[i] * x[i];
+    scale = 1.0f / sqrtf(sum / (float)dim + eps);
+    for (i = 0; i < body; i += 4) vst1q_f32(y + i, vmulq_f32(load4(w, dtype, (size_t)i), vmulq_n_f32(vld1q_f32(x + i), scale)));
+    for (; i < dim; i++) y[i] = colibri_load_f32(w, dtype, (size_t)i) * (x[i] * scale);
+}
+
 /* exp(x), 4 at a time: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), a
  * degree-7 polynomial for exp(r) (Cephes' expf coefficients, within 2 ulp), times 2^n built in the
  * exponent bits.  x is clamped to [-87.3, 88]: below, results are tiny normals rather than 0. */
@@ -195,7 +210,7 @@ static void silu_mul(float *g, const float *u, size_t n)
     for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
-static const colibri_kernels neon_kernels = { "neon", matmul_neon, colibri_ref_rmsnorm, quantize_q8, matmul_q8,
+static const colibri_kernels neon_kernels = { "neon", matmul_neon, rmsnorm, quantize_q8, matmul_q8,
                                               attention_scores, attention_values, softmax, silu_mul };
 
 const colibri_kernels *colibri_kernels_neon(void) { return &neon_kernels; }

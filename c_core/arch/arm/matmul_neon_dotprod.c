@@ -34,9 +34,14 @@ static void attention_values(float *out, const float *p, const float *v, size_t 
 
 static void softmax(float *x, int32_t n) { colibri_kernels_neon()->softmax(x, n); }
 
+static void rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
+{
+    colibri_kernels_neon()->rmsnorm(y, x, w, dtype, dim, eps);
+}
+
 static void silu_mul(float *g, const float *u, size_t n) { colibri_kernels_neon()->silu_mul(g, u, n); }
 
-static const colibri_kernels dotprod_kernels = { "neon-dotprod", matmul_dotprod, colibri_ref_rmsnorm,
+static const colibri_kernels dotprod_kernels = { "neon-dotprod", matmul_dotprod, rmsnorm,
                                                  quantize_q8_dotprod, matmul_q8_dotprod, attention_scores, attention_values,
                                                  softmax, silu_mul };
 

@@ -4,6 +4,7 @@
 #define COLIBRI_Q8_NEON_H
 
 #include <arm_neon.h>
+#include <math.h>
 #include <string.h>
 
 #include "../../src/ops/ops.h"

@@ -165,6 +165,23 @@ static void attention_values_avx2(float *out, const float *p, const float *v, si
     }
 }
 
+/* y (dim) = x / sqrt(mean(x^2) + eps) * w, 8 at a time; block-format weights take the reference. */
+static void rmsnorm_avx2(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
+{
+    __m256 ss = _mm256_setzero_ps(), scale;
+    float sum, s;
+    int32_t i, body = dim & ~7;
+    if (colibri_dtype_is_block(dtype)) { colibri_ref_rmsnorm(y, x, w, dtype, dim, eps); return; }
+    for (i = 0; i < body; i += 8) ss = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), ss);
+    sum = hsum8(ss);
+    for (; i < dim; i++) sum += x[i] * x[i];
+    s = 1.0f / sqrtf(sum / (float)dim + eps);
+    scale = _mm256_set1_ps(s);
+    for (i = 0; i < body; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(load8(w, dtype, (size_t)i), _mm256_mul_ps(_mm256_loadu_ps(x + i), scale)));
+    for (; i < dim; i++) y[i] = colibri_load_f32(w, dtype, (size_t)i) * (x[i] * s);
+}
+
 /* exp(x), 8 at a time: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact), a
  * degree-7 polynomial for exp(r) (Cephes' expf coefficients, within 2 ulp), times 2^n built in the
  * exponent bits.  x is clamped to [-87.3, 88]: below, results are tiny normals rather than 0. */
@@ -219,7 +236,7 @@ static void silu_mul_avx2(float *g, const float *u, size_t n)
     for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
-static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, colibri_ref_rmsnorm, quantize_q8_avx2, matmul_q8_avx2,
+static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, rmsnorm_avx2, quantize_q8_avx2, matmul_q8_avx2,
                                               attention_scores_avx2, attention_values_avx2, softmax_avx2, silu_mul_avx2 };
 
 const colibri_kernels *colibri_kernels_avx2(void) { return &avx2_kernels; }

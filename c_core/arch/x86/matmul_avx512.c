@@ -32,6 +32,60 @@ static float dot_row(const uint8_t *wr, colibri_dtype dtype, const float *xt, in
     return acc;
 }
 
+/* An RM x RN tile of y (several tokens) for f32 / f16 / bf16 W: each 16 weights converted once
+ * for RN tokens, each 16 activations loaded once for RM rows, RM * RN accumulators.  y (RN
+ * tokens, y_stride apart) gets the tile. */
+static inline __attribute__((always_inline)) void tile_float(int RM, int RN, float *y, size_t y_stride, const uint8_t *w,
+                                                             size_t row_bytes, colibri_dtype dtype, const float *x, int32_t cols)
+{
+    __m512 acc[4][4];
+    int32_t r, t;
+    size_t c = 0, end = (size_t)cols & ~(size_t)15;
+    for (r = 0; r < RM; r++) for (t = 0; t < RN; t++) acc[r][t] = _mm512_setzero_ps();
+    for (; c < end; c += 16) {
+        __m512 wv[4];
+        for (r = 0; r < RM; r++) wv[r] = load16(w + (size_t)r * row_bytes, dtype, c);
+        for (t = 0; t < RN; t++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)t * cols + c);
+            for (r = 0; r < RM; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+    for (t = 0; t < RN; t++)
+        for (r = 0; r < RM; r++) {
+            float sum = _mm512_reduce_add_ps(acc[r][t]);
+            for (c = end; c < (size_t)cols; c++) sum += colibri_load_f32(w + (size_t)r * row_bytes, dtype, c) * x[(size_t)t * cols + c];
+            y[(size_t)t * y_stride + r] = sum;
+        }
+}
+
+/* The tile of y at rows r.., tokens t..: 4 x 4, or single dots at the edges. */
+static void tile_at(float *y, const float *x, const uint8_t *w, size_t row_bytes, colibri_dtype dtype, int32_t n,
+                    int32_t cols, int32_t rows, int32_t r, int32_t t)
+{
+    int32_t i, j;
+    if (rows - r >= 4 && n - t >= 4) {
+        tile_float(4, 4, y + (size_t)t * rows + r, (size_t)rows, w + (size_t)r * row_bytes, row_bytes, dtype, x + (size_t)t * cols, cols);
+        return;
+    }
+    for (i = r; i < r + 4 && i < rows; i++)
+        for (j = t; j < t + 4 && j < n; j++)
+            tile_float(1, 1, y + (size_t)j * rows + i, (size_t)rows, w + (size_t)i * row_bytes, row_bytes, dtype, x + (size_t)j * cols, cols);
+}
+
+/* y (n, rows) = x (n, cols) @ W^T, several tokens, f32 / f16 / bf16 W, in 4 x 4 tiles.  W small
+ * enough for L2 (a router): token tiles outside, so each tile of x is read once; else row tiles
+ * outside, so each tile of W is. */
+static void matmul_tiles(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows)
+{
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
+    int32_t r, t;
+    if ((size_t)rows * row_bytes <= (256u << 10)) {
+        for (t = 0; t < n; t += 4) for (r = 0; r < rows; r += 4) tile_at(y, x, w, row_bytes, dtype, n, cols, rows, r, t);
+    } else {
+        for (r = 0; r < rows; r += 4) for (t = 0; t < n; t += 4) tile_at(y, x, w, row_bytes, dtype, n, cols, rows, r, t);
+    }
+}
+
 /* 32 products of one q4_0 nibble group (byte j: weight j low, weight j + 16 high) with x: the
  * nibbles minus 8 as signed bytes, widened 16 at a time. */
 static inline __m512 q4_group(const uint8_t *group, const float *x, __m512 s)
@@ -59,15 +113,16 @@ static float dot_w4g128(const uint8_t *row, colibri_dtype dtype, const float *x,
     return _mm512_reduce_add_ps(acc);
 }
 
-/* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 16-wide accumulators per dot product.
- * q8_0 and q4_0 take AVX2's float path (every AVX-512 CPU has AVX2) where a session has no int8
- * scratch: sessions use matmul_q8. */
+/* y (n, rows) = x (n, cols) @ W (rows, cols)^T: one token, four 16-wide accumulators per dot
+ * product; several, in tiles.  q8_0 and q4_0 take AVX2's float path (every AVX-512 CPU has
+ * AVX2) where a session has no int8 scratch: sessions use matmul_q8. */
 static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype dtype,
                           int32_t n, int32_t cols, int32_t rows)
 {
     if (dtype == COLIBRI_DTYPE_W4G128) colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_w4g128);
     else if (colibri_dtype_is_block(dtype)) colibri_kernels_avx2()->matmul(y, x, w, dtype, n, cols, rows);
-    else colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_row);
+    else if (n == 1) colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_row);
+    else matmul_tiles(y, x, w, dtype, n, cols, rows);
 }
 
 /* vpdpbusd: unsigned bytes times signed bytes, four products summed into each int32 lane. */
@@ -82,6 +137,22 @@ static void matmul_q8_avx512(float *y, const colibri_q8_block *xq, const void *w
                              int32_t n, int32_t cols, int32_t rows)
 {
     matmul_q8_x86(4, y, xq, w, dtype, n, cols, rows, dot_us);   /* 32 registers: 4 x 4 accumulators */
+}
+
+/* y (dim) = x / sqrt(mean(x^2) + eps) * w, 16 at a time; block-format weights take the reference. */
+static void rmsnorm_avx512(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
+{
+    __m512 ss = _mm512_setzero_ps(), scale;
+    float sum;
+    int32_t i, body = dim & ~15;
+    if (colibri_dtype_is_block(dtype)) { colibri_ref_rmsnorm(y, x, w, dtype, dim, eps); return; }
+    for (i = 0; i < body; i += 16) ss = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i), ss);
+    sum = _mm512_reduce_add_ps(ss);
+    for (; i < dim; i++) sum += x[i] * x[i];
+    scale = _mm512_set1_ps(1.0f / sqrtf(sum / (float)dim + eps));
+    for (i = 0; i < body; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(load16(w, dtype, (size_t)i), _mm512_mul_ps(_mm512_loadu_ps(x + i), scale)));
+    for (; i < dim; i++) y[i] = colibri_load_f32(w, dtype, (size_t)i) * (x[i] * _mm512_cvtss_f32(scale));
 }
 
 /* The two 8-lane halves of v added. */
@@ -191,7 +262,7 @@ static void silu_mul_avx512(float *g, const float *u, size_t n)
     }
 }
 
-static const colibri_kernels avx512_kernels = { "avx512", matmul_avx512, colibri_ref_rmsnorm, quantize_q8_avx512,
+static const colibri_kernels avx512_kernels = { "avx512", matmul_avx512, rmsnorm_avx512, quantize_q8_avx512,
                                                 matmul_q8_avx512, attention_scores_avx512, attention_values_avx512,
                                                 softmax_avx512, silu_mul_avx512 };
 

@@ -4,6 +4,7 @@
 #define COLIBRI_Q8_X86_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "../../src/ops/ops.h"

@@ -42,8 +42,8 @@ static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *l
         /* score, into choice[] (the chosen experts' scores are read back from it before the bias) */
         for (i = 1; i < E; i++) if (lt[i] > max) max = lt[i];
         if (hp->router_score == COLIBRI_SCORE_SOFTMAX) {
-            for (i = 0; i < E; i++) sum += colibri_expf(lt[i] - max);
-            for (i = 0; i < E; i++) choice[i] = colibri_expf(lt[i] - max) / sum;
+            for (i = 0; i < E; i++) { choice[i] = colibri_expf(lt[i] - max); sum += choice[i]; }
+            for (i = 0; i < E; i++) choice[i] /= sum;
         } else {
             for (i = 0; i < E; i++) choice[i] = hp->router_score == COLIBRI_SCORE_SIGMOID ? sigmoidf(lt[i]) : lt[i];
         }

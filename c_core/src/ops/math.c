@@ -132,23 +132,33 @@ double colibri_cos(double x)
     }
 }
 
-/* A float's exp needs fewer terms: |r| <= ln2 / 2, so Horner over 1/k! up to k = 11 leaves a
- * relative error below 1e-15 before the rounding to float.  The attention softmax calls this
- * once per score. */
-float colibri_expf(float xf)
+/* A float's exp in float arithmetic, which every target has in hardware (a Cortex-M4F has no
+ * double unit): x = k ln2 + r with |r| <= ln2 / 2 (ln2 in two parts: k * 0.693359375 is exact),
+ * Cephes' degree-7 polynomial for exp(r), times 2^k built in the exponent bits; within 2 float
+ * ulps of exp (c_core/tests/test_math.c).  Plain + and * in a fixed order (no fused steps), so
+ * every target rounds alike; the attention softmax, SiLU, the router and sampling call it. */
+float colibri_expf(float x)
 {
-    static const double inv_factorial[12] = {
-        1.0, 1.0, 0.5, 1.6666666666666666e-01, 4.1666666666666664e-02, 8.3333333333333332e-03,
-        1.3888888888888889e-03, 1.9841269841269841e-04, 2.4801587301587302e-05, 2.7557319223985893e-06,
-        2.7557319223985888e-07, 2.5052108385441720e-08 };
-    double x = xf, r, p;
-    int k, i;
-    if (x != x) return xf;
-    if (x > 88.73) return (float)(0x1p1023 * 2.0);   /* beyond FLT_MAX: +inf */
-    if (x < -104.0) return 0.0f;
-    k = nearest(x / LN2_HI);
-    r = (x - k * LN2_HI) - k * LN2_LO;
-    p = inv_factorial[11];
-    for (i = 10; i >= 0; i--) p = p * r + inv_factorial[i];
-    return (float)scale2(p, k);
+    float n, r, p, scale;
+    uint32_t bits;
+    int k;
+    if (x != x) return x;
+    if (x > 88.72283f) return (float)(0x1p1023 * 2.0);   /* beyond FLT_MAX: +inf */
+    if (x < -103.97208f) return 0.0f;
+    k = nearest((double)(x * 1.44269504f));
+    n = (float)k;
+    r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    if (k > 127) { p *= 2.0f; k--; }            /* near FLT_MAX: 2^128 is no float */
+    if (k < -125) { p *= 0x1p-64f; k += 64; }   /* a subnormal result: scale in two steps */
+    bits = (uint32_t)(k + 127) << 23;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
 }
