@@ -292,12 +292,14 @@ s = colibri.Model(path, threads=threads).session(ctx=256, batch=128, profile=len
 s.prefill(prompt[:8]); s.reset()                               # warm: the same as llama.cpp's
 start = time.perf_counter(); s.prefill(prompt); pp = time.perf_counter() - start
 token = s.sample()
+after_prefill = dict(s.profile())
 start = time.perf_counter()
 for _ in range(n_decode):
     token = s.step(token)
 tg = time.perf_counter() - start
+decode = {k: (v - after_prefill[k]) / n_decode for k, v in s.profile().items()} if len(sys.argv) > 5 else {}
 print(json.dumps({"pp": len(prompt) / pp, "tg": n_decode / tg, "last": token, "kernels": s.kernels,
-                  "profile": s.profile()}))
+                  "decode_step_ns": decode}))
 """
 
 
@@ -341,10 +343,23 @@ def run_engine(engine, path, threads, profile=False):
 
 
 
+def routing_alone(work, threads, reps=200):
+    """benchmarks/routing.c (built against the core in WORK/build-routing): the router matmul,
+    softmax, top-k and renormalise on warm caches, as PyTorch's loop below runs.  Median us."""
+    build = work / "build-routing"
+    if not (build / "build.ninja").exists():
+        subprocess.run(["meson", "setup", str(build), str(HERE.parent), "-Dpython=false"], check=True, capture_output=True)
+    subprocess.run(["ninja", "-C", str(build), "benchmarks/routing"], check=True, capture_output=True)
+    out = subprocess.run([str(build / "benchmarks" / "routing"), str(threads), str(reps)], check=True,
+                         capture_output=True, text=True)
+    return float(out.stdout.strip())
+
+
 def routing_microbench(work, threads, reps=200):
-    """Routing alone, 128 tokens x hidden 4096, 8 experts, top-2 (router matmul + softmax + top-k +
-    renormalise): colibri's router phase (its profiler, per forward of 128 tokens) against PyTorch
-    fp32 on the same weights and threads.  Returns (colibri us, torch us), medians."""
+    """Routing, 128 tokens x hidden 4096, 8 experts, top-2 (router matmul + softmax + top-k +
+    renormalise), f32: colibri alone (warm caches), colibri's router phase inside a 128-token
+    prefill (its profiler; the caches hold the attention's weights by then), and PyTorch on the
+    same shapes and threads (warm).  Returns (alone us, in-prefill us, torch us), medians."""
     import torch
     from transformers import MixtralConfig, MixtralForCausalLM
     import colibri
@@ -375,7 +390,7 @@ def routing_microbench(work, threads, reps=200):
             top, ids = torch.topk(probs, 2, dim=-1)
             top = top / top.sum(-1, keepdim=True)
             theirs.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(ours), statistics.median(theirs)
+    return routing_alone(work, threads, reps), statistics.median(ours), statistics.median(theirs)
 
 
 def busy_neighbour():
@@ -449,8 +464,8 @@ def main():
             neighbour.kill()
 
     routing = routing_microbench(work, args.threads)
-    log(f"routing alone: colibri {routing[0]:.1f} us, PyTorch {routing[1]:.1f} us")
-    profiles = {key: run_engine("colibri", paths["colibri"], args.threads, profile=True)["profile"]
+    log(f"routing: colibri alone {routing[0]:.1f} us, in a prefill {routing[1]:.1f} us, PyTorch {routing[2]:.1f} us")
+    profiles = {key: run_engine("colibri", paths["colibri"], args.threads, profile=True)["decode_step_ns"]
                 for key, paths in files.items()}
 
     lines = [f"# colibri vs llama.cpp {LLAMA_CPP_VERSION}, {datetime.date.today()}", "",
@@ -478,13 +493,15 @@ def main():
                   "| model | type | llama.cpp | colibri | ratio |", "|---|---|---|---|---|"]
         for (name, kind), c in contended.items():
             lines.append(f"| bench-{name} | {kind} | {c['llama.cpp']:.1f} | {c['colibri']:.1f} | {c['colibri'] / c['llama.cpp']:.2f} |")
-    lines += ["", f"Routing alone (128 tokens x hidden 4096, 8 experts, top-2; router matmul + softmax + top-k + "
-              f"renormalise, f32, median): colibri {routing[0]:.1f} us, PyTorch {routing[1]:.1f} us."]
-    lines += ["", "Where colibri's time goes (one profiled run: prefill + decode, share of the forward pass):", ""]
+    lines += ["", f"Routing (128 tokens x hidden 4096, 8 experts, top-2; router matmul + softmax + top-k + "
+              f"renormalise, f32, medians): colibri alone {routing[0]:.1f} us (benchmarks/routing.c, warm caches), "
+              f"PyTorch {routing[2]:.1f} us (warm); colibri's router phase inside a 128-token prefill {routing[1]:.1f} us."]
+    lines += ["", "One colibri decode step (mean of the 64 after the 128-token prompt, the session's profiler):", ""]
     for (name, kind), prof in profiles.items():
         total = sum(prof.values()) or 1
-        parts = ", ".join(f"{phase} {100 * ns / total:.0f}%" for phase, ns in sorted(prof.items(), key=lambda kv: -kv[1]) if ns)
-        lines.append(f"- bench-{name} {kind}: {parts}")
+        parts = ", ".join(f"{phase} {ns / 1e3:.0f} us ({100 * ns / total:.0f}%)"
+                          for phase, ns in sorted(prof.items(), key=lambda kv: -kv[1]) if ns >= 0.005 * total)
+        lines.append(f"- bench-{name} {kind}: {total / 1e3:.0f} us; {parts}")
     table = "\n".join(lines) + "\n"
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

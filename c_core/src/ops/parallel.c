@@ -8,8 +8,11 @@
 #include "ops.h"
 #include "../platform.h"
 
-/* Below this many multiply-adds a matmul runs on the calling thread: waking the others costs more. */
+/* Below this many multiply-adds, and this many weight bytes, a matmul runs on the calling thread:
+ * waking the others costs more.  The bytes count for one token, where a matmul streams its
+ * weights (a 64 x 1024 f32 router reads 256 KiB for 64 K multiply-adds). */
 #define PARALLEL_MIN_MACS (1u << 18)
+#define PARALLEL_MIN_BYTES (1u << 17)
 /* A shared matmul's parts (runs of rows or tokens): more than threads, so a thread slowed by a
  * neighbour takes fewer. */
 #define MATMUL_PARTS 4
@@ -62,6 +65,8 @@ void colibri_matmul(const colibri_compute *c, float *y, const float *x, const vo
         c->kernels->quantize_q8(c->xq, x, n, cols);
         job.xq = c->xq;
     }
-    if (!c->pool || (uint64_t)n * (uint64_t)cols * (uint64_t)rows < PARALLEL_MIN_MACS) matmul_range(&job, 0, n, 0, rows);
+    if (!c->pool || ((uint64_t)n * (uint64_t)cols * (uint64_t)rows < PARALLEL_MIN_MACS
+                     && (uint64_t)rows * colibri_row_bytes(dtype, (size_t)cols) < PARALLEL_MIN_BYTES))
+        matmul_range(&job, 0, n, 0, rows);
     else colibri_platform_pool_run(c->pool, matmul_part, &job, MATMUL_PARTS < (n == 1 ? rows : n) ? MATMUL_PARTS : (n == 1 ? rows : n));
 }
