@@ -85,6 +85,28 @@ static void check(const char *variant, const char *what, const char *dtype, int3
                 (int)n, (int)cols, (int)rows, (int)t, (int)r, got, want, budget);
 }
 
+/* The threads split a matmul's tokens into runs of any length, and an expert gets any number of
+ * tokens: each output must not depend on how many tokens came with it.  y (n, rows) from one call
+ * against n calls of one token, bit for bit. */
+static void same_bits_one_token_at_a_time(const colibri_kernels *k, const char *what, const char *dtype_name, const float *y,
+                                          const float *x, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                                          int32_t n, int32_t cols, int32_t rows)
+{
+    float *one = malloc((size_t)rows * 4);
+    int32_t t, r;
+    for (t = 0; t < n; t++) {
+        if (xq) k->matmul_q8(one, xq + (size_t)t * (cols / 32), w, dtype, 1, cols, rows);
+        else k->matmul(one, x + (size_t)t * cols, w, dtype, 1, cols, rows);
+        for (r = 0; r < rows; r++) {
+            checked++;
+            if (memcmp(&one[r], &y[(size_t)t * rows + r], 4) && failures++ < 10)
+                fprintf(stderr, "%s %s %s n=%d cols=%d rows=%d [%d,%d]: %.9g alone, %.9g with the other tokens\n", k->name,
+                        what, dtype_name, (int)n, (int)cols, (int)rows, (int)t, (int)r, one[r], y[(size_t)t * rows + r]);
+        }
+    }
+    free(one);
+}
+
 /* One variant against the reference: the float matmul for every dtype; for q8_0 and q4_0,
  * its int8 path against the scalar int8 path (the same integers: only float summation order
  * differs) and against the float oracle (the activation quantization's bound). */
@@ -126,6 +148,7 @@ static void test_variant(const colibri_kernels *k)
                 }
             ref->matmul(y_ref, x, w, dtype, n, cols, rows);
             k->matmul(y, x, w, dtype, n, cols, rows);
+            same_bits_one_token_at_a_time(k, "matmul", dtype_name, y, x, NULL, w, dtype, n, cols, rows);
             for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
                 double mag = 0.0;
                 for (i = 0; i < cols; i++) mag += fabs((double)w32[r * cols + i] * x[t * cols + i]);
@@ -143,6 +166,7 @@ static void test_variant(const colibri_kernels *k)
                 }
                 colibri_ref_matmul_q8(y, xq_ref, w, dtype, n, cols, rows);
                 k->matmul_q8(y_q8, xq_ref, w, dtype, n, cols, rows);
+                same_bits_one_token_at_a_time(k, "matmul_q8", dtype_name, y_q8, NULL, xq_ref, w, dtype, n, cols, rows);
                 for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
                     double mag = 0.0;   /* sum |block scale * integer dot| bounds the float sums' error */
                     for (i = 0; i < cols; i++) mag += fabs((double)w32[r * cols + i] * xq_ref[t * cols / 32 + i / 32].d * xq_ref[t * cols / 32 + i / 32].q[i % 32]);

@@ -90,27 +90,23 @@ static inline __attribute__((always_inline)) __m256i block_dot(const uint8_t *bl
     return _mm256_add_epi32(dot_us(w_u, x), _mm256_setr_epi32(-8 * xb->sum, 0, 0, 0, 0, 0, 0, 0));
 }
 
-/* One row of W against one token's blocks (decode), even and odd blocks in two accumulators.  One
- * row at a time: two rows sharing each x block ran 12% faster on weights in cache but up to 20%
- * slower when they stream from DRAM, as the experts' do; the software prefetch keeps the stream
- * ahead. */
+/* One row of W against one token's blocks (decode).  One row at a time: two rows sharing each x
+ * block ran 12% faster on weights in cache but up to 20% slower when they stream from DRAM, as
+ * the experts' do; the software prefetch keeps the stream ahead.  One accumulator, as each of a
+ * tile's: an output does not depend on how many tokens came with it (nor on the thread count,
+ * which splits the tokens). */
 static inline __attribute__((always_inline)) float row_q8_x86(const uint8_t *w, colibri_dtype dtype, const colibri_q8_block *xb,
                                                               int32_t blocks, dot_us_fn dot_us)
 {
     size_t block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
-    __m256 acc = _mm256_setzero_ps(), acc1 = acc;
+    __m256 acc = _mm256_setzero_ps();
     int32_t b;
-    for (b = 0; b + 2 <= blocks; b += 2, xb += 2, w += 2 * block_bytes) {
+    for (b = 0; b < blocks; b++, xb++, w += block_bytes) {
         _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(w_scale(w) * xb->d), _mm256_cvtepi32_ps(block_dot(w, w_unsigned(w, dtype), dtype, xb, dot_us)),
                               acc);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(w_scale(w + block_bytes) * xb[1].d),
-                               _mm256_cvtepi32_ps(block_dot(w + block_bytes, w_unsigned(w + block_bytes, dtype), dtype, xb + 1, dot_us)), acc1);
     }
-    if (b < blocks)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(w_scale(w) * xb->d), _mm256_cvtepi32_ps(block_dot(w, w_unsigned(w, dtype), dtype, xb, dot_us)),
-                              acc);
-    return hsum8(_mm256_add_ps(acc, acc1));
+    return hsum8(acc);
 }
 
 /* An RM x RN tile of y (several tokens: prefill, an expert's group of tokens): RM rows of W
