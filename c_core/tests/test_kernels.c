@@ -112,7 +112,7 @@ static void same_bits_one_token_at_a_time(const colibri_kernels *k, const char *
  * differs) and against the float oracle (the activation quantization's bound). */
 static void test_variant(const colibri_kernels *k)
 {
-    static const int32_t ns[] = { 1, 3, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 257, 384, 1024 };
+    static const int32_t ns[] = { 1, 3, 5, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 257, 384, 1024 };
     static const int32_t rowss[] = { 1, 5, 70 };   /* 70 x 1024 f32: past 256 KiB, the other tile order */
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
                                             COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128 };
@@ -121,7 +121,7 @@ static void test_variant(const colibri_kernels *k)
     for (di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++) {
         colibri_dtype dtype = dtypes[di];
         const char *dtype_name = colibri_dtypes[dtype].name;
-        for (ni = 0; ni < 3; ni++) for (ci = 0; ci < (int)(sizeof colss / sizeof colss[0]); ci++) for (ri = 0; ri < (int)(sizeof rowss / sizeof rowss[0]); ri++) {
+        for (ni = 0; ni < (int)(sizeof ns / sizeof ns[0]); ni++) for (ci = 0; ci < (int)(sizeof colss / sizeof colss[0]); ci++) for (ri = 0; ri < (int)(sizeof rowss / sizeof rowss[0]); ri++) {
             int32_t n = ns[ni], cols = colss[ci], rows = rowss[ri], i, t, r;
             size_t wsize = (size_t)rows * colibri_row_bytes(dtype, (size_t)cols);
             if (cols % colibri_dtypes[dtype].block) continue;   /* rows are whole blocks */
