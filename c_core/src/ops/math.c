@@ -1,8 +1,9 @@
 /* exp, log, sin and cos of our own, in plain IEEE double arithmetic (+ - * / and exact
- * scaling by powers of two), so every platform computes the same bits: C libraries round
- * their libm results differently, and the deterministic mode promises identical logits on
- * x86-64, AArch64 and RISC-V.  Accurate to a few double ulps, far below the float results
- * they feed.  -ffp-contract=off keeps compilers from fusing the polynomial steps. */
+ * scaling by powers of two), and a float exp in float arithmetic, so every platform computes
+ * the same bits: C libraries round their libm results differently, and the deterministic mode
+ * promises identical logits on x86-64, AArch64 and RISC-V.  Accurate to a few double ulps (the
+ * float exp: float ulps), far below the float results they feed.  -ffp-contract=off keeps
+ * compilers from fusing the polynomial steps. */
 #include <string.h>
 
 #include "ops.h"
