@@ -64,7 +64,7 @@ static inline void quantize_q8_x86(colibri_q8_block *xq, const float *x, int32_t
 typedef __m256i (*dot_us_fn)(__m256i u, __m256i s);
 
 /* One weight block as dot_us's unsigned operand: q4_0's nibbles are unsigned already (the "- 8"
- * comes back as -8 sum(x)); q8_0 gives |w| and moves w's sign onto x (sign_for_x). */
+ * comes back as -8 sum(x)); q8_0 gives |w|, and block_dot moves w's sign onto x. */
 static inline __m256i w_unsigned(const uint8_t *block, colibri_dtype dtype)
 {
     if (dtype == COLIBRI_DTYPE_Q4_0) return q4_nibbles(block + 2);
