@@ -50,7 +50,7 @@ int main(int argc, char **argv)
     for (i = 0; i < reps; i++) {
         uint64_t start = colibri_platform_now_ns();
         colibri_matmul(&compute, logits, x, w, COLIBRI_DTYPE_F32, TOKENS, HIDDEN, EXPERTS);   /* (128, 8) */
-        colibri_router_topk.route(&hp, &lw, logits, TOKENS, scratch, ids, gates);
+        colibri_router_topk.route(&hp, &lw, NULL, logits, TOKENS, scratch, ids, gates);
         us[i] = (double)(colibri_platform_now_ns() - start) / 1e3;
     }
     qsort(us, (size_t)reps, sizeof *us, by_value);

@@ -4,18 +4,34 @@
  *   router      logits (n, E)            -> ids (n, k), gates (n, k)
  *   expert      x (m, dim) of one expert -> y (m, dim)
  *   aggregator  y (m, dim), gates        -> out (n, dim) += gate * y, per routed token
- * and beside them, when the model has one, a shared expert every token goes through. */
+ * and beside them, when the model has one, a shared expert every token goes through.  The block
+ * (block.c) drives them.  The research routers are routers too; capacity routing (which pairs an
+ * expert keeps) is the block's dispatch. */
 #ifndef COLIBRI_MOE_H
 #define COLIBRI_MOE_H
 
 #include "../model/model.h"
 #include "../ops/ops.h"
 
+/* The session's routing mode (colibri_session_options.routing) and what it needs beyond the router
+ * logits: the research routers read noise, seed, layer, position, token ids; capacity dispatch the rest. */
+typedef struct colibri_routing {
+    int32_t mode;               /* COLIBRI_ROUTING_* */
+    float noise;                /* noisy: the noise's standard deviation */
+    uint64_t seed;
+    float capacity_factor;      /* capacity: an expert keeps ceil(factor * n * top_k / n_experts) pairs */
+    const int32_t *tokens;      /* (n) the chunk's token ids: hash routing */
+    int32_t position;           /* of the chunk's first token: the noise */
+    int32_t layer;
+    uint64_t *dropped;          /* (n_experts) this layer's dropped-token counters */
+} colibri_routing;
+
+/* A router may overwrite its logits (noisy top-k adds the noise in place); the model's own routers
+ * read neither them back nor `r`, which may be NULL for them.  scratch: (n_experts + n_groups) floats. */
 typedef struct colibri_router {
     const char *name;
-    /* scratch: (n_experts + n_groups) floats */
-    void (*route)(const colibri_hparams *hp, const colibri_layer_weights *lw, const float *logits, int32_t n,
-                  float *scratch, int32_t *ids, float *gates);
+    void (*route)(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
+                  float *logits, int32_t n, float *scratch, int32_t *ids, float *gates);
 } colibri_router;
 
 /* Scratch an expert may use: h1, h3 (m, ffn). */
@@ -34,9 +50,15 @@ typedef struct colibri_aggregator {
 
 extern const colibri_router colibri_router_topk;
 extern const colibri_router colibri_router_sparsemixer;
+extern const colibri_router colibri_router_noisy;   /* research: seeded noise on the logits, then the model's router */
+extern const colibri_router colibri_router_hash;    /* research: experts fixed by the token id */
 extern const colibri_expert colibri_expert_swiglu;
 extern const colibri_expert colibri_expert_swiglu_clamped;
 extern const colibri_aggregator colibri_aggregator_weighted;
+
+/* The router a session of this model uses in routing mode `mode` (COLIBRI_ROUTING_*, validated):
+ * capacity routing keeps the model's router, the block drops the pairs over capacity. */
+const colibri_router *colibri_router_for(const colibri_hparams *hp, int32_t mode);
 
 /* y (m, dim) = W2 @ (act(W1 @ x) * (W3 @ x)) for x (m, dim): one gated FFN of width f with
  * weights (f, dim), (f, dim), (dim, f); h1, h3 (m, f) scratch.  Experts, shared experts and
@@ -51,7 +73,7 @@ typedef struct colibri_moe_buffers {
     int32_t *ids;           /* (n_batch, top_k) */
     float *gates;           /* (n_batch, top_k) */
     int32_t *expert_start;  /* (n_experts + 1): routed pairs grouped by expert */
-    int32_t *dropped_from;  /* (n_experts) capacity routing: expert e computes pairs [start[e], dropped_from[e]) */
+    int32_t *dropped_from;  /* (n_experts) expert e computes pairs [start[e], dropped_from[e]): capacity routing drops the rest */
     int32_t *pair_token;    /* (n_batch * top_k) */
     float *pair_gate;       /* (n_batch * top_k) */
     float *xe;              /* (n_batch, dim): tokens gathered for one expert */
@@ -68,23 +90,11 @@ typedef struct colibri_moe {
     const colibri_aggregator *aggregator;
 } colibri_moe;
 
-/* What a research router needs beyond the hidden states (colibri_session_options.routing). */
-typedef struct colibri_routing {
-    int32_t mode;               /* COLIBRI_ROUTING_* */
-    float noise;
-    uint64_t seed;
-    float capacity_factor;
-    const int32_t *tokens;      /* (n) the chunk's token ids: hash routing */
-    int32_t position;           /* of the chunk's first token: the noise */
-    int32_t layer;
-    uint64_t *dropped;          /* (n_experts) this layer's dropped-token counters */
-} colibri_routing;
-
 /* The profiler's clock: phase times accumulate in `profile` (COLIBRI_PHASE_COUNT), NULL when off. */
 uint64_t colibri_profile_start(const uint64_t *profile);
 void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since);
 
-/* out (n, dim) = MoE(x (n, dim)) for one layer. */
+/* out (n, dim) = MoE(x (n, dim)) for one layer (block.c). */
 void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
                          const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
                          const float *x, int32_t n, float *out, uint64_t *profile);

@@ -7,7 +7,9 @@
  *             best c, or the sum of its best two); then the top_k largest c
  *   weigh     w = s of the chosen, or a softmax over their logits; renormalised to sum 1
  *             (+ normalize_eps) when asked; times routed_scale
- * Ties go to the lowest id, so every target chooses the same experts. */
+ * Ties go to the lowest id, so every target chooses the same experts.  Phi-3.5-MoE's sparsemixer
+ * is the other model router; the research routers (noisy top-k, hash routing) come last, and
+ * colibri_router_for picks a session's. */
 #include <math.h>
 
 #include "moe.h"
@@ -27,12 +29,13 @@ static int32_t best_untaken(const float *v, int32_t n, const int32_t *taken, int
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + colibri_expf(-x)); }
 
-static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *lw, const float *logits, int32_t n,
-                       float *scratch, int32_t *ids, float *gates)
+static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
+                       float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
 {
     int32_t E = hp->n_experts, K = hp->top_k, G = hp->n_groups, per_group = E / G, t, i, j, g;
     float *choice = scratch, *group_value = scratch + E;   /* (E), (G) */
     const colibri_weight *bias = &lw->w[L_SELECTION_BIAS];
+    (void)r;
     for (t = 0; t < n; t++) {
         const float *lt = logits + (size_t)t * E;
         int32_t *id = ids + (size_t)t * K;
@@ -115,11 +118,11 @@ static int32_t sparsemixer_step(const float *s, int32_t E, int32_t out, float ji
 }
 
 /* Always two experts; weights not renormalised. */
-static void route_sparsemixer(const colibri_hparams *hp, const colibri_layer_weights *lw, const float *logits, int32_t n,
-                              float *scratch, int32_t *ids, float *gates)
+static void route_sparsemixer(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
+                              float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
 {
     int32_t E = hp->n_experts, t;
-    (void)lw; (void)scratch;
+    (void)lw; (void)r; (void)scratch;
     for (t = 0; t < n; t++) {
         const float *s = logits + (size_t)t * E;
         ids[2 * t] = sparsemixer_step(s, E, -1, hp->jitter_eps, &gates[2 * t]);
@@ -128,3 +131,64 @@ static void route_sparsemixer(const colibri_hparams *hp, const colibri_layer_wei
 }
 
 const colibri_router colibri_router_sparsemixer = { "sparsemixer", route_sparsemixer };
+
+static const colibri_router *model_router(const colibri_hparams *hp)
+{
+    return hp->router_kind == COLIBRI_ROUTER_SPARSEMIXER ? &colibri_router_sparsemixer : &colibri_router_topk;
+}
+
+/* Research routers (colibri_session_options.routing): they change what the model computes. */
+
+/* A uniform double in (0, 1] from a 64-bit counter: splitmix64, the top 53 bits. */
+static double uniform(uint64_t counter)
+{
+    uint64_t z = counter + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return ((double)(z >> 11) + 1.0) / 9007199254740992.0;
+}
+
+/* Noisy top-k: logits (n, E) += noise * N(0, 1), then the model's router.  Each draw is a function of
+ * (seed, layer, position, expert), through Box-Muller on our own log and cos, so every target adds
+ * the same noise. */
+static void route_noisy(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
+                        float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
+{
+    int32_t E = hp->n_experts, t, e;
+    for (t = 0; t < n; t++)
+        for (e = 0; e < E; e++) {
+            uint64_t key = r->seed ^ ((uint64_t)(uint32_t)r->layer << 48) ^ ((uint64_t)(uint32_t)(r->position + t) << 20)
+                           ^ (uint64_t)(uint32_t)e;
+            double g = sqrt(-2.0 * colibri_log(uniform(2 * key))) * colibri_cos(6.283185307179586 * uniform(2 * key + 1));
+            logits[(size_t)t * E + e] += (float)(r->noise * g);
+        }
+    model_router(hp)->route(hp, lw, r, logits, n, scratch, ids, gates);
+}
+
+const colibri_router colibri_router_noisy = { "noisy", route_noisy };
+
+/* Hash routing: token id -> experts h, h + 1, ... (mod E), h = Knuth's multiplicative hash; weights
+ * 1/k.  The logits are not read. */
+static void route_hash(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
+                       float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
+{
+    int32_t E = hp->n_experts, K = hp->top_k, t, j;
+    (void)lw; (void)logits; (void)scratch;
+    for (t = 0; t < n; t++) {
+        uint32_t h = (uint32_t)r->tokens[t] * 2654435761u;
+        for (j = 0; j < K; j++) {
+            ids[(size_t)t * K + j] = (int32_t)((h % (uint32_t)E + (uint32_t)j) % (uint32_t)E);
+            gates[(size_t)t * K + j] = 1.0f / (float)K;
+        }
+    }
+}
+
+const colibri_router colibri_router_hash = { "hash", route_hash };
+
+const colibri_router *colibri_router_for(const colibri_hparams *hp, int32_t mode)
+{
+    if (mode == COLIBRI_ROUTING_NOISY) return &colibri_router_noisy;
+    if (mode == COLIBRI_ROUTING_HASH) return &colibri_router_hash;
+    return model_router(hp);   /* the model's, and capacity routing's */
+}

@@ -356,7 +356,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
         s->routing.seed = options->routing_seed;
         s->routing.capacity_factor = options->capacity_factor;
     }
-    s->moe.router = model->hp.router_kind == COLIBRI_ROUTER_SPARSEMIXER ? &colibri_router_sparsemixer : &colibri_router_topk;
+    s->moe.router = colibri_router_for(&model->hp, s->routing.mode);
     s->moe.expert = hp_expert(&model->hp);
     s->moe.aggregator = &colibri_aggregator_weighted;
     s->n_ctx = n_ctx;
