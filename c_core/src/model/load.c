@@ -31,7 +31,7 @@ const char *colibri_dtype_name(colibri_dtype dtype)
     return (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtypes[dtype].name : "?";
 }
 
-/* ---- the tensors an architecture needs ---- */
+/* ---- the tensors a model has ---- */
 
 /* Per-layer tensors: "layers.{i}." + the name of model.h's L_* kind. */
 static const char *const layer_tensor_names[] = {
@@ -440,11 +440,8 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
 {
     static const char *const top_keys[] = { "format", "version", "architecture", "hparams", "routing",
                                             "experts", "tokenizer", "metadata", "tensors", NULL };
-    static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
-                                                     "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe",
-                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", "phimoe", "glm4_moe_lite",
-                                                     "llama4_text", "lfm2_moe" };
     int32_t i = 0, choice;
+    uint32_t k;
     colibri_status st;
 
     if (L->tok[root].type != JSON_OBJECT)
@@ -467,9 +464,20 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
     }
     st = check_keys(L, root, "model", top_keys);
     if (st) return st;
-    st = get_choice(L, root, "model", "architecture", CHOICES(architectures), &choice);
+    /* The family's name, for messages and reports: the hyper-parameters alone decide what the
+     * forward pass computes.  Reports print it as is, hence printable and without escapes. */
+    st = get_field(L, root, "model", "architecture", JSON_STRING, &i);
     if (st) return st;
-    strcpy(m->architecture, architectures[choice]);
+    if (L->tok[i].len == 0 || L->tok[i].len >= sizeof m->architecture)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.architecture must be 1 to %u characters, not %u",
+                            (unsigned)sizeof m->architecture - 1, L->tok[i].len);
+    for (k = 0; k < L->tok[i].len; k++) {
+        unsigned char c = (unsigned char)L->text[L->tok[i].start + k];
+        if (c < 0x20 || c > 0x7e || c == '\\')
+            return colibri_fail(L->err, COLIBRI_E_VALUE,
+                                "model.architecture must be printable ASCII without escapes (character %u)", k);
+    }
+    copy_token_text(m->architecture, sizeof m->architecture, L->text, &L->tok[i]);
     i = json_object_get(L->text, L->tok, root, "tokenizer");
     if (i >= 0 && L->tok[i].type != JSON_STRING)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "model.tokenizer must be a string");
