@@ -1,5 +1,7 @@
 """Broken and hostile models: each gives its own status and a message naming the fault,
 through Python and through the C CLI (release and ASan/UBSan builds); none crashes."""
+import json
+import shutil
 import subprocess
 
 import numpy as np
@@ -40,6 +42,22 @@ def test_cli_reports_the_fault(case, kind, tmp_path):
                        capture_output=True, text=True, env=env_for(kind), timeout=60)
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert case.status in r.stderr and case.fragment in r.stderr, r.stderr
+
+
+def test_architecture_is_only_a_name(tmp_path):
+    """The hyper-parameters decide the computation: a family name the core has never heard of loads,
+    is reported as given, and computes what the fixture computes."""
+    d = tmp_path / "renamed"
+    shutil.copytree(FIXTURE, d)
+    doc = json.loads((d / "colibri_model.json").read_text())
+    doc["architecture"] = "my-moe_v2.1"
+    (d / "colibri_model.json").write_text(json.dumps(doc))
+    renamed, original = colibri.Model(d, verify=True), colibri.Model(FIXTURE)
+    assert renamed.architecture == "my-moe_v2.1"
+    tokens = [1, 2, 3, 5, 8]
+    a = renamed.session(ctx=8, kernels="reference").forward(tokens)
+    b = original.session(ctx=8, kernels="reference").forward(tokens)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("kind", CLI_KINDS)

@@ -91,29 +91,39 @@ colibri_status colibri_fail(colibri_error *err, colibri_status status, const cha
     return status;
 }
 
-static const char *const status_names[COLIBRI_STATUS_COUNT] = {
-    "COLIBRI_OK", "COLIBRI_E_ARG", "COLIBRI_E_IO", "COLIBRI_E_JSON", "COLIBRI_E_LIMIT",
-    "COLIBRI_E_VERSION", "COLIBRI_E_MISSING", "COLIBRI_E_TYPE", "COLIBRI_E_VALUE",
-    "COLIBRI_E_DTYPE", "COLIBRI_E_TENSOR", "COLIBRI_E_SHAPE", "COLIBRI_E_SIZE",
-    "COLIBRI_E_ALIGN", "COLIBRI_E_BOUNDS", "COLIBRI_E_OVERLAP", "COLIBRI_E_CHECKSUM",
-    "COLIBRI_E_NOMEM", "COLIBRI_E_CONTEXT", "COLIBRI_E_TOKEN",
+/* Each status's enumerator name and fixed description, keyed by the status. */
+#define STATUS(code, text) [code] = { #code, text }
+static const struct { const char *name, *text; } statuses[] = {
+    STATUS(COLIBRI_OK, "success"),
+    STATUS(COLIBRI_E_ARG, "invalid argument"),
+    STATUS(COLIBRI_E_IO, "file cannot be read"),
+    STATUS(COLIBRI_E_JSON, "invalid JSON"),
+    STATUS(COLIBRI_E_LIMIT, "JSON exceeds a limit"),
+    STATUS(COLIBRI_E_VERSION, "unsupported format version"),
+    STATUS(COLIBRI_E_MISSING, "required field missing"),
+    STATUS(COLIBRI_E_TYPE, "field has the wrong type"),
+    STATUS(COLIBRI_E_VALUE, "field value out of range"),
+    STATUS(COLIBRI_E_DTYPE, "unknown tensor dtype"),
+    STATUS(COLIBRI_E_TENSOR, "tensor missing, duplicated or unknown"),
+    STATUS(COLIBRI_E_SHAPE, "tensor shape mismatch"),
+    STATUS(COLIBRI_E_SIZE, "tensor size mismatch"),
+    STATUS(COLIBRI_E_ALIGN, "tensor offset misaligned"),
+    STATUS(COLIBRI_E_BOUNDS, "tensor past the end of weights.bin"),
+    STATUS(COLIBRI_E_OVERLAP, "tensors overlap"),
+    STATUS(COLIBRI_E_CHECKSUM, "tensor checksum mismatch"),
+    STATUS(COLIBRI_E_NOMEM, "out of memory"),
+    STATUS(COLIBRI_E_CONTEXT, "context full"),
+    STATUS(COLIBRI_E_TOKEN, "token id out of range"),
 };
-
-static const char *const status_texts[COLIBRI_STATUS_COUNT] = {
-    "success", "invalid argument", "file cannot be read", "invalid JSON",
-    "JSON exceeds a limit", "unsupported format version", "required field missing",
-    "field has the wrong type", "field value out of range", "unknown tensor dtype",
-    "tensor missing, duplicated or unknown", "tensor shape mismatch", "tensor size mismatch",
-    "tensor offset misaligned", "tensor past the end of weights.bin", "tensors overlap",
-    "tensor checksum mismatch", "out of memory", "context full", "token id out of range",
-};
+#undef STATUS
+COLIBRI_TABLE_CHECK(statuses, COLIBRI_STATUS_COUNT);
 
 const char *colibri_status_name(colibri_status status)
 {
-    return (unsigned)status < COLIBRI_STATUS_COUNT ? status_names[status] : "COLIBRI_E_UNKNOWN";
+    return (unsigned)status < COLIBRI_STATUS_COUNT ? statuses[status].name : "COLIBRI_E_UNKNOWN";
 }
 
 const char *colibri_strerror(colibri_status status)
 {
-    return (unsigned)status < COLIBRI_STATUS_COUNT ? status_texts[status] : "unknown status";
+    return (unsigned)status < COLIBRI_STATUS_COUNT ? statuses[status].text : "unknown status";
 }

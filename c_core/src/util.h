@@ -34,4 +34,10 @@ static inline size_t colibri_align_up(size_t n, size_t a) { return (n + a - 1) /
 #define COLIBRI_SLOT_CHECK(type, slot) typedef char colibri_slot_check_##type[sizeof(type) <= (slot) ? 1 : -1]
 #define COLIBRI_POINTER_SLOT 8
 
+/* A table keyed by an enum, written with designated initializers ([COLIBRI_ROPE_YARN] = "yarn"):
+ * this fails to compile when the enum has a value past the table's last entry. */
+#define COLIBRI_COUNT_OF(table) (sizeof(table) / sizeof((table)[0]))
+#define COLIBRI_TABLE_CHECK(table, count) \
+    typedef char colibri_table_check_##table[COLIBRI_COUNT_OF(table) == (size_t)(count) ? 1 : -1]
+
 #endif

@@ -135,13 +135,18 @@ typedef struct colibri_hparams {
     float swiglu_alpha;                 /* clamped SwiGLU: gate * sigmoid(alpha * gate) */
 } colibri_hparams;
 
+/* The choices of colibri_model.json's string fields; *_COUNT sizes the loader's table of their
+ * names (load.c), which fails to compile when a value here has no name there. */
 enum { COLIBRI_QK_NORM_NONE = 0, COLIBRI_QK_NORM_HEAD = 1, COLIBRI_QK_NORM_FULL = 2,
-       COLIBRI_QK_NORM_HEAD_PLAIN = 3 /* per head, no weight, only on the layers that rotate (Llama 4) */ };
-enum { COLIBRI_SCORE_SOFTMAX = 0, COLIBRI_SCORE_SIGMOID = 1, COLIBRI_SCORE_LOGITS = 2 };
-enum { COLIBRI_WEIGHTS_SCORES = 0, COLIBRI_WEIGHTS_SOFTMAX_SELECTED = 1, COLIBRI_WEIGHTS_SIGMOID_SELECTED = 2 };
-enum { COLIBRI_GROUP_MAX = 0, COLIBRI_GROUP_TOP2_SUM = 1 };
-enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1, COLIBRI_ROPE_LONGROPE = 2, COLIBRI_ROPE_LLAMA3 = 3 };
-enum { COLIBRI_NORM_RMS = 0, COLIBRI_NORM_LAYER = 1 };
+       COLIBRI_QK_NORM_HEAD_PLAIN = 3 /* per head, no weight, only on the layers that rotate (Llama 4) */,
+       COLIBRI_QK_NORM_COUNT };
+enum { COLIBRI_SCORE_SOFTMAX = 0, COLIBRI_SCORE_SIGMOID = 1, COLIBRI_SCORE_LOGITS = 2, COLIBRI_SCORE_COUNT };
+enum { COLIBRI_WEIGHTS_SCORES = 0, COLIBRI_WEIGHTS_SOFTMAX_SELECTED = 1, COLIBRI_WEIGHTS_SIGMOID_SELECTED = 2,
+       COLIBRI_WEIGHTS_COUNT };
+enum { COLIBRI_GROUP_MAX = 0, COLIBRI_GROUP_TOP2_SUM = 1, COLIBRI_GROUP_COUNT };
+enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1, COLIBRI_ROPE_LONGROPE = 2, COLIBRI_ROPE_LLAMA3 = 3,
+       COLIBRI_ROPE_COUNT };
+enum { COLIBRI_NORM_RMS = 0, COLIBRI_NORM_LAYER = 1, COLIBRI_NORM_COUNT };
 enum { COLIBRI_ROUTER_TOPK = 0, COLIBRI_ROUTER_SPARSEMIXER = 1 };
 enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };
 enum { COLIBRI_ACT_SILU = 0, COLIBRI_ACT_GELU = 1, COLIBRI_ACT_GELU_TANH = 2, COLIBRI_ACT_RELU = 3 };

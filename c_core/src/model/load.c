@@ -31,17 +31,27 @@ const char *colibri_dtype_name(colibri_dtype dtype)
     return (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtypes[dtype].name : "?";
 }
 
-/* ---- the tensors an architecture needs ---- */
+/* ---- the tensors a model has ---- */
 
-/* Per-layer tensors (model.h's L_* kinds), in the order docs/FORMAT.md lists them. */
-static const char *const layer_tensor_names[L_KINDS] = {
-    "attn_norm", "attn_norm_bias", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "attn.bq", "attn.bk", "attn.bv", "attn.bo",
-    "attn.q_norm", "attn.k_norm", "attn.sinks", "attn.wq_a", "attn.bq_a", "attn.q_a_norm", "attn.wq_b",
-    "attn.wkv_a", "attn.bkv_a", "attn.kv_a_norm", "attn.wkv_b", "conv.in_proj", "conv.in_bias",
-    "conv.kernel", "conv.kernel_bias", "conv.out_proj", "conv.out_bias", "ffn_norm", "ffn_norm_bias", "router", "router.bias", "router.selection_bias",
-    "experts.w1", "experts.w3", "experts.w2", "experts.b1", "experts.b3", "experts.b2", "shared.w1", "shared.w3", "shared.w2", "shared.gate",
-    "mlp.w1", "mlp.w3", "mlp.w2",
+/* Per-layer tensors: "layers.{i}." + the name of model.h's L_* kind. */
+static const char *const layer_tensor_names[] = {
+    [L_ATTN_NORM] = "attn_norm", [L_ATTN_NORM_BIAS] = "attn_norm_bias",
+    [L_WQ] = "attn.wq", [L_WK] = "attn.wk", [L_WV] = "attn.wv", [L_WO] = "attn.wo",
+    [L_BQ] = "attn.bq", [L_BK] = "attn.bk", [L_BV] = "attn.bv", [L_BO] = "attn.bo",
+    [L_Q_NORM] = "attn.q_norm", [L_K_NORM] = "attn.k_norm", [L_SINKS] = "attn.sinks",
+    [L_WQ_A] = "attn.wq_a", [L_BQ_A] = "attn.bq_a", [L_Q_A_NORM] = "attn.q_a_norm", [L_WQ_B] = "attn.wq_b",
+    [L_WKV_A] = "attn.wkv_a", [L_BKV_A] = "attn.bkv_a", [L_KV_A_NORM] = "attn.kv_a_norm", [L_WKV_B] = "attn.wkv_b",
+    [L_CONV_IN] = "conv.in_proj", [L_CONV_IN_BIAS] = "conv.in_bias",
+    [L_CONV_KERNEL] = "conv.kernel", [L_CONV_KERNEL_BIAS] = "conv.kernel_bias",
+    [L_CONV_OUT] = "conv.out_proj", [L_CONV_OUT_BIAS] = "conv.out_bias",
+    [L_FFN_NORM] = "ffn_norm", [L_FFN_NORM_BIAS] = "ffn_norm_bias",
+    [L_ROUTER] = "router", [L_ROUTER_BIAS] = "router.bias", [L_SELECTION_BIAS] = "router.selection_bias",
+    [L_W1] = "experts.w1", [L_W3] = "experts.w3", [L_W2] = "experts.w2",
+    [L_B1] = "experts.b1", [L_B3] = "experts.b3", [L_B2] = "experts.b2",
+    [L_SHARED_W1] = "shared.w1", [L_SHARED_W3] = "shared.w3", [L_SHARED_W2] = "shared.w2", [L_SHARED_GATE] = "shared.gate",
+    [L_MLP_W1] = "mlp.w1", [L_MLP_W3] = "mlp.w3", [L_MLP_W2] = "mlp.w2",
 };
+COLIBRI_TABLE_CHECK(layer_tensor_names, L_KINDS);
 
 /* Whether layer `lw` has a tensor of `kind`, given the model's options. */
 static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw, int kind)
@@ -72,12 +82,16 @@ static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw,
     default: return 1;   /* norms and the attention projections */
     }
 }
+
+/* The model-wide tensors; their slots come before the layers'. */
 enum { G_TOK_EMBEDDINGS, G_NORM, G_LM_HEAD, G_TOKEN_BYTES, G_TOKEN_OFFSETS, G_NORM_BIAS, G_LM_HEAD_BIAS,
        G_ROPE_FACTORS, T_GLOBAL };
-static const char *const global_tensor_names[T_GLOBAL] = {
-    "tok_embeddings", "norm", "lm_head", "tokenizer.token_bytes", "tokenizer.token_offsets", "norm_bias",
-    "lm_head_bias", "rope.factors",
+static const char *const global_tensor_names[] = {
+    [G_TOK_EMBEDDINGS] = "tok_embeddings", [G_NORM] = "norm", [G_LM_HEAD] = "lm_head",
+    [G_TOKEN_BYTES] = "tokenizer.token_bytes", [G_TOKEN_OFFSETS] = "tokenizer.token_offsets",
+    [G_NORM_BIAS] = "norm_bias", [G_LM_HEAD_BIAS] = "lm_head_bias", [G_ROPE_FACTORS] = "rope.factors",
 };
+COLIBRI_TABLE_CHECK(global_tensor_names, T_GLOBAL);
 
 /* Whether the model has a tensor in `slot` (layers: from layer_has; the vocabulary table is
  * optional, so it counts as "has" too: read_tensor accepts it, the missing check skips it). */
@@ -172,6 +186,106 @@ static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape
     case L_MLP_W1: case L_MLP_W3: shape[0] = fd; shape[1] = d; return 2;
     default: shape[0] = d; shape[1] = fd; return 2;   /* L_MLP_W2 */
     }
+}
+
+/* ---- the choices of the string fields ----
+ *
+ * Each table holds the spellings of one field, keyed by the value the loader stores: the
+ * lookup, the error message's list of choices and the enum read the same table. */
+
+static const char *const qk_norms[] = {
+    [COLIBRI_QK_NORM_NONE] = "none", [COLIBRI_QK_NORM_HEAD] = "head", [COLIBRI_QK_NORM_FULL] = "full",
+    [COLIBRI_QK_NORM_HEAD_PLAIN] = "head_plain",
+};
+static const char *const norm_kinds[] = { [COLIBRI_NORM_RMS] = "rms", [COLIBRI_NORM_LAYER] = "layer" };
+static const char *const rope_types[] = {
+    [COLIBRI_ROPE_DEFAULT] = "default", [COLIBRI_ROPE_YARN] = "yarn", [COLIBRI_ROPE_LONGROPE] = "longrope",
+    [COLIBRI_ROPE_LLAMA3] = "llama3",
+};
+static const char *const router_scores[] = {
+    [COLIBRI_SCORE_SOFTMAX] = "softmax", [COLIBRI_SCORE_SIGMOID] = "sigmoid", [COLIBRI_SCORE_LOGITS] = "logits",
+};
+static const char *const router_weightings[] = {
+    [COLIBRI_WEIGHTS_SCORES] = "scores", [COLIBRI_WEIGHTS_SOFTMAX_SELECTED] = "softmax_of_selected",
+    [COLIBRI_WEIGHTS_SIGMOID_SELECTED] = "sigmoid_of_selected",
+};
+static const char *const group_scores[] = { [COLIBRI_GROUP_MAX] = "max", [COLIBRI_GROUP_TOP2_SUM] = "top2_sum" };
+static const char *const shared_gates[] = { [0] = "none", [1] = "sigmoid" };   /* hparams.shared_gate: 0 or 1 */
+COLIBRI_TABLE_CHECK(qk_norms, COLIBRI_QK_NORM_COUNT);
+COLIBRI_TABLE_CHECK(norm_kinds, COLIBRI_NORM_COUNT);
+COLIBRI_TABLE_CHECK(rope_types, COLIBRI_ROPE_COUNT);
+COLIBRI_TABLE_CHECK(router_scores, COLIBRI_SCORE_COUNT);
+COLIBRI_TABLE_CHECK(router_weightings, COLIBRI_WEIGHTS_COUNT);
+COLIBRI_TABLE_CHECK(group_scores, COLIBRI_GROUP_COUNT);
+
+/* routing.type: "topk_softmax" is Mixtral's name for the top-k router. */
+enum { ROUTING_TOPK_SOFTMAX, ROUTING_TOPK, ROUTING_SPARSEMIXER, ROUTING_TYPES };
+static const char *const routing_types[] = {
+    [ROUTING_TOPK_SOFTMAX] = "topk_softmax", [ROUTING_TOPK] = "topk", [ROUTING_SPARSEMIXER] = "sparsemixer",
+};
+COLIBRI_TABLE_CHECK(routing_types, ROUTING_TYPES);
+
+/* experts.activation names the gate's activation and, for gpt-oss, the clamped SwiGLU. */
+enum { GATE_SILU, GATE_SWIGLU_CLAMPED, GATE_GELU, GATE_GELU_TANH, GATE_RELU, GATE_KINDS };
+static const char *const gate_names[] = {
+    [GATE_SILU] = "silu", [GATE_SWIGLU_CLAMPED] = "swiglu_clamped", [GATE_GELU] = "gelu",
+    [GATE_GELU_TANH] = "gelu_tanh", [GATE_RELU] = "relu",
+};
+static const struct { int32_t expert_kind, activation; } gates[] = {
+    [GATE_SILU] = { COLIBRI_EXPERT_SWIGLU, COLIBRI_ACT_SILU },
+    [GATE_SWIGLU_CLAMPED] = { COLIBRI_EXPERT_SWIGLU_CLAMPED, COLIBRI_ACT_SILU },
+    [GATE_GELU] = { COLIBRI_EXPERT_SWIGLU, COLIBRI_ACT_GELU },
+    [GATE_GELU_TANH] = { COLIBRI_EXPERT_SWIGLU, COLIBRI_ACT_GELU_TANH },
+    [GATE_RELU] = { COLIBRI_EXPERT_SWIGLU, COLIBRI_ACT_RELU },
+};
+COLIBRI_TABLE_CHECK(gate_names, GATE_KINDS);
+COLIBRI_TABLE_CHECK(gates, GATE_KINDS);
+
+/* hparams.attention_layers, per layer. */
+enum { ATTENTION_FULL, ATTENTION_SLIDING, ATTENTION_CHUNKED, ATTENTION_KINDS };
+static const char *const attention_kinds[] = {
+    [ATTENTION_FULL] = "full", [ATTENTION_SLIDING] = "sliding", [ATTENTION_CHUNKED] = "chunked",
+};
+COLIBRI_TABLE_CHECK(attention_kinds, ATTENTION_KINDS);
+
+/* Fields with a single choice. */
+static const char *const formats[] = { "colibri" };
+static const char *const layouts[] = { "stacked" };
+static const char *const quantizations[] = { "none" };
+
+/* A table and its length, as the lookups take them. */
+#define CHOICES(table) table, (int32_t)COLIBRI_COUNT_OF(table)
+
+/* Index of the string token `t` in names, or -1. */
+static int32_t find_name(const char *text, const json_token *t, const char *const *names, int32_t count)
+{
+    int32_t c;
+    for (c = 0; c < count; c++)
+        if (json_string_equals(text, t, names[c])) return c;
+    return -1;
+}
+
+/* names into buf as `"a", "b" or "c"` (quoted) or `a, b or c`; cut short at cap bytes. */
+static const char *list_names(char *buf, size_t cap, const char *const *names, int32_t count, int quoted)
+{
+    const char *q = quoted ? "\"" : "";
+    size_t len = 0;
+    int32_t c;
+    buf[0] = '\0';
+    for (c = 0; c < count && len < cap; c++)
+        len += colibri_format(buf + len, cap - len, "%s%s%s%s", c == 0 ? "" : c == count - 1 ? " or " : ", ",
+                              q, names[c], q);
+    return buf;
+}
+
+/* The dtype names (all, or those that hold weights), as list_names writes them. */
+static const char *list_dtypes(char *buf, size_t cap, int weights_only)
+{
+    const char *names[COLIBRI_DTYPE_COUNT];
+    int32_t n = 0, d;
+    for (d = 0; d < COLIBRI_DTYPE_COUNT; d++)
+        if (!weights_only || colibri_dtypes[d].holds_weights) names[n++] = colibri_dtypes[d].name;
+    return list_names(buf, cap, names, n, 0);
 }
 
 /* ---- reading fields ---- */
@@ -274,20 +388,19 @@ static colibri_status get_bool(loader *L, int32_t obj, const char *where, const 
     return COLIBRI_OK;
 }
 
-/* A string field that must be one of `choices`. */
+/* A string field that must be one of names (CHOICES(table)): *choice is its index. */
 static colibri_status get_choice(loader *L, int32_t obj, const char *where, const char *key,
-                                 const char *const *choices, int *choice)
+                                 const char *const *names, int32_t count, int32_t *choice)
 {
     int32_t i = 0;
-    int c;
-    char text[40];
+    char text[40], list[128];
     colibri_status st = get_field(L, obj, where, key, JSON_STRING, &i);
     if (st) return st;
-    for (c = 0; choices[c]; c++) {
-        if (json_string_equals(L->text, &L->tok[i], choices[c])) { *choice = c; return COLIBRI_OK; }
-    }
+    *choice = find_name(L->text, &L->tok[i], names, count);
+    if (*choice >= 0) return COLIBRI_OK;
     copy_token_text(text, sizeof text, L->text, &L->tok[i]);
-    return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s: unsupported value \"%s\"", where, key, text);
+    return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s: unsupported value \"%s\" (expected %s)", where, key, text,
+                        list_names(list, sizeof list, names, count, 1));
 }
 
 /* Optional fields: absent means `fallback`; present, the field is checked as a required one. */
@@ -313,13 +426,12 @@ static colibri_status opt_bool(loader *L, int32_t obj, const char *where, const 
     return has_field(L, obj, key) ? get_bool(L, obj, where, key, value) : COLIBRI_OK;
 }
 
+/* Absent: the table's first value, each enum's default. */
 static colibri_status opt_choice(loader *L, int32_t obj, const char *where, const char *key,
-                                 const char *const *choices, int32_t *value)
+                                 const char *const *names, int32_t count, int32_t *value)
 {
-    int choice = 0;
-    colibri_status st = has_field(L, obj, key) ? get_choice(L, obj, where, key, choices, &choice) : COLIBRI_OK;
-    *value = choice;
-    return st;
+    *value = 0;
+    return has_field(L, obj, key) ? get_choice(L, obj, where, key, names, count, value) : COLIBRI_OK;
 }
 
 /* ---- sections ---- */
@@ -328,18 +440,13 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
 {
     static const char *const top_keys[] = { "format", "version", "architecture", "hparams", "routing",
                                             "experts", "tokenizer", "metadata", "tensors", NULL };
-    static const char *const formats[] = { "colibri", NULL };
-    static const char *const architectures[] = { "mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe",
-                                                     "granitemoeshared", "glm4_moe", "dots1", "ernie4_5_moe",
-                                                     "gpt_oss", "deepseek_v2", "deepseek_v3", "phimoe", "glm4_moe_lite",
-                                                     "llama4_text", "lfm2_moe", NULL };
-    int32_t i = 0;
-    int choice;
+    int32_t i = 0, choice;
+    uint32_t k;
     colibri_status st;
 
     if (L->tok[root].type != JSON_OBJECT)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "colibri_model.json must hold a JSON object");
-    st = get_choice(L, root, "model", "format", formats, &choice);
+    st = get_choice(L, root, "model", "format", CHOICES(formats), &choice);
     if (st == COLIBRI_E_VALUE)
         return colibri_fail(L->err, COLIBRI_E_VERSION, "model.format must be \"colibri\"");
     if (st) return st;
@@ -357,9 +464,20 @@ static colibri_status read_header(loader *L, int32_t root, colibri_model *m)
     }
     st = check_keys(L, root, "model", top_keys);
     if (st) return st;
-    st = get_choice(L, root, "model", "architecture", architectures, &choice);
+    /* The family's name, for messages and reports: the hyper-parameters alone decide what the
+     * forward pass computes.  Reports print it as is, hence printable and without escapes. */
+    st = get_field(L, root, "model", "architecture", JSON_STRING, &i);
     if (st) return st;
-    strcpy(m->architecture, architectures[choice]);
+    if (L->tok[i].len == 0 || L->tok[i].len >= sizeof m->architecture)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.architecture must be 1 to %u characters, not %u",
+                            (unsigned)sizeof m->architecture - 1, L->tok[i].len);
+    for (k = 0; k < L->tok[i].len; k++) {
+        unsigned char c = (unsigned char)L->text[L->tok[i].start + k];
+        if (c < 0x20 || c > 0x7e || c == '\\')
+            return colibri_fail(L->err, COLIBRI_E_VALUE,
+                                "model.architecture must be printable ASCII without escapes (character %u)", k);
+    }
+    copy_token_text(m->architecture, sizeof m->architecture, L->text, &L->tok[i]);
     i = json_object_get(L->text, L->tok, root, "tokenizer");
     if (i >= 0 && L->tok[i].type != JSON_STRING)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "model.tokenizer must be a string");
@@ -383,30 +501,18 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
                                         "attention_chunk", "position_layers", "nope_temperature",
                                         "operator_layers", "conv_kernel", "conv_bias", NULL };
     static const char *const temperature_keys[] = { "floor_scale", "attn_scale", NULL };
-    static const char *const norms[] = { "rms", "layer", NULL };
     static const char *const latent_keys[] = { "q_lora_rank", "kv_lora_rank", "v_head_dim", "norm_eps", NULL };
     static const char *const rope_keys[] = { "type", "factor", "original_max_position_embeddings", "beta_fast",
                                              "beta_slow", "truncate", "attention_factor", "short_mscale",
                                              "long_mscale", "low_freq_factor", "high_freq_factor", NULL };
-    static const char *const rope_types[] = { "default", "yarn", "longrope", "llama3", NULL };
-    static const char *const qk_norms[] = { "none", "head", "full", "head_plain", NULL };
     static const char *const routing_keys[] = { "type", "top_k", "normalize", "score", "weights", "logit_bias",
                                                 "selection_bias", "groups", "topk_groups", "group_score",
                                                 "normalize_eps", "scale", "jitter_eps", "gate_on_input", NULL };
-    static const char *const routing_types[] = { "topk_softmax", "topk", "sparsemixer", NULL };
-    static const char *const scores[] = { "softmax", "sigmoid", "logits", NULL };
-    static const char *const weights[] = { "scores", "softmax_of_selected", "sigmoid_of_selected", NULL };
-    static const char *const group_scores[] = { "max", "top2_sum", NULL };
     static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", "shared",
                                                "bias", "swiglu_limit", "swiglu_alpha", NULL };
     static const char *const shared_keys[] = { "intermediate_size", "gate", NULL };
-    static const char *const shared_gates[] = { "none", "sigmoid", NULL };
-    static const char *const layouts[] = { "stacked", NULL };
-    static const char *const quantizations[] = { "none", NULL };
-    static const char *const activations[] = { "silu", "swiglu_clamped", "gelu", "gelu_tanh", "relu", NULL };
     const char *w = "hparams";
-    int32_t h = 0, r = 0, e = 0, sh = 0, rs = 0, la = 0;
-    int choice;
+    int32_t h = 0, r = 0, e = 0, sh = 0, rs = 0, la = 0, choice = 0;
     colibri_status st;
 
 #define TRY(call) do { st = (call); if (st) return st; } while (0)
@@ -436,7 +542,7 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_int(L, h, w, "dense_intermediate_size", 1, MAX_FFN, 0, &hp->dense_intermediate_size));
     TRY(opt_bool(L, h, w, "attention_bias", &hp->attention_bias));
     TRY(opt_bool(L, h, w, "attention_out_bias", &hp->attention_out_bias));
-    TRY(opt_choice(L, h, w, "qk_norm", qk_norms, &hp->qk_norm));
+    TRY(opt_choice(L, h, w, "qk_norm", CHOICES(qk_norms), &hp->qk_norm));
     TRY(opt_int(L, h, w, "rope_dim", 2, hp->head_dim, hp->head_dim, &hp->rope_dim));
     if (hp->rope_dim % 2 != 0)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.rope_dim = %d must be even", hp->rope_dim);
@@ -447,7 +553,7 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     TRY(opt_float(L, h, w, "residual_multiplier", 0.0, 1e6, 1.0f, &hp->residual_multiplier));
     TRY(opt_float(L, h, w, "logits_divisor", 0.0, 1e6, 1.0f, &hp->logits_divisor));
     TRY(opt_bool(L, h, w, "attention_sinks", &hp->attention_sinks));
-    TRY(opt_choice(L, h, w, "norm", norms, &hp->norm_kind));
+    TRY(opt_choice(L, h, w, "norm", CHOICES(norm_kinds), &hp->norm_kind));
     TRY(opt_int(L, h, w, "attention_chunk", 1, MAX_POSITIONS, 0, &hp->attention_chunk));
     TRY(opt_int(L, h, w, "conv_kernel", 1, 64, 0, &hp->conv_kernel));
     TRY(opt_bool(L, h, w, "conv_bias", &hp->conv_bias));
@@ -476,8 +582,7 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
         const char *where = "hparams.rope_scaling";
         TRY(get_field(L, h, w, "rope_scaling", JSON_OBJECT, &rs));
         TRY(check_keys(L, rs, where, rope_keys));
-        TRY(get_choice(L, rs, where, "type", rope_types, &choice));
-        hp->rope_type = choice;
+        TRY(get_choice(L, rs, where, "type", CHOICES(rope_types), &hp->rope_type));
         TRY(opt_float(L, rs, where, "attention_factor", 0.0, 1e6, 1.0f, &hp->rope_attention_factor));
         if (hp->rope_type == COLIBRI_ROPE_YARN) {
             TRY(get_float(L, rs, where, "factor", 0.0, 1e6, &hp->rope_factor));
@@ -502,17 +607,16 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
 
     TRY(get_field(L, root, "model", "routing", JSON_OBJECT, &r));
     TRY(check_keys(L, r, "routing", routing_keys));
-    TRY(get_choice(L, r, "routing", "type", routing_types, &choice));
-    hp->router_kind = choice == 2 ? COLIBRI_ROUTER_SPARSEMIXER : COLIBRI_ROUTER_TOPK;
+    TRY(get_choice(L, r, "routing", "type", CHOICES(routing_types), &choice));
+    hp->router_kind = choice == ROUTING_SPARSEMIXER ? COLIBRI_ROUTER_SPARSEMIXER : COLIBRI_ROUTER_TOPK;
     TRY(get_field(L, root, "model", "experts", JSON_OBJECT, &e));
     TRY(check_keys(L, e, "experts", expert_keys));
     TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
-    TRY(get_choice(L, e, "experts", "weight_layout", layouts, &choice));
-    TRY(get_choice(L, e, "experts", "quantization", quantizations, &choice));
-    TRY(get_choice(L, e, "experts", "activation", activations, &choice));
-    hp->expert_kind = choice == 1 ? COLIBRI_EXPERT_SWIGLU_CLAMPED : COLIBRI_EXPERT_SWIGLU;
-    hp->activation = choice == 2 ? COLIBRI_ACT_GELU : choice == 3 ? COLIBRI_ACT_GELU_TANH : choice == 4 ? COLIBRI_ACT_RELU
-                   : COLIBRI_ACT_SILU;
+    TRY(get_choice(L, e, "experts", "weight_layout", CHOICES(layouts), &choice));
+    TRY(get_choice(L, e, "experts", "quantization", CHOICES(quantizations), &choice));
+    TRY(get_choice(L, e, "experts", "activation", CHOICES(gate_names), &choice));
+    hp->expert_kind = gates[choice].expert_kind;
+    hp->activation = gates[choice].activation;
     TRY(opt_bool(L, e, "experts", "bias", &hp->expert_bias));
     TRY(opt_float(L, e, "experts", "swiglu_limit", 0.0, 1e6, 7.0f, &hp->swiglu_limit));
     TRY(opt_float(L, e, "experts", "swiglu_alpha", 0.0, 1e6, 1.702f, &hp->swiglu_alpha));
@@ -520,7 +624,7 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
         TRY(get_field(L, e, "experts", "shared", JSON_OBJECT, &sh));
         TRY(check_keys(L, sh, "experts.shared", shared_keys));
         TRY(get_int(L, sh, "experts.shared", "intermediate_size", 1, MAX_FFN, &hp->shared_intermediate_size));
-        TRY(opt_choice(L, sh, "experts.shared", "gate", shared_gates, &hp->shared_gate));
+        TRY(opt_choice(L, sh, "experts.shared", "gate", CHOICES(shared_gates), &hp->shared_gate));
     }
     TRY(get_int(L, r, "routing", "top_k", 1, MAX_TOP_K, &hp->top_k));
     if (hp->top_k > hp->n_experts)
@@ -529,13 +633,13 @@ static colibri_status read_hparams(loader *L, int32_t root, colibri_hparams *hp)
     hp->normalize_topk = 1;
     if (has_field(L, r, "normalize"))
         TRY(get_bool(L, r, "routing", "normalize", &hp->normalize_topk));
-    TRY(opt_choice(L, r, "routing", "score", scores, &hp->router_score));
-    TRY(opt_choice(L, r, "routing", "weights", weights, &hp->router_weights));
+    TRY(opt_choice(L, r, "routing", "score", CHOICES(router_scores), &hp->router_score));
+    TRY(opt_choice(L, r, "routing", "weights", CHOICES(router_weightings), &hp->router_weights));
     TRY(opt_bool(L, r, "routing", "logit_bias", &hp->router_logit_bias));
     TRY(opt_bool(L, r, "routing", "selection_bias", &hp->router_selection_bias));
     TRY(opt_int(L, r, "routing", "groups", 1, MAX_EXPERTS, 1, &hp->n_groups));
     TRY(opt_int(L, r, "routing", "topk_groups", 1, hp->n_groups, hp->n_groups, &hp->topk_groups));
-    TRY(opt_choice(L, r, "routing", "group_score", group_scores, &hp->group_score));
+    TRY(opt_choice(L, r, "routing", "group_score", CHOICES(group_scores), &hp->group_score));
     TRY(opt_float(L, r, "routing", "normalize_eps", -1.0, 1.0, 0.0f, &hp->normalize_eps));
     TRY(opt_float(L, r, "routing", "scale", 0.0, 1e6, 1.0f, &hp->routed_scale));
     TRY(opt_float(L, r, "routing", "jitter_eps", 0.0, 1e6, 0.01f, &hp->jitter_eps));
@@ -581,7 +685,6 @@ static colibri_status read_layer_choices(loader *L, int32_t h, const char *key, 
  * position_layers ("rope" or "nope"; absent: all rope). */
 static colibri_status read_layer_kinds(loader *L, int32_t root, colibri_model *m)
 {
-    static const char *const attention_kinds[] = { "full", "sliding", "chunked", NULL };
     int32_t h = json_object_get(L->text, L->tok, root, "hparams"), l, dense = 0, a = 0, item;
     colibri_status st;
     for (l = 0; l < m->hp.n_layers; l++) {
@@ -605,15 +708,15 @@ static colibri_status read_layer_kinds(loader *L, int32_t root, colibri_model *m
             return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.attention_layers has %u entries for %d layers",
                                 L->tok[a].n_children, m->hp.n_layers);
         for (l = 0, item = a + 1; l < m->hp.n_layers; l++, item += (int32_t)L->tok[item].subtree) {
-            int kind = -1, k;
-            for (k = 0; attention_kinds[k]; k++)
-                if (L->tok[item].type == JSON_STRING && json_string_equals(L->text, &L->tok[item], attention_kinds[k])) kind = k;
+            int32_t kind = find_name(L->text, &L->tok[item], CHOICES(attention_kinds));
+            char list[64];
             if (kind < 0)
-                return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.attention_layers[%d] must be \"full\", \"sliding\" or \"chunked\"", l);
-            if (kind == 2 && !m->hp.attention_chunk)
+                return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.attention_layers[%d] must be %s", l,
+                                    list_names(list, sizeof list, CHOICES(attention_kinds), 1));
+            if (kind == ATTENTION_CHUNKED && !m->hp.attention_chunk)
                 return colibri_fail(L->err, COLIBRI_E_MISSING, "hparams.attention_chunk is missing (layer %d is chunked)", l);
-            m->layers[l].window = kind == 1 ? m->hp.sliding_window : 0;
-            m->layers[l].chunk = kind == 2 ? m->hp.attention_chunk : 0;
+            m->layers[l].window = kind == ATTENTION_SLIDING ? m->hp.sliding_window : 0;
+            m->layers[l].chunk = kind == ATTENTION_CHUNKED ? m->hp.attention_chunk : 0;
         }
     }
     for (l = 0; l < m->hp.n_layers; l++) dense += !m->layers[l].moe;
@@ -662,18 +765,19 @@ static colibri_status read_tensor(loader *L, int32_t obj, uint32_t index, const 
     for (choice = 0; choice < COLIBRI_DTYPE_COUNT; choice++)
         if (json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
     if (choice == COLIBRI_DTYPE_COUNT) {
-        char text[24];
+        char text[24], list[96];
         copy_token_text(text, sizeof text, L->text, &L->tok[i]);
-        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (f32, f16, bf16, q8_0, q4_0, w4g128, u8, i32)",
-                            where, text);
+        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (expected %s)",
+                            where, text, list_dtypes(list, sizeof list, 0));
     }
     t->dtype = (colibri_dtype)choice;
     {
         colibri_dtype need = *slot == G_TOKEN_BYTES ? COLIBRI_DTYPE_U8 : COLIBRI_DTYPE_I32;
+        char list[96];
         if (*slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? t->dtype != need : !colibri_dtypes[t->dtype].holds_weights)
             return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
                                 *slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? colibri_dtype_name(need)
-                                : "f32, f16, bf16, q8_0, q4_0 or w4g128");
+                                : list_dtypes(list, sizeof list, 1));
     }
 
     st = get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);
