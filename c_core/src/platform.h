@@ -33,4 +33,12 @@ void colibri_platform_pool_destroy(colibri_pool *pool);
 /* A monotonic clock in nanoseconds, for the profiler; 0 where the platform has none. */
 uint64_t colibri_platform_now_ns(void);
 
+/* fn() once per flag (static, zero to begin with): the first caller runs it, and callers on other
+ * threads meanwhile wait until it has returned, then see everything it wrote. */
+void colibri_platform_once(int32_t *done, void (*fn)(void));
+
+/* Whether the OS reports the AArch64 dot-product extension (Linux: HWCAP_ASIMDDP); 0 where it
+ * does not, cannot tell, or runs on another CPU. */
+int colibri_platform_arm_dotprod(void);
+
 #endif

@@ -92,8 +92,6 @@ static int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b)
     return vpadalq_s16(acc, vmlal_s8(p, vget_high_s8(a), vget_high_s8(b)));
 }
 
-static void quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols) { quantize_q8_neon(xq, x, n, cols); }
-
 static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                       int32_t n, int32_t cols, int32_t rows)
 {
@@ -210,7 +208,9 @@ static void silu_mul(float *g, const float *u, size_t n)
     for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
-static const colibri_kernels neon_kernels = { "neon", matmul_neon, rmsnorm, quantize_q8, matmul_q8,
-                                              attention_scores, attention_values, softmax, silu_mul };
+static const colibri_kernels neon_kernels = {
+    .name = "neon", .matmul = matmul_neon, .rmsnorm = rmsnorm, .quantize_q8 = quantize_q8_neon, .matmul_q8 = matmul_q8,
+    .attention_scores = attention_scores, .attention_values = attention_values, .softmax = softmax, .silu_mul = silu_mul,
+};
 
 const colibri_kernels *colibri_kernels_neon(void) { return &neon_kernels; }

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../src/ops/ops.h"
+#include "../arch.h"
 
 /* xq (n, cols / 32) = x (n, cols) in blocks of 32, as colibri_ref_quantize_q8 (same rounding). */
 static inline void quantize_q8_neon(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)

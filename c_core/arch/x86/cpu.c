@@ -2,7 +2,7 @@
  * __builtin_cpu_supports also checks that the OS saves the wider registers. */
 #include <cpuid.h>
 
-#include "../../src/ops/ops.h"
+#include "../arch.h"
 
 int colibri_cpu_has_avx2(void)
 {

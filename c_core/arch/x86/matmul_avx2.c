@@ -97,11 +97,6 @@ static inline __m256i dot_us(__m256i u, __m256i s)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-static void quantize_q8_avx2(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
-{
-    quantize_q8_x86(xq, x, n, cols);
-}
-
 static void matmul_q8_avx2(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
@@ -236,7 +231,10 @@ static void silu_mul_avx2(float *g, const float *u, size_t n)
     for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
-static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, rmsnorm_avx2, quantize_q8_avx2, matmul_q8_avx2,
-                                              attention_scores_avx2, attention_values_avx2, softmax_avx2, silu_mul_avx2 };
+static const colibri_kernels avx2_kernels = {
+    .name = "avx2", .matmul = matmul_avx2, .rmsnorm = rmsnorm_avx2, .quantize_q8 = quantize_q8_x86,
+    .matmul_q8 = matmul_q8_avx2, .attention_scores = attention_scores_avx2, .attention_values = attention_values_avx2,
+    .softmax = softmax_avx2, .silu_mul = silu_mul_avx2,
+};
 
 const colibri_kernels *colibri_kernels_avx2(void) { return &avx2_kernels; }

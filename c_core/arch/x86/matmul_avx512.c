@@ -111,11 +111,6 @@ static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype
 /* vpdpbusd: unsigned bytes times signed bytes, four products summed into each int32 lane. */
 static inline __m256i dot_us(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 
-static void quantize_q8_avx512(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
-{
-    quantize_q8_x86(xq, x, n, cols);
-}
-
 static void matmul_q8_avx512(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                              int32_t n, int32_t cols, int32_t rows)
 {
@@ -245,8 +240,10 @@ static void silu_mul_avx512(float *g, const float *u, size_t n)
     }
 }
 
-static const colibri_kernels avx512_kernels = { "avx512", matmul_avx512, rmsnorm_avx512, quantize_q8_avx512,
-                                                matmul_q8_avx512, attention_scores_avx512, attention_values_avx512,
-                                                softmax_avx512, silu_mul_avx512 };
+static const colibri_kernels avx512_kernels = {
+    .name = "avx512", .matmul = matmul_avx512, .rmsnorm = rmsnorm_avx512, .quantize_q8 = quantize_q8_x86,
+    .matmul_q8 = matmul_q8_avx512, .attention_scores = attention_scores_avx512,
+    .attention_values = attention_values_avx512, .softmax = softmax_avx512, .silu_mul = silu_mul_avx512,
+};
 
 const colibri_kernels *colibri_kernels_avx512(void) { return &avx512_kernels; }

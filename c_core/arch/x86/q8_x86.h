@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../src/ops/ops.h"
+#include "../arch.h"
 
 static inline float hsum8(__m256 v)
 {

@@ -31,6 +31,14 @@ uint64_t colibri_platform_now_ns(void) { return 0; }
 /* No threads on bare metal: sessions compute on the caller's. */
 int32_t colibri_platform_default_threads(void) { return 1; }
 
+void colibri_platform_once(int32_t *done, void (*fn)(void))
+{
+    if (!*done) { fn(); *done = 1; }
+}
+
+/* No OS to report CPU extensions (and no AArch64 board yet). */
+int colibri_platform_arm_dotprod(void) { return 0; }
+
 colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **pool, colibri_error *err)
 {
     *pool = NULL;

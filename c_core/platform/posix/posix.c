@@ -12,6 +12,12 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__linux__) && defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
 
 #include "../../src/model/model.h"
 #include "../../src/platform.h"
@@ -171,6 +177,27 @@ uint64_t colibri_platform_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void colibri_platform_once(int32_t *done, void (*fn)(void))
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    if (__atomic_load_n(done, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&lock);
+    if (!*done) {
+        fn();
+        __atomic_store_n(done, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+int colibri_platform_arm_dotprod(void)
+{
+#if defined(__linux__) && defined(__aarch64__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+    return 0;
+#endif
 }
 
 /* ---- the thread pool ---- */

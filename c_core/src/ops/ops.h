@@ -2,7 +2,9 @@
  *
  * Each has a plain reference implementation (ops/reference.c): the oracle that faster
  * variants are tested against.  colibri_kernels is the one place where an optimised
- * variant is plugged in; the forward pass calls only through it. */
+ * variant is plugged in; the forward pass calls only through it.  A variant's table names the
+ * kernels it has; arch/dispatch.c fills the rest from its base (the reference, or the variant it
+ * extends). */
 #ifndef COLIBRI_OPS_H
 #define COLIBRI_OPS_H
 
@@ -26,8 +28,9 @@ typedef struct colibri_kernels {
     /* y (dim) = x / sqrt(mean(x^2) + eps) * w */
     void (*rmsnorm)(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
     /* The int8 path for q8_0 and q4_0 weights, NULL where a variant has none (the reference: its
-     * matmul is the float oracle).  xq (n, cols / 32) = blocks of x (n, cols); then
-     * y (n, rows) = xq @ W (rows, cols)^T by integer dot products, one scale per block pair. */
+     * matmul is the float oracle; a variant based on it that leaves these empty has none either).
+     * xq (n, cols / 32) = blocks of x (n, cols); then y (n, rows) = xq @ W (rows, cols)^T by integer
+     * dot products, one scale per block pair. */
     void (*quantize_q8)(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
     void (*matmul_q8)(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                       int32_t n, int32_t cols, int32_t rows);
@@ -41,6 +44,11 @@ typedef struct colibri_kernels {
     void (*softmax)(float *x, int32_t n);
     void (*silu_mul)(float *g, const float *u, size_t n);
 } colibri_kernels;
+
+/* Every slot above, X(slot) each: how arch/dispatch.c fills the slots a variant leaves empty from
+ * its base (a slot added above is named here too; dispatch.c's size check fails until it is). */
+#define COLIBRI_KERNEL_SLOTS(X) X(matmul) X(rmsnorm) X(quantize_q8) X(matmul_q8) X(attention_scores) \
+                                X(attention_values) X(softmax) X(silu_mul)
 
 /* What a forward pass computes with: the kernels, and the threads (platform.h's pool) that share
  * a big matmul's rows (one token) or tokens (several), each computing exactly what one thread
@@ -58,28 +66,20 @@ void colibri_matmul(const colibri_compute *c, float *y, const float *x, const vo
 
 const colibri_kernels *colibri_kernels_reference(void);
 const colibri_kernels *colibri_kernels_reference_int8(void);   /* the reference plus the scalar int8 path */
-/* arch/dispatch.c: the variants this build has, reference first (NULL past the end); whether
- * this CPU runs one; the best it runs; one by name (NULL: unknown here or not runnable). */
+/* arch/dispatch.c: the variants this build has, reference first (NULL past the end), each with
+ * every slot filled; whether this CPU runs one; the best it runs; one by name (NULL: unknown here
+ * or not runnable).  Which variants exist and their probes: c_core/arch/arch.h. */
 const colibri_kernels *colibri_kernels_variant(int32_t i);
 int colibri_kernels_runnable(const colibri_kernels *kernels);
 const colibri_kernels *colibri_kernels_best(void);
 const colibri_kernels *colibri_kernels_named(const char *name);
-/* Architecture variants (c_core/arch/), present only in builds for their architecture, and
- * the CPU probes that say whether they run. */
-const colibri_kernels *colibri_kernels_avx2(void);
-const colibri_kernels *colibri_kernels_avx512(void);
-const colibri_kernels *colibri_kernels_neon(void);
-const colibri_kernels *colibri_kernels_neon_dotprod(void);
-int colibri_cpu_has_avx2(void);
-int colibri_cpu_has_avx512_vnni(void);
-int colibri_cpu_has_dotprod(void);
 
 /* The scalar int8 path: what every variant's quantize_q8 and matmul_q8 are tested against. */
 void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
 void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows);
 
-/* Reference kernels that variants reuse where they have nothing faster. */
+/* Reference kernels that variants call for the shapes and formats they have nothing faster for. */
 void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
 void colibri_ref_attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
                                   int32_t hd, float scale);
