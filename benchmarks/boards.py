@@ -20,7 +20,7 @@ PROMPT = [1, 591, 47, 39, 49, 28]   # <s> ROMEO:
 def images(freertos_kernel):
     out = [(board, "bare metal", build(board) / "firmware" / "colibri-firmware.elf") for board in fw.BOARDS]
     if freertos_kernel:
-        for board in ("mps2-an386", "virt-rv32"):
+        for board in [name for name, b in fw.BOARDS.items() if b.freertos]:
             d = meson_build(source_dir() / "build" / f"freertos-{board}",
                             [*OPTIONS[board], f"-Dfreertos_kernel={Path(freertos_kernel).resolve()}"])
             out.append((board, "FreeRTOS task", d / "firmware" / "colibri-freertos.elf"))

@@ -257,6 +257,17 @@ def cmd_memdump(args):
     return 0
 
 
+def _checkout_names(module, name):
+    """targets.TARGETS or firmware.BOARDS, for argparse's choices; None without a source checkout
+    (any name then: the command says why it cannot build)."""
+    from colibri.targets import TargetError
+
+    try:
+        return list(getattr(module, name))
+    except TargetError:
+        return None
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="colibri", description="Run Mixture-of-Experts models with the colibri engine.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -293,7 +304,9 @@ def build_parser():
     g.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
     g.add_argument("--threads", type=int, default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
     g.add_argument("--verbose", action="store_true", help="timings on stderr")
-    g.add_argument("--target", default="native", choices=["native", "aarch64", "riscv64"],
+    from colibri import targets
+
+    g.add_argument("--target", default="native", choices=_checkout_names(targets, "TARGETS"),
                    help="run the core built for this target, under QEMU (needs a source checkout)")
     g.set_defaults(func=cmd_generate)
 
@@ -307,10 +320,11 @@ def build_parser():
     fw_sub = fw.add_subparsers(dest="firmware_command", required=True)
 
     def firmware_parser(name, help):
-        from colibri.targets.firmware import BOARDS, DEFAULT_BATCH, DEFAULT_CTX, DEFAULT_STACK
+        from colibri.targets import firmware
+        from colibri.targets.firmware import DEFAULT_BATCH, DEFAULT_CTX, DEFAULT_STACK
 
         f = fw_sub.add_parser(name, help=help)
-        f.add_argument("--board", required=True, choices=list(BOARDS))
+        f.add_argument("--board", required=True, choices=_checkout_names(firmware, "BOARDS"))
         f.add_argument("--model", help="colibri model directory (default: the bundled model)")
         f.add_argument("--ctx", type=int, default=DEFAULT_CTX, help=f"context the image reserves (default {DEFAULT_CTX})")
         f.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")

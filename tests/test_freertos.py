@@ -29,7 +29,7 @@ def freertos_image(board):
     return meson_build(out, [*OPTIONS[board], f"-Dfreertos_kernel={kernel}"]) / "firmware" / "colibri-freertos.elf"
 
 
-@pytest.mark.parametrize("board", ["mps2-an386", "virt-rv32"])
+@pytest.mark.parametrize("board", [b.name for b in fw.BOARDS.values() if b.freertos])
 def test_a_task_prints_the_host_text_while_the_heartbeat_runs(board):
     elf = freertos_image(board)
     r = fw.run(board, elf, fw.arguments(PROMPT, 20, ignore_eos=True), timeout=120)

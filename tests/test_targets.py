@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bad_models import CASES, make_case
-from colibri.targets import TARGETS, build, env_for, infer_command
+from colibri.targets import TARGETS, build, env_for, infer_command, machine_file, source_dir
 from conftest import FIXTURES, HF_MODELS, transformers_expert_load
 
 BUNDLED_HF = FIXTURES / "shakespeare-hf"
@@ -142,3 +142,11 @@ def test_bad_models_on_target(target, case, tmp_path):
     r = infer(target, "--model", make_case(case, tmp_path), "--validate-model", check=False)
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 1 and case.status in err and case.fragment in err, err
+
+
+def test_the_cross_files_read_as_meson_reads_them():
+    """colibri.targets takes every target's facts from toolchains/*.ini with a reader of its own:
+    the same values as Meson's."""
+    meson = pytest.importorskip("mesonbuild.machinefile")
+    for path in sorted((source_dir() / "toolchains").glob("*.ini")):
+        assert machine_file.read(path) == meson.parse_machine_files([str(path)], str(source_dir())), path

@@ -4,14 +4,20 @@
 
 A target is a Meson build of the core alone under <source>/build/<target>, made on first use
 and rebuilt (incrementally) on each: `native` (release flags), `clang`, `sanitize` (AddressSanitizer
-+ UBSan), the Linux cross targets `aarch64` and `riscv64` (toolchains/*.ini), whose programs
-run under QEMU user mode, and the bare-metal boards (`mps2-an386`, `mps2-an500`, `virt-rv32`),
-whose firmware images colibri.targets.firmware plans, builds and runs.  The source checkout is $COLIBRI_SOURCE, else the current directory or
-the one this package was imported from, whichever holds meson.build and c_core/."""
++ UBSan), and one for each cross file in toolchains/ that names a target: the Linux targets
+(`colibri_target`, e.g. aarch64 and riscv64), whose programs run under the file's exe_wrapper
+(QEMU user mode), and the bare-metal boards (`colibri_board`, e.g. mps2-an386), whose firmware
+images colibri.targets.firmware plans, builds and runs.  The cross files are the one place a
+target's facts are written: a new one is a new file there.  The source checkout is
+$COLIBRI_SOURCE, else the current directory or the one this package was imported from,
+whichever holds meson.build and c_core/."""
 import functools
 import os
 import subprocess
 from pathlib import Path
+
+from colibri.targets import machine_file
+
 
 class TargetError(RuntimeError):
     """A target could not be built or run: what failed, with the tool's own output."""
@@ -24,25 +30,55 @@ def source_dir():
         if c and (Path(c) / "meson.build").is_file() and (Path(c) / "c_core").is_dir():
             return Path(c).resolve()
     raise TargetError("building for a target needs the colibri sources: run from a checkout or set COLIBRI_SOURCE")
-OPTIONS = {
+
+
+HOST_OPTIONS = {
     "native": ["-Dpython=false"],
     "clang": ["-Dpython=false", "--native-file", "toolchains/clang.ini"],   # same -Werror flags
     "sanitize": ["-Dpython=false", "-Db_sanitize=address,undefined", "-Db_lundef=false",
                  "--buildtype=debugoptimized"],
-    "aarch64": ["-Dpython=false", "--cross-file", "toolchains/aarch64-linux-gnu.ini"],
-    "riscv64": ["-Dpython=false", "--cross-file", "toolchains/riscv64-linux-gnu.ini"],
-    # bare-metal boards (the firmware image of the bundled model: colibri.targets.firmware)
-    "mps2-an386": ["-Dpython=false", "--cross-file", "toolchains/mps2-an386.ini"],
-    "mps2-an500": ["-Dpython=false", "--cross-file", "toolchains/mps2-an500.ini"],
-    "virt-rv32": ["-Dpython=false", "--cross-file", "toolchains/virt-rv32.ini"],
 }
 
-# How a target's programs run on this x86_64 host.
-RUNNER = {
-    "aarch64": ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"],
-    "riscv64": ["qemu-riscv64", "-L", "/usr/riscv64-linux-gnu"],
-}
-TARGETS = ["native", "aarch64", "riscv64"]
+
+@functools.lru_cache(maxsize=None)
+def cross_files(prop):
+    """{name: the machine file's sections, and its path} of the cross files in toolchains/ whose
+    [properties] name a target with `prop`: `colibri_target` (Linux) or `colibri_board` (bare metal)."""
+    out = {}
+    for path in sorted((source_dir() / "toolchains").glob("*.ini")):
+        sections = machine_file.read(path)
+        name = sections.get("properties", {}).get(prop)
+        if name:
+            out[name] = {"path": path, **sections}
+    return out
+
+
+def _options():
+    """{target: its `meson setup` options}."""
+    cross = {name: ["-Dpython=false", "--cross-file", f"toolchains/{f['path'].name}"]
+             for prop in ("colibri_target", "colibri_board") for name, f in cross_files(prop).items()}
+    return {**HOST_OPTIONS, **cross}
+
+
+def _runners():
+    """{Linux target: the command its programs run under on this host, the exe_wrapper}."""
+    return {name: f["binaries"]["exe_wrapper"] for name, f in cross_files("colibri_target").items()}
+
+
+def _targets():
+    """The targets colibri-infer runs on: the host's build and the Linux targets'."""
+    return ["native", *cross_files("colibri_target")]
+
+
+def __getattr__(name):
+    """OPTIONS, RUNNER and TARGETS, read from toolchains/ when first asked for: importing this
+    module needs no checkout."""
+    get = {"OPTIONS": _options, "RUNNER": _runners, "TARGETS": _targets}.get(name)
+    if get is None:
+        raise AttributeError(f"module 'colibri.targets' has no attribute {name!r}")
+    return get()
+
+
 # Sanitizer findings must fail the run, never scroll past.
 SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=86",
@@ -53,9 +89,10 @@ SANITIZER_ENV = {
 @functools.lru_cache(maxsize=None)
 def build(kind):
     """Configures (once) and builds build/<kind>; returns its directory."""
-    if kind not in OPTIONS:
-        raise ValueError(f"unknown target {kind!r}: one of {', '.join(OPTIONS)}")
-    return meson_build(source_dir() / "build" / kind, OPTIONS[kind])
+    known = _options()
+    if kind not in known:
+        raise TargetError(f"unknown target {kind!r}: one of {', '.join(known)}")
+    return meson_build(source_dir() / "build" / kind, known[kind])
 
 
 def meson_build(out, options):
@@ -79,7 +116,7 @@ def infer_binary(kind):
 
 def infer_command(kind):
     """colibri-infer of a build, as a command list (under QEMU for a cross target)."""
-    return [*RUNNER.get(kind, []), str(infer_binary(kind))]
+    return [*_runners().get(kind, []), str(infer_binary(kind))]
 
 
 def env_for(kind):

@@ -11,31 +11,50 @@ everything model-specific (firmware/plan/model_image.c), so its code is the same
 with the toolchain's size tool, and adds what the model and context need: the model's bytes, and
 the metadata and arena sizes the core computes on this host with the layout every target uses."""
 import hashlib
-import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from colibri.targets import OPTIONS, TargetError, build, meson_build, source_dir
+from colibri import targets
+from colibri.targets import TargetError, build, cross_files, meson_build, source_dir
 
 
 @dataclass(frozen=True)
 class Board:
+    """A board as its cross file (toolchains/*.ini, [properties] colibri_*) describes it."""
     name: str
-    cpu: str
-    float: str
-    qemu: tuple
+    cpu: str            # "Cortex-M4F"
+    float: str          # "single-precision FPU"
+    qemu: tuple         # the system emulator of the board, to which run() adds the image
+    flash: int          # the memory map, as the cross file gives it to the linker
+    flash_size: int
+    ram: int
+    ram_size: int
+    tools: str          # the toolchain's binutils prefix, "arm-none-eabi-"
+    freertos: bool      # the cross file names a FreeRTOS port (-Dfreertos_kernel builds an image)
 
 
 _SYSTEM = ("-nographic", "-monitor", "none", "-serial", "none", "-chardev", "stdio,id=out")
-BOARDS = {b.name: b for b in [
-    Board("mps2-an386", "Cortex-M4F", "single-precision FPU", ("qemu-system-arm", "-M", "mps2-an386", *_SYSTEM)),
-    Board("mps2-an500", "Cortex-M7", "double-precision FPU", ("qemu-system-arm", "-M", "mps2-an500", *_SYSTEM)),
-    Board("virt-rv32", "RV32IMAC", "soft float",
-          ("qemu-system-riscv32", "-M", "virt", "-bios", "none", "-m", "128M", *_SYSTEM)),
-]}
 DEFAULT_CTX, DEFAULT_BATCH, DEFAULT_STACK = 256, 16, 8192   # as meson.options
+
+
+def _boards():
+    out = {}
+    for name, f in cross_files("colibri_board").items():
+        p = f["properties"]
+        (flash, flash_size), (ram, ram_size) = [[int(v, 0) for v in p[k]] for k in ("colibri_flash", "colibri_ram")]
+        out[name] = Board(name, p["colibri_cpu"], p["colibri_float"], (*p["colibri_qemu"], *_SYSTEM), flash,
+                          flash_size, ram, ram_size, f["binaries"]["size"].removesuffix("size"),
+                          bool(p.get("colibri_freertos_port")))
+    return out
+
+
+def __getattr__(name):
+    """BOARDS ({name: Board}), read from toolchains/ when first asked for."""
+    if name == "BOARDS":
+        return _boards()
+    raise AttributeError(f"module 'colibri.targets.firmware' has no attribute {name!r}")
 
 
 class FirmwareError(TargetError):
@@ -43,21 +62,21 @@ class FirmwareError(TargetError):
 
 
 def _board(name):
-    if name not in BOARDS:
-        raise FirmwareError(f"unknown board {name!r}: one of {', '.join(BOARDS)}")
-    return BOARDS[name]
+    boards = _boards()
+    if name not in boards:
+        raise FirmwareError(f"unknown board {name!r}: one of {', '.join(boards)}")
+    return boards[name]
 
 
 def memory_map(board):
-    """{flash, flash_size, ram, ram_size} from the board's cross file (picolibc's --defsym values)."""
-    text = (source_dir() / "toolchains" / f"{_board(board).name}.ini").read_text()
-    return {k: int(v, 0) for k, v in re.findall(r"--defsym=__(flash|flash_size|ram|ram_size)=(0x[0-9a-fA-F]+)", text)}
+    """{flash, flash_size, ram, ram_size}: picolibc's --defsym values in the board's cross file."""
+    b = _board(board)
+    return {"flash": b.flash, "flash_size": b.flash_size, "ram": b.ram, "ram_size": b.ram_size}
 
 
 def _tool(board, name):
     """A binutils program of the board's toolchain, e.g. arm-none-eabi-size."""
-    text = (source_dir() / "toolchains" / f"{board}.ini").read_text()
-    return re.search(r"^size = '([^']+)-size'", text, re.M).group(1) + "-" + name
+    return _board(board).tools + name
 
 
 def _run_tool(board, name, *args):
@@ -140,7 +159,7 @@ class Plan:
         def row(label, n, total=None):
             tail = f"{total:>14,}  {n / total:6.1%}" if total else ""
             return f"  {label:<34}{n:>12,}{tail}"
-        b = BOARDS[self.board]
+        b = _board(self.board)
         lines = [f"{self.model} on {self.board} ({b.cpu}, {b.float}), n_ctx {self.ctx}, n_batch {self.batch}",
                  f"{'flash':<36}{'bytes':>12}{'of the board':>14}",
                  row("code and constants", self.code_flash), row("model (weights.bin + JSON)", self.model_flash),
@@ -200,7 +219,7 @@ def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DE
     model_dir = str(Path(model_dir).resolve())
     key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}".encode()).hexdigest()[:12]
     out = meson_build(source_dir() / "build" / "firmware" / f"{board}-{key}",
-                      [*OPTIONS[board], f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
+                      [*targets.OPTIONS[board], f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
                        f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}"])
     return out / "firmware" / "colibri-firmware.elf"
 
