@@ -211,6 +211,6 @@ static void silu_mul(float *g, const float *u, size_t n)
 }
 
 static const colibri_kernels neon_kernels = { "neon", matmul_neon, rmsnorm, quantize_q8, matmul_q8,
-                                              attention_scores, attention_values, softmax, silu_mul };
+                                              attention_scores, attention_values, softmax, silu_mul, colibri_ref_latent_query, colibri_ref_latent_scores };
 
 const colibri_kernels *colibri_kernels_neon(void) { return &neon_kernels; }

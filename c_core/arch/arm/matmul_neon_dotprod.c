@@ -43,6 +43,6 @@ static void silu_mul(float *g, const float *u, size_t n) { colibri_kernels_neon(
 
 static const colibri_kernels dotprod_kernels = { "neon-dotprod", matmul_dotprod, rmsnorm,
                                                  quantize_q8_dotprod, matmul_q8_dotprod, attention_scores, attention_values,
-                                                 softmax, silu_mul };
+                                                 softmax, silu_mul, colibri_ref_latent_query, colibri_ref_latent_scores };
 
 const colibri_kernels *colibri_kernels_neon_dotprod(void) { return &dotprod_kernels; }

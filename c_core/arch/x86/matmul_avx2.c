@@ -237,6 +237,6 @@ static void silu_mul_avx2(float *g, const float *u, size_t n)
 }
 
 static const colibri_kernels avx2_kernels = { "avx2", matmul_avx2, rmsnorm_avx2, quantize_q8_avx2, matmul_q8_avx2,
-                                              attention_scores_avx2, attention_values_avx2, softmax_avx2, silu_mul_avx2 };
+                                              attention_scores_avx2, attention_values_avx2, softmax_avx2, silu_mul_avx2, colibri_ref_latent_query, colibri_ref_latent_scores };
 
 const colibri_kernels *colibri_kernels_avx2(void) { return &avx2_kernels; }

@@ -247,6 +247,6 @@ static void silu_mul_avx512(float *g, const float *u, size_t n)
 
 static const colibri_kernels avx512_kernels = { "avx512", matmul_avx512, rmsnorm_avx512, quantize_q8_avx512,
                                                 matmul_q8_avx512, attention_scores_avx512, attention_values_avx512,
-                                                softmax_avx512, silu_mul_avx512 };
+                                                softmax_avx512, silu_mul_avx512, colibri_ref_latent_query, colibri_ref_latent_scores };
 
 const colibri_kernels *colibri_kernels_avx512(void) { return &avx512_kernels; }
