@@ -61,17 +61,6 @@ static void route_by_hash(const colibri_routing *r, int32_t n, int32_t E, int32_
     }
 }
 
-uint64_t colibri_profile_start(const uint64_t *profile) { return profile ? colibri_platform_now_ns() : 0; }
-
-void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since)
-{
-    uint64_t now;
-    if (!profile) return;
-    now = colibri_platform_now_ns();
-    profile[phase] += now - *since;
-    *since = now;
-}
-
 /* Decode (one token): the hit experts shared among the threads, each expert whole on one thread,
  * so the pool is woken once per layer instead of once per matmul.  Slot i (the i-th hit expert,
  * in id order) has its own rows of h1, h3, ye, xe and the quantized-input scratch; each expert

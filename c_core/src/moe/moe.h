@@ -80,7 +80,8 @@ typedef struct colibri_routing {
     uint64_t *dropped;          /* (n_experts) this layer's dropped-token counters */
 } colibri_routing;
 
-/* The profiler's clock: phase times accumulate in `profile` (COLIBRI_PHASE_COUNT), NULL when off. */
+/* The profiler's clock (runtime/profile.c): phase times accumulate in `profile`
+ * (COLIBRI_PHASE_COUNT), NULL when off. */
 uint64_t colibri_profile_start(const uint64_t *profile);
 void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since);
 
