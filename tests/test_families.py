@@ -246,6 +246,24 @@ def test_memdump_lists_every_layer_under_sanitizers(family):
     assert per_layer == {layer: 2 for layer in range(model.config["num_layers"])}, arena
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+def test_latent_attention_heads_share_threads_bit_for_bit(dtype, tmp_path):
+    """Latent attention's heads run on the session's threads, each with its own scratch rows (and its
+    own quantized input for q8_0's int8 path): prefill and decode give the same bits on any thread
+    count, in strict and fast mode.  8 heads of rank 128: big enough that the heads are shared."""
+    hf = build("deepseek_v2", num_attention_heads=8, num_key_value_heads=8, kv_lora_rank=128, qk_nope_head_dim=32)
+    hf.save_pretrained(tmp_path / "hf")
+    path = convert(tmp_path / "hf", tmp_path / "colibri", dtype=dtype, progress=False)
+    tokens = np.random.default_rng(5).integers(0, COMMON["vocab_size"], 32)
+    for kernels in ("auto", "reference"):
+        def run(threads):
+            s = colibri.Model(path, threads=threads).session(ctx=64, batch=16, kernels=kernels)
+            return np.concatenate([s.forward(tokens[:24])] + [s.forward(tokens[i:i + 1]) for i in range(24, 32)])
+        one = run(1)
+        for threads in (2, 3):
+            assert np.array_equal(one.view(np.uint32), run(threads).view(np.uint32)), (kernels, threads)
+
+
 @pytest.mark.parametrize("family, overrides", [
     ("qwen3_moe", dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=8)),           # Qwen3's top-8 of 128
     ("deepseek_v3", dict(n_routed_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4,       # DeepSeek-V3's

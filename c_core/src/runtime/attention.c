@@ -1,5 +1,6 @@
 /* Attention, the token mixer of most layers (forward.h): grouped-query heads over a KV cache, and
- * DeepSeek's multi-head latent attention over a cache of latents. */
+ * DeepSeek's multi-head latent attention over a cache of latents.  In both the threads share a
+ * layer's heads, each head with its own scratch rows, so the result does not depend on the split. */
 #include <math.h>
 #include <string.h>
 
@@ -141,19 +142,56 @@ void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
     if (hp->attention_out_bias) colibri_add_bias(s->block_out, w[L_BO], n, d);
 }
 
-/* block_out (n, dim) for DeepSeek's multi-head latent attention.  The cache holds per position the
- * normed latent c (kv_lora) and the rotary key k_pe (rope_dim) every head shares; each head's key
- * and value up-projections (wkv_b) are folded into its query and its output instead of expanding
- * the cache:  q_nope . (Wk c) = (Wk^T q_nope) . c  and  sum_j p_j Wv c_j = Wv sum_j p_j c_j. */
+/* DeepSeek's multi-head latent attention.  The cache holds per position the normed latent c
+ * (kv_lora) and the rotary key k_pe (rope_dim) every head shares; each head's key and value
+ * up-projections (wkv_b) are folded into its query and its output instead of expanding the cache:
+ *   q_nope . (Wk c) = (Wk^T q_nope) . c   and   sum_j p_j Wv c_j = Wv sum_j p_j c_j.
+ * Heads [part * H / parts, (part + 1) * H / parts) of n queries at positions pos0.., each head with
+ * its own rows of q_latent, ctx_latent, scores and latent_xq. */
+typedef struct latent_job { colibri_session *s; int32_t layer, pos0, n; } latent_job;
+
+static void attend_latent_heads(void *context, int32_t part, int32_t parts)
+{
+    const latent_job *job = context;
+    colibri_session *s = job->s;
+    const colibri_hparams *hp = &s->model->hp;
+    const colibri_weight wkv_b = s->model->layers[job->layer].w[L_WKV_B];   /* (H * (dn + dv), R) */
+    const colibri_kernels *kernels = s->compute.kernels;
+    int32_t H = hp->n_heads, dn = hp->nope_dim, dr = hp->rope_dim, dv = hp->v_head_dim, R = hp->kv_lora_rank;
+    int32_t qd = hp->head_dim, t, h;
+    const float *latent = s->k_cache[job->layer], *k_rope = s->v_cache[job->layer];   /* (n_ctx, R), (n_ctx, dr) */
+    size_t wkv_row = colibri_row_bytes(wkv_b.dtype, (size_t)R);   /* bytes of one wkv_b row */
+    for (h = H * part / parts; h < H * (part + 1) / parts; h++) {
+        const uint8_t *wk = (const uint8_t *)wkv_b.data + (size_t)h * (dn + dv) * wkv_row;   /* (dn, R), then Wv (dv, R) */
+        float *q_latent = s->q_latent + (size_t)h * R, *ctx_latent = s->ctx_latent + (size_t)h * R;
+        float *scores = s->scores + (size_t)h * s->n_ctx;
+        colibri_compute alone;   /* this thread, with the head's own quantized-input rows */
+        alone.kernels = kernels;
+        alone.pool = NULL;
+        alone.xq = s->latent_xq ? s->latent_xq + (size_t)h * (R / COLIBRI_BLOCK) : NULL;
+        alone.xq_row_blocks = R / COLIBRI_BLOCK;
+        for (t = 0; t < job->n; t++) {
+            const float *qh = s->q + ((size_t)t * H + h) * qd;   /* [nope (dn) | rope (dr)] */
+            int32_t span = job->pos0 + t + 1;
+            kernels->latent_query(q_latent, qh, wk, wkv_b.dtype, dn, R);
+            kernels->latent_scores(scores, q_latent, qh + dn, latent, k_rope, span, R, dr, hp->attention_scale);
+            kernels->softmax(scores, span);
+            kernels->attention_values(ctx_latent, scores, latent, (size_t)R, span, R);
+            colibri_matmul(&alone, s->attn + ((size_t)t * H + h) * dv, ctx_latent, wk + (size_t)dn * wkv_row, wkv_b.dtype,
+                           1, R, dv);
+        }
+    }
+}
+
+/* block_out (n, dim) = wo @ latent attention(x_normed) for the n tokens at positions pos0 .. pos0 + n - 1. */
 void colibri_attention_latent(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
 {
     const colibri_hparams *hp = &s->model->hp;
     const colibri_weight *w = s->model->layers[layer].w;
     const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, H = hp->n_heads, dn = hp->nope_dim, dr = hp->rope_dim, dv = hp->v_head_dim;
-    int32_t R = hp->kv_lora_rank, qd = hp->head_dim, QL = hp->q_lora_rank, half = dr / 2, t, h, j, i, r;
+    int32_t R = hp->kv_lora_rank, qd = hp->head_dim, QL = hp->q_lora_rank, half = dr / 2, t;
     float *latent = s->k_cache[layer], *k_rope = s->v_cache[layer];   /* (n_ctx, R), (n_ctx, dr) */
-    size_t wkv_row = colibri_row_bytes(w[L_WKV_B].dtype, (size_t)R);   /* bytes of one wkv_b row */
 
     /* queries (n, H * qd): [nope | rope] per head */
     if (QL) {
@@ -161,7 +199,7 @@ void colibri_attention_latent(colibri_session *s, int32_t layer, int32_t pos0, i
         if (hp->attention_bias) colibri_add_bias(s->latent_in, w[L_BQ_A], n, QL);
         for (t = 0; t < n; t++)
             k->kernels->rmsnorm(s->latent_in + (size_t)t * QL, s->latent_in + (size_t)t * QL, w[L_Q_A_NORM].data,
-                       w[L_Q_A_NORM].dtype, QL, hp->latent_norm_eps);
+                                w[L_Q_A_NORM].dtype, QL, hp->latent_norm_eps);
         colibri_matmul(k, s->q, s->latent_in, w[L_WQ_B].data, w[L_WQ_B].dtype, n, QL, H * qd);
     } else {
         colibri_matmul(k, s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, H * qd);
@@ -178,29 +216,13 @@ void colibri_attention_latent(colibri_session *s, int32_t layer, int32_t pos0, i
         colibri_rope(s->q + (size_t)t * H * qd + dn, H, qd, dr, hp->rope_interleaved, c, sn);
     }
 
-    for (t = 0; t < n; t++) {
-        int32_t span = pos0 + t + 1;
-        for (h = 0; h < H; h++) {
-            const float *qh = s->q + ((size_t)t * H + h) * qd;
-            const uint8_t *wk = (const uint8_t *)w[L_WKV_B].data + (size_t)h * (dn + dv) * wkv_row;   /* (dn, R) */
-            for (r = 0; r < R; r++) s->q_latent[r] = 0.0f;
-            for (i = 0; i < dn; i++)
-                for (r = 0; r < R; r++)
-                    s->q_latent[r] += qh[i] * colibri_load_f32(wk, w[L_WKV_B].dtype, (size_t)i * R + r);
-            for (j = 0; j < span; j++) {
-                const float *cj = latent + (size_t)j * R, *pj = k_rope + (size_t)j * dr;
-                float dot = 0.0f;
-                for (r = 0; r < R; r++) dot += s->q_latent[r] * cj[r];
-                for (i = 0; i < dr; i++) dot += qh[dn + i] * pj[i];
-                s->scores[j] = dot * hp->attention_scale;
-            }
-            colibri_softmax(s->scores, span);
-            for (r = 0; r < R; r++) s->ctx_latent[r] = 0.0f;
-            for (j = 0; j < span; j++)
-                for (r = 0; r < R; r++) s->ctx_latent[r] += s->scores[j] * latent[(size_t)j * R + r];
-            colibri_matmul(k, s->attn + ((size_t)t * H + h) * dv, s->ctx_latent, wk + (size_t)dn * wkv_row, w[L_WKV_B].dtype,
-                      1, R, dv);
-        }
+    {   /* threads when worth waking: per head and token, the fold (dn x R), scores and sum (2 x span x R), Wv (dv x R) */
+        latent_job job;
+        job.s = s; job.layer = layer; job.pos0 = pos0; job.n = n;
+        if (k->pool && (uint64_t)n * (uint64_t)H * (uint64_t)R * (uint64_t)(dn + dv + 2 * (pos0 + n)) >= (1u << 16))
+            colibri_platform_pool_run(k->pool, attend_latent_heads, &job, H);
+        else
+            attend_latent_heads(&job, 0, 1);
     }
     colibri_matmul(k, s->block_out, s->attn, w[L_WO].data, w[L_WO].dtype, n, H * dv, d);
     if (hp->attention_out_bias) colibri_add_bias(s->block_out, w[L_BO], n, d);

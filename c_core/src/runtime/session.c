@@ -68,8 +68,13 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     if (R) {
         size_t in = (size_t)hp->q_lora_rank > R + DR ? (size_t)hp->q_lora_rank : R + DR;
         s->latent_in = colibri_arena_carve(a, colibri_arena_bytes(a, B, in, f), ARENA_ACTIVATIONS, "latent_in", -1, "(n_batch, max(q_lora, kv_lora + rope_dim)) f32");
-        s->q_latent = colibri_arena_carve(a, R * f, ARENA_ACTIVATIONS, "q_latent", -1, "(kv_lora) f32");
-        s->ctx_latent = colibri_arena_carve(a, R * f, ARENA_ACTIVATIONS, "ctx_latent", -1, "(kv_lora) f32");
+        s->q_latent = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_heads, R, f), ARENA_ACTIVATIONS, "q_latent", -1,
+                                          "(n_heads, kv_lora) f32");
+        s->ctx_latent = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_heads, R, f), ARENA_ACTIVATIONS, "ctx_latent", -1,
+                                            "(n_heads, kv_lora) f32");
+        if (widest_block_input(m))   /* each head quantizes its ctx_latent for int8 wkv_b weights */
+            s->latent_xq = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_heads, R / COLIBRI_BLOCK, sizeof(colibri_q8_block)),
+                                               ARENA_ACTIVATIONS, "latent_quantized", -1, "(n_heads, kv_lora / 32) q8 blocks");
     }
     s->block_out = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "block_out", -1, "(n_batch, dim) f32");
 
