@@ -4,14 +4,16 @@ from their initial 1 and 0, so an ignored tensor fails), saved with save_pretrai
 colibri, and run on the same tokens.  Each config turns on what its family adds to Mixtral: dense
 and MoE layers, sliding windows, shared experts, biases, QK-norm, multipliers."""
 import os
-from collections import defaultdict
+import re
+import subprocess
+from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
 
 import colibri
 from colibri.convert import ConvertError, convert
-from colibri.targets import TARGETS
+from colibri.targets import TARGETS, env_for, infer_binary
 from conftest import require_reference
 from test_targets import prompt_logits
 
@@ -229,6 +231,37 @@ def test_strict_mode_is_bit_identical_on_every_target(family, target, tmp_path):
         f"{np.count_nonzero(host.view(np.uint32) != other.view(np.uint32))} logits differ in their bits"
     if target != "sanitize":
         RESULTS[name].setdefault("targets", ["x86_64"]).append(target)
+
+
+def test_memdump_lists_every_layer_under_sanitizers(family):
+    """colibri-infer --memdump in the AddressSanitizer + UBSan build reads every record of the arena
+    (latent attention's buffers and the convolution layers' included): it exits 0 and lists each
+    layer's two cache buffers."""
+    name, hf, model, tokens = family
+    r = subprocess.run([str(infer_binary("sanitize")), "--model", str(model.path), "--memdump", "--ctx", "64"],
+                       capture_output=True, text=True, env=env_for("sanitize"), timeout=120)
+    assert r.returncode == 0, r.stderr
+    arena = r.stdout.split("\narena")[1].split("\nmetadata")[0]
+    per_layer = Counter(int(layer) for layer in re.findall(r"layers\.(\d+)\.", arena))
+    assert per_layer == {layer: 2 for layer in range(model.config["num_layers"])}, arena
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+def test_latent_attention_heads_share_threads_bit_for_bit(dtype, tmp_path):
+    """Latent attention's heads run on the session's threads, each with its own scratch rows (and its
+    own quantized input for q8_0's int8 path): prefill and decode give the same bits on any thread
+    count, in strict and fast mode.  8 heads of rank 128: big enough that the heads are shared."""
+    hf = build("deepseek_v2", num_attention_heads=8, num_key_value_heads=8, kv_lora_rank=128, qk_nope_head_dim=32)
+    hf.save_pretrained(tmp_path / "hf")
+    path = convert(tmp_path / "hf", tmp_path / "colibri", dtype=dtype, progress=False)
+    tokens = np.random.default_rng(5).integers(0, COMMON["vocab_size"], 32)
+    for kernels in ("auto", "reference"):
+        def run(threads):
+            s = colibri.Model(path, threads=threads).session(ctx=64, batch=16, kernels=kernels)
+            return np.concatenate([s.forward(tokens[:24])] + [s.forward(tokens[i:i + 1]) for i in range(24, 32)])
+        one = run(1)
+        for threads in (2, 3):
+            assert np.array_equal(one.view(np.uint32), run(threads).view(np.uint32)), (kernels, threads)
 
 
 @pytest.mark.parametrize("family, overrides", [

@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "platform.h"
+
 typedef struct out_buf { char *buf; size_t cap; size_t len; } out_buf;
 
 static void put_char(out_buf *o, char c)
@@ -126,4 +128,15 @@ const char *colibri_status_name(colibri_status status)
 const char *colibri_strerror(colibri_status status)
 {
     return (unsigned)status < COLIBRI_STATUS_COUNT ? statuses[status].text : "unknown status";
+}
+
+uint64_t colibri_profile_start(const uint64_t *profile) { return profile ? colibri_platform_now_ns() : 0; }
+
+void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since)
+{
+    uint64_t now;
+    if (!profile) return;
+    now = colibri_platform_now_ns();
+    profile[phase] += now - *since;
+    *since = now;
 }

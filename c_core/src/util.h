@@ -1,4 +1,5 @@
-/* Small helpers shared by the core: error reporting, formatting, checked arithmetic. */
+/* Small helpers shared by the core: error reporting, formatting, checked arithmetic, the profiler's
+ * clock. */
 #ifndef COLIBRI_UTIL_H
 #define COLIBRI_UTIL_H
 
@@ -39,5 +40,11 @@ static inline size_t colibri_align_up(size_t n, size_t a) { return (n + a - 1) /
 #define COLIBRI_COUNT_OF(table) (sizeof(table) / sizeof((table)[0]))
 #define COLIBRI_TABLE_CHECK(table, count) \
     typedef char colibri_table_check_##table[COLIBRI_COUNT_OF(table) == (size_t)(count) ? 1 : -1]
+
+/* The profiler's clock: phase times accumulate in `profile` (COLIBRI_PHASE_COUNT sums), NULL when
+ * off, and then no clock is read.  start returns the time; add charges the time since `since` to
+ * `phase` and moves `since` on. */
+uint64_t colibri_profile_start(const uint64_t *profile);
+void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since);
 
 #endif

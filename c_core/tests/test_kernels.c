@@ -225,6 +225,71 @@ static void test_attention(const colibri_kernels *k)
            failures - before);
 }
 
+/* The latent-attention kernels against the reference, with the budget of test_attention: the fold
+ * q_latent[r] sums dn terms q_nope[i] Wk[i, r] (Wk in every weight dtype), a score sums rank + dr
+ * terms; and the weighted latent sum is attention_values over rows `rank` apart. */
+static void test_latent(const colibri_kernels *k)
+{
+    static const int32_t dns[] = { 1, 16, 128 }, ranks[] = { 16, 32, 96, 512 }, drs[] = { 8, 64 }, spans[] = { 1, 5, 33 };
+    static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
+                                            COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0 };
+    int ni, ri, di, si, ti, before = failures, count = checked;
+    for (ni = 0; ni < 3; ni++) for (ri = 0; ri < 4; ri++) for (di = 0; di < 2; di++) for (si = 0; si < 3; si++) {
+        int32_t dn = dns[ni], rank = ranks[ri], dr = drs[di], span = spans[si], i, j, r;
+        float *q = malloc((size_t)(dn + dr) * 4), *w32 = malloc((size_t)dn * rank * 4), *cache = malloc((size_t)span * rank * 4);
+        float *k_rope = malloc((size_t)span * dr * 4), *q_latent = malloc((size_t)rank * 4), *q_latent_ref = malloc((size_t)rank * 4);
+        float *scores = malloc((size_t)span * 4), *scores_ref = malloc((size_t)span * 4), *p = malloc((size_t)span * 4);
+        uint8_t *w = malloc(colibri_row_bytes(COLIBRI_DTYPE_F32, (size_t)dn * rank));
+        for (i = 0; i < dn + dr; i++) q[i] = next_float();
+        for (i = 0; i < span * rank; i++) cache[i] = next_float();
+        for (i = 0; i < span * dr; i++) k_rope[i] = next_float();
+        for (j = 0; j < span; j++) p[j] = (next_float() + 1.0f) / (float)span;
+        for (i = 0; i < dn * rank; i++) w32[i] = next_float();
+        for (ti = 0; ti < (int)(sizeof dtypes / sizeof dtypes[0]); ti++) {
+            colibri_dtype dtype = dtypes[ti];
+            if (rank % colibri_dtypes[dtype].block) continue;   /* rows are whole blocks */
+            for (i = 0; i < dn; i++) {
+                uint8_t *row = w + (size_t)i * colibri_row_bytes(dtype, (size_t)rank);
+                if (dtype == COLIBRI_DTYPE_F32) memcpy(row, w32 + (size_t)i * rank, (size_t)rank * 4);
+                else if (colibri_dtype_is_block(dtype)) quantize_row(w32 + (size_t)i * rank, rank, dtype, row);
+                else for (r = 0; r < rank; r++) {
+                    uint16_t h = to_half_bits(w32[(size_t)i * rank + r], dtype);
+                    memcpy(row + 2 * r, &h, 2);
+                }
+            }
+            colibri_ref_latent_query(q_latent_ref, q, w, dtype, dn, rank);
+            k->latent_query(q_latent, q, w, dtype, dn, rank);
+            for (r = 0; r < rank; r++) {
+                double mag = 0.0;
+                for (i = 0; i < dn; i++) mag += fabs((double)q[i] * colibri_load_f32(w, dtype, (size_t)i * rank + r));
+                check(k->name, "latent_query", colibri_dtypes[dtype].name, 1, dn, rank, 0, r, q_latent[r], q_latent_ref[r],
+                      2 * (dn + 1) * ldexp(1.0, -24) * mag + 1e-30);
+            }
+        }
+        colibri_ref_latent_scores(scores_ref, q_latent_ref, q + dn, cache, k_rope, span, rank, dr, 0.125f);
+        k->latent_scores(scores, q_latent_ref, q + dn, cache, k_rope, span, rank, dr, 0.125f);
+        for (j = 0; j < span; j++) {
+            double mag = 0.0;
+            for (r = 0; r < rank; r++) mag += fabs((double)q_latent_ref[r] * cache[(size_t)j * rank + r]) * 0.125;
+            for (i = 0; i < dr; i++) mag += fabs((double)q[dn + i] * k_rope[(size_t)j * dr + i]) * 0.125;
+            check(k->name, "latent_scores", "f32", 1, rank + dr, span, 0, j, scores[j], scores_ref[j],
+                  2 * (rank + dr + 1) * ldexp(1.0, -24) * mag + 1e-30);
+        }
+        colibri_ref_attention_values(q_latent_ref, p, cache, (size_t)rank, span, rank);
+        k->attention_values(q_latent, p, cache, (size_t)rank, span, rank);
+        for (r = 0; r < rank; r++) {
+            double mag = 0.0;
+            for (j = 0; j < span; j++) mag += fabs((double)p[j] * cache[(size_t)j * rank + r]);
+            check(k->name, "attention_values (latent rows)", "f32", 1, span, rank, 0, r, q_latent[r], q_latent_ref[r],
+                  2 * (span + 1) * ldexp(1.0, -24) * mag + 1e-30);
+        }
+        free(q); free(w32); free(cache); free(k_rope); free(q_latent); free(q_latent_ref); free(scores); free(scores_ref); free(p);
+        free(w);
+    }
+    printf("%s latent attention: %d outputs compared with the reference, %d outside the budget\n", k->name,
+           checked - count, failures - before);
+}
+
 /* softmax and silu_mul against the reference's (colibri_expf, within an ulp of exp): each output
  * within a few ulp of the exp plus the float sums' bound, relative to the reference value. */
 static void test_exp_kernels(const colibri_kernels *k)
@@ -292,6 +357,7 @@ int main(int argc, char **argv)
         if (!colibri_kernels_runnable(k)) { printf("%s kernels: this CPU cannot run them\n", k->name); continue; }
         test_variant(k);
         test_attention(k);
+        test_latent(k);
         test_exp_kernels(k);
         tested++;
     }

@@ -2,7 +2,7 @@
  * tables, and the totals — available as soon as a session exists, before any token. */
 #include <string.h>
 
-#include "../runtime/session.h"
+#include "memdump.h"
 #include "../util.h"
 
 typedef struct report { char *buf; size_t cap; size_t len; } report;
@@ -67,36 +67,31 @@ static size_t group_bytes(const colibri_arena *a, int32_t g)
     return total;
 }
 
-colibri_status colibri_memory(const colibri_session *s, colibri_memory_totals *t)
+void colibri_memory_totals_of(const colibri_arena *a, const colibri_model *m, colibri_memory_totals *t)
 {
-    if (!s || !t) return COLIBRI_E_ARG;
-    t->weights = (size_t)colibri_model_weight_bytes(s->model);
-    t->metadata = s->model->meta_bytes;
-    t->arena_reserved = s->arena.capacity;
-    t->arena_used = s->arena.used;
-    t->kv_cache = group_bytes(&s->arena, ARENA_KV_CACHE);
-    t->activations = group_bytes(&s->arena, ARENA_ACTIVATIONS);
-    return COLIBRI_OK;
+    t->weights = (size_t)colibri_model_weight_bytes(m);
+    t->metadata = m->meta_bytes;
+    t->arena_reserved = a->capacity;
+    t->arena_used = a->used;
+    t->kv_cache = group_bytes(a, ARENA_KV_CACHE);
+    t->activations = group_bytes(a, ARENA_ACTIVATIONS);
 }
 
-colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, size_t *len)
+void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, const colibri_memdump_header *h,
+                            char *buf, size_t cap, size_t *len)
 {
-    const colibri_model *m;
-    const colibri_hparams *hp;
-    const colibri_arena *a;
+    const colibri_hparams *hp = &m->hp;
     report r;
     char n1[32], n2[32], n3[32], n4[32];
     int32_t i, g;
     size_t weights, padding = 0;
 
-    if (!s || (!buf && cap)) return COLIBRI_E_ARG;
-    m = s->model; hp = &m->hp; a = &s->arena;
     r.buf = buf; r.cap = cap; r.len = 0;
     weights = (size_t)colibri_model_weight_bytes(m);
 
     emit(&r, "colibri memory report: %s, %d layers, %d experts (top-%d), dim %d, vocab %d\n",
          m->architecture, hp->n_layers, hp->n_experts, hp->top_k, hp->hidden_size, hp->vocab_size);
-    emit(&r, "session: n_ctx %d, n_batch %d, kernels %s\n\n", s->n_ctx, s->n_batch, s->compute.kernels->name);
+    emit(&r, "session: n_ctx %d, n_batch %d, kernels %s\n\n", h->n_ctx, h->n_batch, h->kernels);
 
     emit(&r, "weights (weights.bin, mapped read-only, used in place)  %s B  @%p\n", grouped(n1, weights), (const void *)m->weights);
     for (i = 0; i < m->n_tensors; i++) {
@@ -114,8 +109,7 @@ colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, 
     for (i = 0; i < a->n_records; i++) padding += a->records[i].size;
     padding = a->used - padding;
     emit(&r, "\narena (%s%s)  reserved %s B  @%p  high-water %s B\n",
-         s->arena_owned ? "mmap" : "caller buffer",
-         s->arena_owned ? (s->arena_hugepages ? ", huge pages" : ", normal pages") : "",
+         h->mapped ? "mmap" : "caller buffer", h->mapped ? (h->hugepages ? ", huge pages" : ", normal pages") : "",
          grouped(n1, a->capacity), (void *)a->base, grouped(n2, a->used));
     for (g = 0; g < ARENA_GROUP_COUNT; g++) {
         int32_t last = -1;
@@ -138,5 +132,4 @@ colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, 
          grouped(n4, weights + a->used + m->meta_bytes));
     if (cap) buf[r.len < cap ? r.len : cap - 1] = '\0';
     if (len) *len = r.len;
-    return COLIBRI_OK;
 }

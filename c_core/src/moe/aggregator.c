@@ -1,6 +1,5 @@
 /* Aggregators: combine expert outputs into the layer output. */
 #include "moe.h"
-#include "../platform.h"
 
 /* out (n, dim): row rows[i] += gates[i] * y (i, :) */
 static void combine_weighted(float *out, const float *y, const int32_t *rows, const float *gates,
@@ -15,14 +14,3 @@ static void combine_weighted(float *out, const float *y, const int32_t *rows, co
 }
 
 const colibri_aggregator colibri_aggregator_weighted = { "weighted_sum", combine_weighted };
-
-uint64_t colibri_profile_start(const uint64_t *profile) { return profile ? colibri_platform_now_ns() : 0; }
-
-void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since)
-{
-    uint64_t now;
-    if (!profile) return;
-    now = colibri_platform_now_ns();
-    profile[phase] += now - *since;
-    *since = now;
-}

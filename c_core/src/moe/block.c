@@ -14,6 +14,7 @@
 
 #include "moe.h"
 #include "../platform.h"
+#include "../util.h"
 
 /* logits (n, E) = x (n, dim) @ router (E, dim)^T (+ router bias), then ids, gates (n, K) from the
  * session's router. */

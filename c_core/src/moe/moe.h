@@ -90,9 +90,6 @@ typedef struct colibri_moe {
     const colibri_aggregator *aggregator;
 } colibri_moe;
 
-/* The profiler's clock: phase times accumulate in `profile` (COLIBRI_PHASE_COUNT), NULL when off. */
-uint64_t colibri_profile_start(const uint64_t *profile);
-void colibri_profile_add(uint64_t *profile, int32_t phase, uint64_t *since);
 
 /* out (n, dim) = MoE(x (n, dim)) for one layer (block.c). */
 void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,

@@ -43,12 +43,20 @@ typedef struct colibri_kernels {
      * everywhere); the variants' is a float polynomial within a few ulp, 8 or 16 at a time. */
     void (*softmax)(float *x, int32_t n);
     void (*silu_mul)(float *g, const float *u, size_t n);
+    /* One head of latent attention (DeepSeek's), over cached latents (span, rank) and rotary keys
+     * (span, dr): q_latent (rank) = Wk (dn, rank)^T q_nope (dn), Wk stored in `dtype`, the query
+     * folded into the latent space; then scores (span) = scale * (C q_latent + K_rope q_rope).  The
+     * weighted sum of the latents is attention_values over rows `rank` apart. */
+    void (*latent_query)(float *q_latent, const float *q_nope, const void *wk, colibri_dtype dtype, int32_t dn,
+                         int32_t rank);
+    void (*latent_scores)(float *scores, const float *q_latent, const float *q_rope, const float *latent,
+                          const float *k_rope, int32_t span, int32_t rank, int32_t dr, float scale);
 } colibri_kernels;
 
 /* Every slot above, X(slot) each: how arch/dispatch.c fills the slots a variant leaves empty from
  * its base (a slot added above is named here too; dispatch.c's size check fails until it is). */
 #define COLIBRI_KERNEL_SLOTS(X) X(matmul) X(rmsnorm) X(quantize_q8) X(matmul_q8) X(attention_scores) \
-                                X(attention_values) X(softmax) X(silu_mul)
+                                X(attention_values) X(softmax) X(silu_mul) X(latent_query) X(latent_scores)
 
 /* What a forward pass computes with: the kernels, and the threads (platform.h's pool) that share
  * a big matmul's rows (one token) or tokens (several), each computing exactly what one thread
@@ -84,6 +92,10 @@ void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype 
 void colibri_ref_attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
                                   int32_t hd, float scale);
 void colibri_ref_attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd);
+void colibri_ref_latent_query(float *q_latent, const float *q_nope, const void *wk, colibri_dtype dtype, int32_t dn,
+                              int32_t rank);
+void colibri_ref_latent_scores(float *scores, const float *q_latent, const float *q_rope, const float *latent,
+                               const float *k_rope, int32_t span, int32_t rank, int32_t dr, float scale);
 
 /* Scalar element conversions, exact. */
 float colibri_f16_to_f32(uint16_t h);

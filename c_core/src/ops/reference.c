@@ -210,16 +210,47 @@ void colibri_ref_attention_values(float *out, const float *p, const float *v, si
         for (i = 0; i < hd; i++) out[i] += p[j] * v[i];
 }
 
-static const colibri_kernels reference_kernels = { "reference", colibri_ref_matmul, colibri_ref_rmsnorm, NULL, NULL,
-                                                   colibri_ref_attention_scores, colibri_ref_attention_values,
-                                                   colibri_softmax, colibri_silu_mul };
+/* q_latent (rank) = Wk (dn, rank)^T q_nope (dn): Wk's rows scaled by q_nope and added in row order */
+void colibri_ref_latent_query(float *q_latent, const float *q_nope, const void *wk, colibri_dtype dtype, int32_t dn,
+                              int32_t rank)
+{
+    int32_t i, r;
+    for (r = 0; r < rank; r++) q_latent[r] = 0.0f;
+    for (i = 0; i < dn; i++)
+        for (r = 0; r < rank; r++) q_latent[r] += q_nope[i] * colibri_load_f32(wk, dtype, (size_t)i * rank + r);
+}
+
+/* scores (span) = scale * (latent (span, rank) q_latent + k_rope (span, dr) q_rope): one sum per position */
+void colibri_ref_latent_scores(float *scores, const float *q_latent, const float *q_rope, const float *latent,
+                               const float *k_rope, int32_t span, int32_t rank, int32_t dr, float scale)
+{
+    int32_t j, r, i;
+    for (j = 0; j < span; j++) {
+        const float *cj = latent + (size_t)j * rank, *pj = k_rope + (size_t)j * dr;
+        float dot = 0.0f;
+        for (r = 0; r < rank; r++) dot += q_latent[r] * cj[r];
+        for (i = 0; i < dr; i++) dot += q_rope[i] * pj[i];
+        scores[j] = dot * scale;
+    }
+}
+
+static const colibri_kernels reference_kernels = {
+    .name = "reference", .matmul = colibri_ref_matmul, .rmsnorm = colibri_ref_rmsnorm,
+    .quantize_q8 = NULL, .matmul_q8 = NULL,   /* no int8 path: its matmul is the float oracle */
+    .attention_scores = colibri_ref_attention_scores, .attention_values = colibri_ref_attention_values,
+    .softmax = colibri_softmax, .silu_mul = colibri_silu_mul,
+    .latent_query = colibri_ref_latent_query, .latent_scores = colibri_ref_latent_scores,
+};
 
 /* The reference with the int8 path: the same integers as every variant's, so whole-model runs of
  * a variant can be compared with it to float rounding (never picked as the best). */
-static const colibri_kernels reference_int8_kernels = { "reference-int8", colibri_ref_matmul, colibri_ref_rmsnorm,
-                                                        colibri_ref_quantize_q8, colibri_ref_matmul_q8,
-                                                        colibri_ref_attention_scores, colibri_ref_attention_values,
-                                                        colibri_softmax, colibri_silu_mul };
+static const colibri_kernels reference_int8_kernels = {
+    .name = "reference-int8", .matmul = colibri_ref_matmul, .rmsnorm = colibri_ref_rmsnorm,
+    .quantize_q8 = colibri_ref_quantize_q8, .matmul_q8 = colibri_ref_matmul_q8,
+    .attention_scores = colibri_ref_attention_scores, .attention_values = colibri_ref_attention_values,
+    .softmax = colibri_softmax, .silu_mul = colibri_silu_mul,
+    .latent_query = colibri_ref_latent_query, .latent_scores = colibri_ref_latent_scores,
+};
 
 const colibri_kernels *colibri_kernels_reference(void) { return &reference_kernels; }
 const colibri_kernels *colibri_kernels_reference_int8(void) { return &reference_int8_kernels; }

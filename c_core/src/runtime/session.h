@@ -1,4 +1,5 @@
-/* The run state of one sequence: everything lives inside the session's arena. */
+/* The run state of one sequence: everything lives inside the session's arena.  Private to
+ * c_core/src/runtime/: the lower rooms (mem, sample, moe, ops) are handed the parts they need. */
 #ifndef COLIBRI_SESSION_H
 #define COLIBRI_SESSION_H
 
@@ -30,8 +31,9 @@ struct colibri_session {
     float *conv_in;             /* (n_batch, 3 * dim) short-convolution layers' B, C, x */
     /* latent attention only (hparams.kv_lora_rank > 0) */
     float *latent_in;           /* (n_batch, max(q_lora_rank, kv_lora_rank + rope_dim)) projections before their norms */
-    float *q_latent;            /* (kv_lora_rank) one head's query, folded into the latent space */
-    float *ctx_latent;          /* (kv_lora_rank) one head's attention-weighted latent */
+    float *q_latent;            /* (n_heads, kv_lora_rank) each head's query, folded into the latent space */
+    float *ctx_latent;          /* (n_heads, kv_lora_rank) each head's attention-weighted latent */
+    colibri_q8_block *latent_xq;   /* (n_heads, kv_lora_rank / 32) each head's ctx_latent quantized (int8 weights) */
     float *block_out;           /* (n_batch, dim) attention or MoE output before the residual add */
     /* KV cache, per layer */
     float **k_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) */

@@ -2,7 +2,8 @@
  * RNG state so that a seed reproduces the same tokens on every platform. */
 #include <math.h>
 
-#include "../runtime/session.h"
+#include "sample.h"
+#include "../ops/ops.h"
 #include "../util.h"
 
 /* splitmix64: a full-period 64-bit generator, integer-only so every platform agrees. */
@@ -44,21 +45,14 @@ static void sort_candidates(const float *p, int32_t *ids, int32_t n)
     }
 }
 
-static colibri_status sample(colibri_session *s, const colibri_sampling *params, uint64_t *rng,
-                             int32_t *token, colibri_error *err)
+colibri_status colibri_sample_logits(const float *logits, int32_t V, float *p, int32_t *ids,
+                                     const colibri_sampling *params, uint64_t *rng, int32_t *token, colibri_error *err)
 {
-    const float *logits;
-    float *p;
-    int32_t *ids;
-    int32_t V, i, n, best = 0;
+    int32_t i, n, best = 0;
     float max, sum = 0.0f, cut, acc, base;
 
-    if (!s || !params || !rng || !token) return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: NULL argument");
-    if (s->position == 0) return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: no logits yet (forward first)");
     if (!(params->temperature == params->temperature) || !(params->top_p >= 0.0f))
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: temperature must not be NaN, top_p must be >= 0");
-    logits = s->logits;
-    V = s->model->hp.vocab_size;
     for (i = 0; i < V; i++) {
         if (!isfinite(logits[i]))   /* e.g. NaN weights loaded without validation */
             return colibri_fail(err, COLIBRI_E_VALUE, "logit of token %d is not finite", i);
@@ -67,8 +61,6 @@ static colibri_status sample(colibri_session *s, const colibri_sampling *params,
     if (params->temperature <= 0.0f || params->top_k == 1 || params->top_p == 0.0f) { *token = best; return COLIBRI_OK; }
 
     /* probabilities at this temperature */
-    p = s->probs;
-    ids = s->candidates;
     max = logits[best];
     for (i = 0; i < V; i++) { p[i] = colibri_expf((logits[i] - max) / params->temperature); sum += p[i]; }
     for (i = 0; i < V; i++) p[i] /= sum;
@@ -112,13 +104,4 @@ static colibri_status sample(colibri_session *s, const colibri_sampling *params,
     }
     *token = ids[n - 1];   /* rounding left r at the very end */
     return COLIBRI_OK;
-}
-
-colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params, uint64_t *rng,
-                              int32_t *token, colibri_error *err)
-{
-    uint64_t clock = colibri_profile_start(s ? s->profile : NULL);
-    colibri_status st = sample(s, params, rng, token, err);
-    if (s) colibri_profile_add(s->profile, COLIBRI_PHASE_SAMPLING, &clock);
-    return st;
 }

@@ -1,0 +1,178 @@
+/* The forward pass of a session: the mixtral architecture and the families that vary it.
+ *
+ *   x = embed(tokens)                                        (n, dim)
+ *   for each layer:
+ *       x += token_mixer(norm(x))         attention, latent attention or a short convolution
+ *       x += aggregate(experts(router(norm(x))))              the MoE triad, or a dense MLP
+ *   logits = lm_head @ norm(x)                               (n, vocab)
+ */
+#include <string.h>
+
+#include "forward.h"
+#include "../util.h"
+
+/* x (n, dim) = the tokens' embedding rows, times the embedding multiplier */
+static void embed(const colibri_session *s, const int32_t *tokens, int32_t n)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    const colibri_weight *w = &s->model->tok_embeddings;
+    size_t d = (size_t)hp->hidden_size, i;
+    int32_t t;
+    for (t = 0; t < n; t++) {
+        size_t row = (size_t)tokens[t] * d;
+        for (i = 0; i < d; i++) s->x[(size_t)t * d + i] = colibri_load_f32(w->data, w->dtype, row + i) * hp->embedding_multiplier;
+    }
+}
+
+void colibri_add_bias(float *rows, colibri_weight bias, int32_t n, int32_t cols)
+{
+    int32_t t, i;
+    for (t = 0; t < n; t++)
+        for (i = 0; i < cols; i++) rows[(size_t)t * cols + i] += colibri_load_f32(bias.data, bias.dtype, (size_t)i);
+}
+
+/* out (dim) = the model's norm of x: RMSNorm, or LayerNorm with its bias */
+static void norm_row(const colibri_session *s, float *out, const float *x, colibri_weight w, colibri_weight b)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    if (hp->norm_kind == COLIBRI_NORM_LAYER)
+        colibri_layernorm(out, x, w.data, w.dtype, b.data, b.dtype, hp->hidden_size, hp->rms_norm_eps);
+    else
+        s->compute.kernels->rmsnorm(out, x, w.data, w.dtype, hp->hidden_size, hp->rms_norm_eps);
+}
+
+/* x += y * multiplier (the residual add; Granite scales the block's output) */
+static void add_into(float *x, const float *y, size_t n, float multiplier)
+{
+    size_t i;
+    for (i = 0; i < n; i++) x[i] += y[i] * multiplier;
+}
+
+/* x (n) /= divisor (the logits' scaling) */
+static void divide(float *x, size_t n, float divisor)
+{
+    size_t i;
+    for (i = 0; i < n; i++) x[i] /= divisor;
+}
+
+/* Adds the tokens each expert of `layer` received in the last MoE block (expert_start is the
+ * block's grouping of routed pairs by expert). */
+static void count_expert_load(colibri_session *s, int32_t layer)
+{
+    int32_t e, E = s->model->hp.n_experts;
+    uint64_t *load = s->expert_load + (size_t)layer * E;
+    const int32_t *end = s->routing.mode == COLIBRI_ROUTING_CAPACITY ? s->moe_buf.dropped_from : s->moe_buf.expert_start + 1;
+    for (e = 0; e < E; e++) load[e] += (uint64_t)(end[e] - s->moe_buf.expert_start[e]);
+}
+
+/* One chunk of at most n_batch tokens; logits (n, vocab) or NULL for the last row only. */
+static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, float *logits)
+{
+    const colibri_model *m = s->model;
+    const colibri_hparams *hp = &m->hp;
+    const colibri_compute *k = &s->compute;
+    int32_t d = hp->hidden_size, t, l;
+    size_t nd = (size_t)n * d;
+    uint64_t clock;
+
+    embed(s, tokens, n);
+    clock = colibri_profile_start(s->profile);
+    for (l = 0; l < hp->n_layers; l++) {
+        const colibri_layer_weights *lw = &m->layers[l];
+        const colibri_weight *w = lw->w;
+        for (t = 0; t < n; t++)
+            norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_ATTN_NORM], w[L_ATTN_NORM_BIAS]);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
+        if (lw->conv) colibri_conv_block(s, l, s->position, n);
+        else if (hp->kv_lora_rank) colibri_attention_latent(s, l, s->position, n);
+        else colibri_attention(s, l, s->position, n);
+        add_into(s->x, s->block_out, nd, hp->residual_multiplier);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_ATTENTION, &clock);
+
+        for (t = 0; t < n; t++)
+            norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_FFN_NORM], w[L_FFN_NORM_BIAS]);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
+        if (lw->moe) {
+            s->routing.tokens = tokens;
+            s->routing.position = s->position;
+            s->routing.layer = l;
+            s->routing.dropped = s->expert_dropped + (size_t)l * hp->n_experts;
+            colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing, s->xn, n, s->block_out, s->profile);
+            count_expert_load(s, l);
+            clock = colibri_profile_start(s->profile);   /* the MoE block timed its own phases */
+        } else {
+            colibri_swiglu(k, hp->activation, w[L_MLP_W1], w[L_MLP_W3], w[L_MLP_W2], d, hp->dense_intermediate_size, s->xn, n,
+                           s->moe_buf.h1, s->moe_buf.h3, s->block_out);
+            colibri_profile_add(s->profile, COLIBRI_PHASE_DENSE, &clock);
+        }
+        add_into(s->x, s->block_out, nd, hp->residual_multiplier);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_AGGREGATION, &clock);
+    }
+    s->position += n;
+    clock = colibri_profile_start(s->profile);
+
+    if (logits) {
+        for (t = 0; t < n; t++)
+            norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, m->norm, m->norm_bias);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
+        colibri_matmul(k, logits, s->xn, m->lm_head.data, m->lm_head.dtype, n, d, hp->vocab_size);
+        if (hp->lm_head_bias) colibri_add_bias(logits, m->lm_head_bias, n, hp->vocab_size);
+        if (hp->logits_divisor != 1.0f) divide(logits, (size_t)n * hp->vocab_size, hp->logits_divisor);
+        memcpy(s->logits, logits + (size_t)(n - 1) * hp->vocab_size, (size_t)hp->vocab_size * sizeof(float));
+    } else {
+        norm_row(s, s->xn, s->x + (size_t)(n - 1) * d, m->norm, m->norm_bias);
+        colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
+        colibri_matmul(k, s->logits, s->xn, m->lm_head.data, m->lm_head.dtype, 1, d, hp->vocab_size);
+        if (hp->lm_head_bias) colibri_add_bias(s->logits, m->lm_head_bias, 1, hp->vocab_size);
+        if (hp->logits_divisor != 1.0f) divide(s->logits, (size_t)hp->vocab_size, hp->logits_divisor);
+    }
+    colibri_profile_add(s->profile, COLIBRI_PHASE_LM_HEAD, &clock);
+}
+
+colibri_status colibri_forward(colibri_session *s, const int32_t *tokens, size_t n, float *logits,
+                               colibri_error *err)
+{
+    const colibri_hparams *hp;
+    size_t i, done;
+    if (!s || (!tokens && n)) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: NULL argument");
+    hp = &s->model->hp;
+    if (n == 0) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: no tokens");
+    /* Check everything before touching the cache, so a failed call changes nothing. */
+    if (n > (size_t)(s->n_ctx - s->position))
+        return colibri_fail(err, COLIBRI_E_CONTEXT, "%zu tokens do not fit: %d of %d positions are used",
+                            n, s->position, s->n_ctx);
+    for (i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= hp->vocab_size)
+            return colibri_fail(err, COLIBRI_E_TOKEN, "token %zu is %d, outside [0, %d)", i, tokens[i], hp->vocab_size);
+    }
+    for (done = 0; done < n; done += (size_t)s->n_batch) {
+        int32_t chunk = (int32_t)(n - done < (size_t)s->n_batch ? n - done : (size_t)s->n_batch);
+        forward_chunk(s, tokens + done, chunk, logits ? logits + done * (size_t)hp->vocab_size : NULL);
+    }
+    return COLIBRI_OK;
+}
+
+/* counts (n_layers, n_experts) <- one of the session's per-expert counters */
+static colibri_status copy_counts(const colibri_session *s, const uint64_t *from, uint64_t *counts)
+{
+    if (!s || !counts) return COLIBRI_E_ARG;
+    memcpy(counts, from, (size_t)s->model->hp.n_layers * s->model->hp.n_experts * sizeof(uint64_t));
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_expert_load(const colibri_session *s, uint64_t *counts)
+{
+    return copy_counts(s, s ? s->expert_load : NULL, counts);
+}
+
+void colibri_expert_load_clear(colibri_session *s)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    memset(s->expert_load, 0, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
+    memset(s->expert_dropped, 0, (size_t)hp->n_layers * hp->n_experts * sizeof(uint64_t));
+}
+
+colibri_status colibri_expert_dropped(const colibri_session *s, uint64_t *counts)
+{
+    return copy_counts(s, s ? s->expert_dropped : NULL, counts);
+}

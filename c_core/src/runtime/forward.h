@@ -1,0 +1,22 @@
+/* What the runtime's files share (c_core/src/runtime/): session.c lays the session out and
+ * fills its RoPE tables (rope.c); forward.c runs each layer's token mixer, one of
+ * attention.c's two or conv.c's, then the MoE block or a dense MLP. */
+#ifndef COLIBRI_FORWARD_H
+#define COLIBRI_FORWARD_H
+
+#include "session.h"
+
+/* rope_cos, rope_sin (n_ctx, rope_dim / 2) <- the model's angle tables, times its attention factor */
+void colibri_rope_tables_fill(colibri_session *s);
+
+/* block_out (n, dim) = the layer's token mixer over x_normed (n, dim), for the n tokens at positions
+ * pos0 .. pos0 + n - 1, their keys and values (or convolution inputs) written into the cache:
+ * grouped-query attention, DeepSeek's latent attention, LFM2's short convolution. */
+void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n);
+void colibri_attention_latent(colibri_session *s, int32_t layer, int32_t pos0, int32_t n);
+void colibri_conv_block(colibri_session *s, int32_t layer, int32_t pos0, int32_t n);
+
+/* rows (n, cols) += bias (cols) */
+void colibri_add_bias(float *rows, colibri_weight bias, int32_t n, int32_t cols);
+
+#endif
