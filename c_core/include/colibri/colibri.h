@@ -136,7 +136,7 @@ typedef struct colibri_hparams {
 } colibri_hparams;
 
 /* The choices of colibri_model.json's string fields; *_COUNT sizes the loader's table of their
- * names (load.c), which fails to compile when a value here has no name there. */
+ * names (model/schema.c), which fails to compile when a value here has no name there. */
 enum { COLIBRI_QK_NORM_NONE = 0, COLIBRI_QK_NORM_HEAD = 1, COLIBRI_QK_NORM_FULL = 2,
        COLIBRI_QK_NORM_HEAD_PLAIN = 3 /* per head, no weight, only on the layers that rotate (Llama 4) */,
        COLIBRI_QK_NORM_COUNT };

@@ -11,7 +11,7 @@ typedef struct colibri_weight {
 } colibri_weight;
 
 /* The tensors a decoder layer may have, as named in colibri_model.json ("layers.{i}." + name,
- * load.c lists the names and shapes).  Which ones a layer has follows from the hyper-parameters:
+ * tensors.c lists the names and shapes).  Which ones a layer has follows from the hyper-parameters:
  * the attention options, and whether the layer's MLP is the MoE block or a dense one. */
 enum {
     L_ATTN_NORM, L_ATTN_NORM_BIAS,          /* (dim), (dim) with LayerNorm */

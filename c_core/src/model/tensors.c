@@ -1,0 +1,409 @@
+/* The tensors a model has, and their checks: which slots its options use, each slot's name and
+ * shape, one "tensors" entry read against them, and the checks over the whole table (overlaps,
+ * the vocabulary, and in verify mode checksums and finiteness). */
+#include <string.h>
+
+#include "loader.h"
+#include "../ops/ops.h"
+#include "../util.h"
+
+/* ---- dtypes ---- */
+
+const char *colibri_dtype_name(colibri_dtype dtype)
+{
+    return (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtypes[dtype].name : "?";
+}
+
+/* The dtype names (all, or those that hold weights), as colibri_list_names writes them. */
+static const char *list_dtypes(char *buf, size_t cap, int weights_only)
+{
+    const char *names[COLIBRI_DTYPE_COUNT];
+    int32_t n = 0, d;
+    for (d = 0; d < COLIBRI_DTYPE_COUNT; d++)
+        if (!weights_only || colibri_dtypes[d].holds_weights) names[n++] = colibri_dtypes[d].name;
+    return colibri_list_names(buf, cap, names, n, 0);
+}
+
+/* ---- the tensors a model has ---- */
+
+/* Per-layer tensors: "layers.{i}." + the name of model.h's L_* kind. */
+const char *const colibri_layer_tensor_names[] = {
+    [L_ATTN_NORM] = "attn_norm", [L_ATTN_NORM_BIAS] = "attn_norm_bias",
+    [L_WQ] = "attn.wq", [L_WK] = "attn.wk", [L_WV] = "attn.wv", [L_WO] = "attn.wo",
+    [L_BQ] = "attn.bq", [L_BK] = "attn.bk", [L_BV] = "attn.bv", [L_BO] = "attn.bo",
+    [L_Q_NORM] = "attn.q_norm", [L_K_NORM] = "attn.k_norm", [L_SINKS] = "attn.sinks",
+    [L_WQ_A] = "attn.wq_a", [L_BQ_A] = "attn.bq_a", [L_Q_A_NORM] = "attn.q_a_norm", [L_WQ_B] = "attn.wq_b",
+    [L_WKV_A] = "attn.wkv_a", [L_BKV_A] = "attn.bkv_a", [L_KV_A_NORM] = "attn.kv_a_norm", [L_WKV_B] = "attn.wkv_b",
+    [L_CONV_IN] = "conv.in_proj", [L_CONV_IN_BIAS] = "conv.in_bias",
+    [L_CONV_KERNEL] = "conv.kernel", [L_CONV_KERNEL_BIAS] = "conv.kernel_bias",
+    [L_CONV_OUT] = "conv.out_proj", [L_CONV_OUT_BIAS] = "conv.out_bias",
+    [L_FFN_NORM] = "ffn_norm", [L_FFN_NORM_BIAS] = "ffn_norm_bias",
+    [L_ROUTER] = "router", [L_ROUTER_BIAS] = "router.bias", [L_SELECTION_BIAS] = "router.selection_bias",
+    [L_W1] = "experts.w1", [L_W3] = "experts.w3", [L_W2] = "experts.w2",
+    [L_B1] = "experts.b1", [L_B3] = "experts.b3", [L_B2] = "experts.b2",
+    [L_SHARED_W1] = "shared.w1", [L_SHARED_W3] = "shared.w3", [L_SHARED_W2] = "shared.w2", [L_SHARED_GATE] = "shared.gate",
+    [L_MLP_W1] = "mlp.w1", [L_MLP_W3] = "mlp.w3", [L_MLP_W2] = "mlp.w2",
+};
+COLIBRI_TABLE_CHECK(colibri_layer_tensor_names, L_KINDS);
+
+/* Whether layer `lw` has a tensor of `kind`, given the model's options. */
+static int layer_has(const colibri_hparams *hp, const colibri_layer_weights *lw, int kind)
+{
+    int mla = hp->kv_lora_rank > 0;
+    if (kind >= L_CONV_IN && kind <= L_CONV_OUT_BIAS)
+        return lw->conv && (hp->conv_bias || (kind != L_CONV_IN_BIAS && kind != L_CONV_KERNEL_BIAS && kind != L_CONV_OUT_BIAS));
+    if (lw->conv && kind >= L_WQ && kind <= L_WKV_B) return 0;   /* no attention in a convolution layer */
+    switch (kind) {
+    case L_WQ: return !mla || hp->q_lora_rank == 0;
+    case L_WK: case L_WV: return !mla;
+    case L_WQ_A: case L_Q_A_NORM: case L_WQ_B: return mla && hp->q_lora_rank > 0;
+    case L_BQ_A: return mla && hp->q_lora_rank > 0 && hp->attention_bias;
+    case L_WKV_A: case L_KV_A_NORM: case L_WKV_B: return mla;
+    case L_BKV_A: return mla && hp->attention_bias;
+    case L_BQ: case L_BK: case L_BV: return !mla && hp->attention_bias;
+    case L_BO: return hp->attention_out_bias;
+    case L_Q_NORM: case L_K_NORM: return hp->qk_norm != COLIBRI_QK_NORM_NONE && hp->qk_norm != COLIBRI_QK_NORM_HEAD_PLAIN;
+    case L_SINKS: return hp->attention_sinks;
+    case L_ATTN_NORM_BIAS: case L_FFN_NORM_BIAS: return hp->norm_kind == COLIBRI_NORM_LAYER;
+    case L_B1: case L_B3: case L_B2: return lw->moe && hp->expert_bias;
+    case L_ROUTER: case L_W1: case L_W3: case L_W2: return lw->moe;
+    case L_ROUTER_BIAS: return lw->moe && hp->router_logit_bias;
+    case L_SELECTION_BIAS: return lw->moe && hp->router_selection_bias;
+    case L_SHARED_W1: case L_SHARED_W3: case L_SHARED_W2: return lw->moe && hp->shared_intermediate_size > 0;
+    case L_SHARED_GATE: return lw->moe && hp->shared_intermediate_size > 0 && hp->shared_gate;
+    case L_MLP_W1: case L_MLP_W3: case L_MLP_W2: return !lw->moe;
+    default: return 1;   /* norms and the attention projections */
+    }
+}
+
+/* The model-wide tensors' names, by slot (loader.h's G_*). */
+const char *const colibri_global_tensor_names[] = {
+    [G_TOK_EMBEDDINGS] = "tok_embeddings", [G_NORM] = "norm", [G_LM_HEAD] = "lm_head",
+    [G_TOKEN_BYTES] = "tokenizer.token_bytes", [G_TOKEN_OFFSETS] = "tokenizer.token_offsets",
+    [G_NORM_BIAS] = "norm_bias", [G_LM_HEAD_BIAS] = "lm_head_bias", [G_ROPE_FACTORS] = "rope.factors",
+};
+COLIBRI_TABLE_CHECK(colibri_global_tensor_names, T_GLOBAL);
+
+/* Whether the model has a tensor in `slot` (layers: from layer_has; the vocabulary table is
+ * optional, so it counts as "has" too: colibri_read_tensor accepts it, the missing check skips it). */
+int colibri_slot_used(int64_t slot, const colibri_model *m)
+{
+    if (slot >= T_GLOBAL)
+        return layer_has(&m->hp, &m->layers[(slot - T_GLOBAL) / L_KINDS], (int)((slot - T_GLOBAL) % L_KINDS));
+    switch (slot) {
+    case G_LM_HEAD: return !m->hp.tie_word_embeddings;
+    case G_NORM_BIAS: return m->hp.norm_kind == COLIBRI_NORM_LAYER;
+    case G_LM_HEAD_BIAS: return m->hp.lm_head_bias;
+    case G_ROPE_FACTORS: return m->hp.rope_type == COLIBRI_ROPE_LONGROPE;
+    default: return 1;
+    }
+}
+
+int colibri_slot_optional(int64_t slot)
+{
+    return slot == G_TOKEN_BYTES || slot == G_TOKEN_OFFSETS;
+}
+
+/* Slot of a tensor name: global slots first, then layer * L_KINDS + kind; -1 unknown. */
+static int64_t tensor_slot(const char *text, const json_token *t, int32_t n_layers)
+{
+    const char *s = text + t->start;
+    uint32_t n = t->len, i = 7;
+    int64_t layer = 0;
+    int k;
+    for (k = 0; k < T_GLOBAL; k++)
+        if (json_string_equals(text, t, colibri_global_tensor_names[k])) return k;
+    if (n < 9 || memcmp(s, "layers.", 7) != 0) return -1;
+    if (s[i] < '0' || s[i] > '9' || (s[i] == '0' && s[i + 1] != '.')) return -1;
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+        layer = layer * 10 + (s[i] - '0');
+        if (layer >= n_layers) return -1;
+    }
+    if (i >= n || s[i] != '.') return -1;
+    i++;
+    for (k = 0; k < L_KINDS; k++) {
+        size_t m = strlen(colibri_layer_tensor_names[k]);
+        if (n - i == m && memcmp(s + i, colibri_layer_tensor_names[k], m) == 0)
+            return T_GLOBAL + layer * L_KINDS + k;
+    }
+    return -1;
+}
+
+static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape[4])
+{
+    int64_t d = hp->hidden_size, f = hp->intermediate_size, e = hp->n_experts, hd = hp->head_dim;
+    int64_t q = (int64_t)hp->n_heads * hd, kv = (int64_t)hp->n_kv_heads * hd;
+    int64_t fs = hp->shared_intermediate_size, fd = hp->dense_intermediate_size;
+    int full = hp->qk_norm == COLIBRI_QK_NORM_FULL;
+    if (slot < T_GLOBAL) {
+        if (slot == G_NORM || slot == G_NORM_BIAS) { shape[0] = d; return 1; }
+        if (slot == G_LM_HEAD_BIAS) { shape[0] = hp->vocab_size; return 1; }
+        if (slot == G_ROPE_FACTORS) { shape[0] = hp->rope_dim / 2; return 1; }
+        if (slot == G_TOKEN_BYTES) { shape[0] = -1; return 1; }    /* any length */
+        if (slot == G_TOKEN_OFFSETS) { shape[0] = (int64_t)hp->vocab_size + 1; return 1; }
+        shape[0] = hp->vocab_size; shape[1] = d; return 2;
+    }
+    switch ((slot - T_GLOBAL) % L_KINDS) {
+    case L_ATTN_NORM: case L_FFN_NORM: case L_BO: case L_ATTN_NORM_BIAS: case L_FFN_NORM_BIAS: shape[0] = d; return 1;
+    case L_WQ: shape[0] = q; shape[1] = d; return 2;
+    case L_WK: case L_WV: shape[0] = kv; shape[1] = d; return 2;
+    case L_WO: shape[0] = d; shape[1] = hp->kv_lora_rank ? (int64_t)hp->n_heads * hp->v_head_dim : q; return 2;
+    case L_WQ_A: shape[0] = hp->q_lora_rank; shape[1] = d; return 2;
+    case L_BQ_A: case L_Q_A_NORM: shape[0] = hp->q_lora_rank; return 1;
+    case L_WQ_B: shape[0] = q; shape[1] = hp->q_lora_rank; return 2;
+    case L_WKV_A: shape[0] = (int64_t)hp->kv_lora_rank + hp->rope_dim; shape[1] = d; return 2;
+    case L_BKV_A: shape[0] = (int64_t)hp->kv_lora_rank + hp->rope_dim; return 1;
+    case L_KV_A_NORM: shape[0] = hp->kv_lora_rank; return 1;
+    case L_WKV_B: shape[0] = (int64_t)hp->n_heads * (hp->nope_dim + hp->v_head_dim); shape[1] = hp->kv_lora_rank; return 2;
+    case L_CONV_IN: shape[0] = 3 * d; shape[1] = d; return 2;
+    case L_CONV_IN_BIAS: shape[0] = 3 * d; return 1;
+    case L_CONV_KERNEL: shape[0] = d; shape[1] = hp->conv_kernel; return 2;
+    case L_CONV_OUT: shape[0] = d; shape[1] = d; return 2;
+    case L_CONV_KERNEL_BIAS: case L_CONV_OUT_BIAS: shape[0] = d; return 1;
+    case L_BQ: shape[0] = q; return 1;
+    case L_BK: case L_BV: shape[0] = kv; return 1;
+    case L_Q_NORM: shape[0] = full ? q : hd; return 1;
+    case L_K_NORM: shape[0] = full ? kv : hd; return 1;
+    case L_ROUTER: shape[0] = e; shape[1] = d; return 2;
+    case L_ROUTER_BIAS: case L_SELECTION_BIAS: shape[0] = e; return 1;
+    case L_W1: case L_W3: shape[0] = e; shape[1] = f; shape[2] = d; return 3;
+    case L_W2: shape[0] = e; shape[1] = d; shape[2] = f; return 3;
+    case L_B1: case L_B3: shape[0] = e; shape[1] = f; return 2;
+    case L_B2: shape[0] = e; shape[1] = d; return 2;
+    case L_SINKS: shape[0] = hp->n_heads; return 1;
+    case L_SHARED_W1: case L_SHARED_W3: shape[0] = fs; shape[1] = d; return 2;
+    case L_SHARED_W2: shape[0] = d; shape[1] = fs; return 2;
+    case L_SHARED_GATE: shape[0] = 1; shape[1] = d; return 2;
+    case L_MLP_W1: case L_MLP_W3: shape[0] = fd; shape[1] = d; return 2;
+    default: shape[0] = d; shape[1] = fd; return 2;   /* L_MLP_W2 */
+    }
+}
+
+static int is_hex_digit(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+/* One entry of "tensors": fills t and returns its slot. */
+colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const colibri_model *m,
+                                   colibri_tensor *t, int64_t *slot)
+{
+    const colibri_hparams *hp = &m->hp;
+    static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum", NULL };
+    char where[64];
+    int32_t i = 0, shape_tok = 0;
+    int64_t expected[4], v;
+    int n_expected, choice, overflow = 0;
+    uint64_t elements = 1;
+    uint32_t d;
+    colibri_status st;
+
+    colibri_format(where, sizeof where, "tensors[%u]", index);
+    if (L->tok[obj].type != JSON_OBJECT)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s must be an object", where);
+    st = colibri_get_field(L, obj, where, "name", JSON_STRING, &i);
+    if (st) return st;
+    colibri_copy_token_text(t->name, sizeof t->name, L->text, &L->tok[i]);
+    *slot = tensor_slot(L->text, &L->tok[i], hp->n_layers);
+    if (*slot < 0 || !colibri_slot_used(*slot, m))
+        return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `%s` is not part of a %s model with %d layers%s",
+                            t->name, m->architecture, hp->n_layers,
+                            *slot == G_LM_HEAD ? " and tied embeddings"
+                            : *slot >= T_GLOBAL ? " and these options (docs/FORMAT.md)" : "");
+    colibri_format(where, sizeof where, "tensor `%s`", t->name);
+    st = colibri_check_keys(L, obj, where, keys);
+    if (st) return st;
+
+    st = colibri_get_field(L, obj, where, "dtype", JSON_STRING, &i);
+    if (st) return st;
+    for (choice = 0; choice < COLIBRI_DTYPE_COUNT; choice++)
+        if (json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
+    if (choice == COLIBRI_DTYPE_COUNT) {
+        char text[24], list[96];
+        colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
+        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (expected %s)",
+                            where, text, list_dtypes(list, sizeof list, 0));
+    }
+    t->dtype = (colibri_dtype)choice;
+    {
+        colibri_dtype need = *slot == G_TOKEN_BYTES ? COLIBRI_DTYPE_U8 : COLIBRI_DTYPE_I32;
+        char list[96];
+        if (*slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? t->dtype != need : !colibri_dtypes[t->dtype].holds_weights)
+            return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
+                                *slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? colibri_dtype_name(need)
+                                : list_dtypes(list, sizeof list, 1));
+    }
+
+    st = colibri_get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);
+    if (st) return st;
+    n_expected = expected_shape(hp, *slot, expected);
+    t->n_dims = (int32_t)L->tok[shape_tok].n_children;
+    {
+        int ok = t->n_dims == n_expected;
+        char got[96], want[96];
+        size_t gl = 0, wl = 0;
+        int32_t dim_tok = shape_tok + 1;
+        if (L->tok[shape_tok].n_children > 4)
+            return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape has %u dimensions (at most 4)", where,
+                                L->tok[shape_tok].n_children);
+        for (d = 0; d < L->tok[shape_tok].n_children; d++, dim_tok += (int32_t)L->tok[dim_tok].subtree) {
+            const json_token *dim = &L->tok[dim_tok];
+            if (!json_as_int64(L->text, dim, &v) || v < 0)
+                return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: shape[%u] must be a non-negative integer", where, d);
+            if (d < 4) t->shape[d] = v;
+            if ((int)d >= n_expected || (v != expected[d] && expected[d] >= 0)) ok = 0;
+            elements = colibri_mul_u64(elements, (uint64_t)v, &overflow);
+            if (gl < sizeof got) gl += colibri_format(got + gl, sizeof got - gl, d ? ",%lld" : "%lld", (long long)v);
+        }
+        if (!ok) {
+            int k;
+            for (k = 0; k < n_expected; k++) {
+                if (expected[k] < 0) wl += colibri_format(want + wl, sizeof want - wl, k ? ",n" : "n");
+                else wl += colibri_format(want + wl, sizeof want - wl, k ? ",%lld" : "%lld", (long long)expected[k]);
+            }
+            if (L->tok[shape_tok].n_children == 0) got[0] = '\0';
+            return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape [%s] != expected [%s]", where, got, want);
+        }
+    }
+
+    st = colibri_get_field(L, obj, where, "file_offset", JSON_NUMBER, &i);
+    if (st) return st;
+    if (!json_as_int64(L->text, &L->tok[i], &v) || v < 0)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_offset must be a non-negative integer", where);
+    t->file_offset = (uint64_t)v;
+    st = colibri_get_field(L, obj, where, "file_size", JSON_NUMBER, &i);
+    if (st) return st;
+    if (!json_as_int64(L->text, &L->tok[i], &v) || v < 0)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_size must be a non-negative integer", where);
+    t->file_size = (uint64_t)v;
+    if (colibri_dtype_is_block(t->dtype) && (t->n_dims == 0 || t->shape[t->n_dims - 1] % colibri_dtypes[t->dtype].block != 0))
+        return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: %s rows must be whole blocks: the last dimension (%lld) is not a multiple of %d",
+                            where, colibri_dtype_name(t->dtype), t->n_dims ? (long long)t->shape[t->n_dims - 1] : 0LL,
+                            (int)colibri_dtypes[t->dtype].block);
+    {   /* elements / block blocks: exact, rows are whole blocks */
+        uint64_t need = colibri_mul_u64(elements / (uint64_t)colibri_dtypes[t->dtype].block,
+                                        (uint64_t)colibri_dtypes[t->dtype].block_bytes, &overflow);
+        if (overflow || need != t->file_size)
+            return colibri_fail(L->err, COLIBRI_E_SIZE, "%s: file_size %llu != %llu bytes of %s",
+                                where, (unsigned long long)t->file_size, (unsigned long long)need,
+                                colibri_dtype_name(t->dtype));
+    }
+
+    st = colibri_get_field(L, obj, where, "checksum", JSON_STRING, &i);
+    if (st) return st;
+    {
+        const json_token *c = &L->tok[i];
+        const char *s = L->text + c->start;
+        uint32_t crc = 0, k;
+        if (c->len != 14 || memcmp(s, "crc32:", 6) != 0)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
+        for (k = 6; k < 14; k++) {
+            if (!is_hex_digit(s[k]))
+                return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
+            crc = crc << 4 | (uint32_t)(s[k] <= '9' ? s[k] - '0' : s[k] - 'a' + 10);
+        }
+        t->crc32 = crc;
+    }
+    return COLIBRI_OK;
+}
+
+/* Tensors sorted by offset, to find overlaps in one pass: a heap sort, no allocation. */
+static int offset_less(const colibri_tensor *ts, int32_t a, int32_t b)
+{
+    return ts[a].file_offset < ts[b].file_offset ||
+           (ts[a].file_offset == ts[b].file_offset && a < b);
+}
+
+static void sift_down(const colibri_tensor *ts, int32_t *order, int32_t root, int32_t n)
+{
+    for (;;) {
+        int32_t child = 2 * root + 1, tmp;
+        if (child >= n) return;
+        if (child + 1 < n && offset_less(ts, order[child], order[child + 1])) child++;
+        if (!offset_less(ts, order[root], order[child])) return;
+        tmp = order[root]; order[root] = order[child]; order[child] = tmp;
+        root = child;
+    }
+}
+
+colibri_status colibri_check_overlaps(const colibri_model *m, int32_t *order, colibri_error *err)
+{
+    int32_t n = m->n_tensors, i;
+    for (i = 0; i < n; i++) order[i] = i;
+    for (i = n / 2; i-- > 0;) sift_down(m->tensors, order, i, n);
+    for (i = n - 1; i > 0; i--) {
+        int32_t tmp = order[0]; order[0] = order[i]; order[i] = tmp;
+        sift_down(m->tensors, order, 0, i);
+    }
+    for (i = 1; i < n; i++) {
+        const colibri_tensor *a = &m->tensors[order[i - 1]], *b = &m->tensors[order[i]];
+        if (a->file_offset + a->file_size > b->file_offset && a->file_size && b->file_size)
+            return colibri_fail(err, COLIBRI_E_OVERLAP, "tensor `%s` [%llu, %llu) overlaps tensor `%s` at %llu",
+                                a->name, (unsigned long long)a->file_offset,
+                                (unsigned long long)(a->file_offset + a->file_size), b->name,
+                                (unsigned long long)b->file_offset);
+    }
+    return COLIBRI_OK;
+}
+
+/* Verify mode: the bytes match their CRC and hold no NaN or infinity. */
+colibri_status colibri_verify_tensor(const colibri_model *m, const colibri_tensor *t, colibri_error *err)
+{
+    const uint8_t *p = m->weights + t->file_offset;
+    uint64_t i, n;
+    uint32_t crc = colibri_crc32(0, p, (size_t)t->file_size);
+    if (crc != t->crc32)
+        return colibri_fail(err, COLIBRI_E_CHECKSUM, "tensor `%s`: crc32 %x != %x in colibri_model.json",
+                            t->name, crc, t->crc32);
+    if (colibri_dtype_is_block(t->dtype)) {   /* the quants are integers: only the scales can be inf or nan */
+        size_t block = (size_t)colibri_dtypes[t->dtype].block_bytes;
+        for (i = 0; i < t->file_size / block; i++) {
+            uint16_t bits;
+            memcpy(&bits, p + i * block, 2);
+            if ((bits & 0x7c00u) == 0x7c00u)
+                return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: the scale of block %llu is not finite",
+                                    t->name, (unsigned long long)i);
+        }
+        return COLIBRI_OK;
+    }
+    if (t->dtype > COLIBRI_DTYPE_BF16) return COLIBRI_OK;   /* integers are always finite */
+    n = t->file_size / (uint64_t)colibri_dtypes[t->dtype].block_bytes;
+    for (i = 0; i < n; i++) {
+        int finite;
+        if (t->dtype == COLIBRI_DTYPE_F32) {
+            uint32_t bits;
+            memcpy(&bits, p + 4 * i, 4);
+            finite = (bits & 0x7f800000u) != 0x7f800000u;
+        } else {
+            uint16_t bits;
+            memcpy(&bits, p + 2 * i, 2);
+            finite = t->dtype == COLIBRI_DTYPE_F16 ? (bits & 0x7c00u) != 0x7c00u
+                                                    : (bits & 0x7f80u) != 0x7f80u;
+        }
+        if (!finite)
+            return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: element %llu is not finite",
+                                t->name, (unsigned long long)i);
+    }
+    return COLIBRI_OK;
+}
+
+/* The byte table is data: every offset is checked once here, so decoding can trust it. */
+colibri_status colibri_check_vocabulary(colibri_model *m, colibri_error *err)
+{
+    const colibri_tensor *bytes_t = NULL;
+    int32_t i, V = m->hp.vocab_size;
+    for (i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, colibri_global_tensor_names[G_TOKEN_BYTES]) == 0) bytes_t = &m->tensors[i];
+    if (m->token_offsets[0] != 0)
+        return colibri_fail(err, COLIBRI_E_VALUE, "tensor `tokenizer.token_offsets`: entry 0 is %d, not 0",
+                            m->token_offsets[0]);
+    for (i = 0; i < V; i++) {
+        if (m->token_offsets[i + 1] < m->token_offsets[i])
+            return colibri_fail(err, COLIBRI_E_VALUE, "tensor `tokenizer.token_offsets`: entry %d (%d) is below entry %d (%d)",
+                                i + 1, m->token_offsets[i + 1], i, m->token_offsets[i]);
+    }
+    if ((uint64_t)m->token_offsets[V] != bytes_t->file_size)
+        return colibri_fail(err, COLIBRI_E_VALUE, "tensor `tokenizer.token_offsets`: last entry %d != %llu bytes in tokenizer.token_bytes",
+                            m->token_offsets[V], (unsigned long long)bytes_t->file_size);
+    return COLIBRI_OK;
+}
