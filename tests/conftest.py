@@ -61,11 +61,6 @@ def load_make_fixtures():
     return module
 
 
-@pytest.fixture
-def make_fixtures():
-    return load_make_fixtures()
-
-
 def transformers_expert_load(name, tokens):
     """int [n_layers, n_experts]: tokens transformers routes to each expert of the HF fixture `name`."""
     torch, transformers = require_reference()
