@@ -11,7 +11,7 @@ import pytest
 
 import colibri
 from colibri.demo import MODEL_DIR
-from conftest import FIXTURES, require_reference
+from support import FIXTURES, hf_logits, hf_model
 
 HF_DIR = FIXTURES / "shakespeare-hf"
 
@@ -52,11 +52,7 @@ def test_logits_match_transformers(model, reference):
 
 def test_reference_is_what_transformers_computes(reference):
     """The committed reference is recomputed from the committed checkpoint, so it cannot go stale."""
-    torch, transformers = require_reference()
-    hf = transformers.MixtralForCausalLM.from_pretrained(HF_DIR, dtype=torch.float32,
-                                                         attn_implementation="eager").eval()
-    with torch.no_grad():
-        logits = hf(torch.from_numpy(reference["tokens"].astype(np.int64))[None]).logits[0].numpy()
+    logits = hf_logits(hf_model(HF_DIR), reference["tokens"])
     np.testing.assert_allclose(logits, reference["logits"], atol=1e-5, rtol=0)
 
 

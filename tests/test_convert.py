@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,11 +18,8 @@ from safetensors.numpy import load_file, save_file
 
 from colibri.convert import ConvertError, convert
 from colibri.convert.writer import f32_to_bf16_bits
-from conftest import require_reference
+from support import DTYPES, FIXTURES, HF_MODELS, hf_model, require_reference
 
-FIXTURES = Path(__file__).parent / "fixtures"
-HF_MODELS = ("tiny-mixtral", "tiny-mixtral-b")
-DTYPES = ("f32", "f16", "bf16")
 ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
 HPARAMS = ["vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
            "head_dim", "max_position_embeddings", "rope_theta", "rms_norm_eps", "sliding_window",
@@ -403,11 +399,9 @@ def test_converter_runs_without_torch(tmp_path):
 
 def test_transformers_state_dict_converts_to_the_same_weights(converted, tmp_path):
     """A state_dict saved straight from transformers (fused expert names) converts like the hub file."""
-    torch, transformers = require_reference()
-    from safetensors.torch import save_file as save_torch
-
     src = FIXTURES / "tiny-mixtral"
-    model = transformers.MixtralForCausalLM.from_pretrained(src)
+    model = hf_model(src)
+    from safetensors.torch import save_file as save_torch   # needs torch: after the skip without it
     state = model.state_dict()
     assert "model.layers.0.mlp.experts.gate_up_proj" in state
     (tmp_path / "src").mkdir()

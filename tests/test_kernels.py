@@ -12,7 +12,7 @@ import pytest
 
 import colibri
 from colibri.demo import MODEL_DIR
-from conftest import FIXTURES
+from support import FIXTURES
 
 
 def cpu_flags():
