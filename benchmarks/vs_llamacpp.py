@@ -5,9 +5,9 @@ memory-bandwidth limit each reaches.
                                      [--types bf16,q8_0,q4_0] [--contended] [--out FILE]
 
 One command does everything, caching what it made under --work (default build/bench):
-  1. builds the two bench models of ../shared/NOTES-bench.md as Hugging Face checkpoints: random
-     weights N(0, 0.02), norms 1, bf16, seed fixed, hub tensor names, a synthetic SentencePiece
-     tokenizer (32000 pieces) so llama.cpp's converter accepts them;
+  1. builds the two bench models (MODELS: Qwen3-MoE's and Mixtral's layouts at hidden 1024, 24 layers)
+     as Hugging Face checkpoints: random weights N(0, 0.02), norms 1, bf16, seed fixed, hub tensor
+     names, a synthetic SentencePiece tokenizer (32000 pieces) so llama.cpp's converter accepts them;
   2. installs llama-cpp-python from PyPI when missing (built for this CPU), and takes llama.cpp's own
      converter from its source distribution;
   3. converts each checkpoint to a BF16 GGUF with that converter, quantizes it with llama.cpp
@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 LLAMA_CPP_VERSION = "0.3.36"
 SEED = 0
 VOCAB = 32000
-MODELS = {   # ../shared/NOTES-bench.md
+MODELS = {   # 64 experts top-8 with narrow experts; 8 experts top-2 with wide ones
     "qwen3moe": dict(arch="Qwen3MoeForCausalLM", hidden=1024, layers=24, heads=16, kv_heads=4, head_dim=64,
                      experts=64, top_k=8, ffn=256),
     "mixtral": dict(arch="MixtralForCausalLM", hidden=1024, layers=24, heads=16, kv_heads=4, head_dim=64,

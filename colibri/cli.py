@@ -1,10 +1,12 @@
-"""The `colibri` command: convert, validate, generate, memdump, stats.
+"""The `colibri` command: convert, validate, generate, memdump, firmware, profile, stats.
 
     colibri generate --prompt "ROMEO:"                     # the bundled Shakespeare model
     colibri convert path/to/hf-mixtral out/model [--dtype f16]
     colibri validate out/model
     colibri generate --model out/model --prompt "The capital of France is" --max-tokens 32
     colibri memdump --model out/model --ctx 2048
+    colibri firmware run --board mps2-an386 --prompt "ROMEO:"   # the bundled model on a board, under QEMU
+    colibri profile show profile.json                      # written by colibri-infer --profile
     colibri stats --model out/model --text some.txt        # per-expert load and loss on a text
 """
 import argparse

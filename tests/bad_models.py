@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-FIXTURE = Path(__file__).parent / "fixtures" / "tiny-mixtral.colibri"
+from support import FIXTURES
+
+FIXTURE = FIXTURES / "tiny-mixtral.colibri"
 
 
 @dataclass

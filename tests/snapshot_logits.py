@@ -21,15 +21,15 @@ N_PROMPT, N_DECODE, CTX = 20, 8, 64
 
 
 def prepare(root):
-    """Every family of test_families.py (f32), qwen3_moe at q4_0, and the tiny fixture at q8_0 and q4_0."""
+    """Every family of tests/support.py (f32), qwen3_moe at q4_0, and the tiny fixture at q8_0 and q4_0."""
     sys.path.insert(0, str(TESTS))
-    import test_families
+    import support
     from colibri.convert import convert
 
     root = Path(root)
-    for name in test_families.FAMILIES:
+    for name in support.FAMILIES:
         hf = root / "hf" / name
-        test_families.build(name).save_pretrained(hf)
+        support.build(name).save_pretrained(hf)
         convert(hf, root / f"{name}.f32", dtype="f32", progress=False)
     convert(root / "hf" / "qwen3_moe", root / "qwen3_moe.q4_0", dtype="q4_0", progress=False)
     for quant in ("q8_0", "q4_0"):

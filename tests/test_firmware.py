@@ -10,7 +10,7 @@ import pytest
 from colibri.demo import MODEL_DIR
 from colibri.targets import build, infer_command
 from colibri.targets import firmware as fw
-from conftest import FIXTURES, load_make_fixtures
+from support import FIXTURES, load_make_fixtures
 
 BOARDS = list(fw.BOARDS)
 PROMPT = [1, 591, 47, 39, 49, 28]   # <s> ROMEO:

@@ -9,7 +9,7 @@ from safetensors.numpy import load_file
 
 import colibri
 from colibri.convert import ConvertError, convert
-from conftest import FIXTURES, require_reference
+from support import FIXTURES, build, hf_logits, hf_model, require_reference
 
 torch, transformers = require_reference()
 SRC = FIXTURES / "tiny-mixtral"
@@ -70,14 +70,13 @@ def write_gguf(path, kind):
 def test_an_imported_gguf_runs_as_transformers(kind, tmp_path):
     write_gguf(tmp_path / "model.gguf", kind)
     model = colibri.Model(convert(tmp_path / "model.gguf", tmp_path / "colibri", progress=False), verify=True)
-    hf = transformers.MixtralForCausalLM.from_pretrained(SRC, dtype=torch.float32, attn_implementation="eager").eval()
+    hf = hf_model(SRC)
     if kind is not None:   # transformers on what the blocks encode
         with torch.no_grad():
             for p in hf.parameters():
                 if p.ndim >= 2:
                     p.copy_(torch.from_numpy(dequantize(quantize(p.numpy(), kind), kind).reshape(p.shape)))
-    with torch.no_grad():
-        ref = hf(torch.from_numpy(TOKENS.astype(np.int64))[None]).logits[0].numpy()
+    ref = hf_logits(hf, TOKENS)
     ours = model.session(ctx=64, kernels="reference").forward(TOKENS)   # float activations, as transformers
     print(f"gguf {kind.name if kind else 'F32'}: max |colibri - transformers| = {np.abs(ours - ref).max():.2e}")
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
@@ -99,8 +98,6 @@ def test_unsupported_gguf_is_refused(tmp_path):
 
 def test_a_qwen3moe_gguf_runs_as_transformers(tmp_path):
     """qwen3moe: no row reordering (rotate-half RoPE), per-head QK-norm, expert_feed_forward_length."""
-    from test_families import build, hf_logits
-
     hf = build("qwen3_moe", mlp_only_layers=[], use_sliding_window=False, attention_bias=False)
     cfg, sd = hf.config, {k: v.numpy() for k, v in hf.state_dict().items()}
     out = GGUFWriter(str(tmp_path / "q.gguf"), "qwen3moe")

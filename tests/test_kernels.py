@@ -12,7 +12,7 @@ import pytest
 
 import colibri
 from colibri.demo import MODEL_DIR
-from conftest import FIXTURES
+from support import FIXTURES
 
 
 def cpu_flags():
@@ -37,15 +37,13 @@ def expected_variants():
 
 
 def test_the_fastest_variant_is_the_default():
-    """Without COLIBRI_KERNELS (a suite run with it set, e.g. as an AVX2-only CPU, still checks the
-    default), a session takes the best variant."""
     expected = expected_variants()
     assert [k for k, runs in colibri.kernel_variants().items() if runs] == expected
+    # in a process without COLIBRI_KERNELS, which would choose instead (as it does to run the suite on another variant)
     code = "import colibri; from colibri.demo import MODEL_DIR; print(colibri.Model(MODEL_DIR).session(ctx=16).kernels)"
     env = {k: v for k, v in os.environ.items() if k != "COLIBRI_KERNELS"}
-    default = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/",
-                             env=env).stdout.strip()
-    assert default == (expected[-1] if len(expected) > 2 else "reference")
+    default = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/", env=env)
+    assert default.stdout.strip() == (expected[-1] if len(expected) > 2 else "reference")
     for name in expected:
         assert colibri.Model(MODEL_DIR).session(ctx=16, kernels=name).kernels == name
     with pytest.raises(ValueError, match="kernels must be"):

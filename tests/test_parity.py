@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import colibri
+from support import HF_MODELS
 
-HF_MODELS = ("tiny-mixtral", "tiny-mixtral-b")
 N_PROMPT = 8  # fixtures: greedy continues tokens[:8]
 
 # Max |logits(f16 or bf16 weights) - logits(f32 weights)|, both computed in f32 by transformers, as

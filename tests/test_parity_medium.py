@@ -10,7 +10,7 @@ import pytest
 
 import colibri
 from colibri.convert import convert
-from conftest import load_make_fixtures, require_reference
+from support import load_make_fixtures, require_reference
 
 torch, _ = require_reference()
 

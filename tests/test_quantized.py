@@ -15,20 +15,10 @@ from safetensors.numpy import load_file, save_file
 import colibri
 from colibri.convert import convert
 from colibri.convert.writer import encode
-from conftest import FIXTURES, require_reference
+from support import FIXTURES, build, hf_logits, hf_model, infer, prompt_logits, require_reference
 
-torch, transformers = require_reference()
+require_reference()
 TOKENS = np.random.default_rng(5).integers(0, 320, 24).astype(np.int32)
-
-
-def hf_logits_of(cls, path, tokens):
-    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
-    with torch.no_grad():
-        return model(torch.from_numpy(tokens.astype(np.int64))[None]).logits[0].numpy()
-
-
-def hf_logits(path, tokens):
-    return hf_logits_of(transformers.MixtralForCausalLM, path, tokens)
 
 
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
@@ -47,7 +37,7 @@ def test_quantized_logits_are_transformers_on_the_dequantized_weights(dtype, tmp
     save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
 
     ours = model.session(ctx=64, kernels="reference").forward(TOKENS)
-    ref = hf_logits(tmp_path / "hf", TOKENS)
+    ref = hf_logits(hf_model(tmp_path / "hf"), TOKENS)
     full = colibri.Model(convert(src, tmp_path / "f32", dtype="f32", progress=False)).session(ctx=64).forward(TOKENS)
     print(f"{dtype}: max |colibri - transformers on the same weights| = {np.abs(ours - ref).max():.2e}; "
           f"quantization moved the logits by {np.abs(ours - full).max():.2e}; "
@@ -88,8 +78,6 @@ def dequantize_w4g128(blocks, shape):
 
 def wide_mixtral(path):
     """A tiny Mixtral whose matrices all have rows of 128 (w4g128's group)."""
-    from test_families import build
-
     build("mixtral", hidden_size=128, intermediate_size=128).save_pretrained(path)
     return path
 
@@ -121,7 +109,7 @@ def test_w4g128_logits_are_transformers_on_the_dequantized_weights(tmp_path):
     stored = dequantize_w4g128(blob[t["file_offset"]:t["file_offset"] + t["file_size"]], t["shape"])
     np.testing.assert_array_equal(stored, weights[layer + "self_attn.q_proj.weight"])
 
-    ref = hf_logits_of(transformers.AutoModelForCausalLM, tmp_path / "hf-deq", TOKENS % 128)
+    ref = hf_logits(hf_model(tmp_path / "hf-deq", "AutoModelForCausalLM"), TOKENS % 128)
     for kernels in ("auto", "reference"):
         session = model.session(ctx=64, kernels=kernels)
         ours = session.forward(TOKENS % 128)
@@ -149,8 +137,6 @@ def test_a_block_scale_that_is_not_finite_is_named_by_validation(tmp_path):
 def test_quantized_rows_must_be_whole_blocks(tmp_path):
     """The converter keeps a matrix with rows of 3 (LFM2's convolution taps) in f32; marked q8_0 by
     hand, the loader refuses it, naming the tensor and the rule."""
-    from test_families import build
-
     build("lfm2_moe").save_pretrained(tmp_path / "hf")
     src = convert(tmp_path / "hf", tmp_path / "m", dtype="q8_0", progress=False)
     doc = json.loads((src / "colibri_model.json").read_text())
@@ -176,8 +162,6 @@ def test_cli_quant_flag(tmp_path):
 @pytest.mark.parametrize("dtype", ["q4_0", "w4g128"])
 @pytest.mark.parametrize("target", ["aarch64", "riscv64", "sanitize"])
 def test_quantized_models_give_the_same_bits_on_every_target(target, dtype, tmp_path):
-    from test_targets import infer, prompt_logits
-
     hf = FIXTURES / "tiny-mixtral" if dtype == "q4_0" else wide_mixtral(tmp_path / "hf")
     src = convert(hf, tmp_path / "q", dtype=dtype, progress=False)
     infer(target, "--model", src, "--validate-model")   # every block's scale checked (under the sanitizers too)

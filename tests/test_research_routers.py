@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import colibri
-from conftest import FIXTURES
+from support import FIXTURES
 
 TOKENS = np.array([1, 5, 9, 200, 17, 3, 3, 88, 140, 7, 61, 2, 33, 90, 12, 45, 7, 7, 301, 8], dtype=np.int32)
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import colibri
-from conftest import HF_MODELS, transformers_expert_load
+from support import HF_MODELS, transformers_expert_load
 
 
 @pytest.mark.parametrize("name", HF_MODELS)

@@ -8,24 +8,10 @@ import numpy as np
 import pytest
 
 from bad_models import CASES, make_case
-from colibri.targets import TARGETS, build, env_for, infer_command, machine_file, source_dir
-from conftest import FIXTURES, HF_MODELS, transformers_expert_load
+from colibri.targets import TARGETS, build, machine_file, source_dir
+from support import FIXTURES, HF_MODELS, infer, prompt_logits, transformers_expert_load
 
 BUNDLED_HF = FIXTURES / "shakespeare-hf"
-
-
-def infer(target, *args, check=True):
-    r = subprocess.run([*infer_command(target), *map(str, args)], capture_output=True, timeout=300, env=env_for(target))
-    if check and r.returncode != 0:
-        raise AssertionError(r.stderr.decode(errors="replace"))
-    return r
-
-
-def prompt_logits(target, model_dir, tokens, tmp_path, *flags):
-    out = tmp_path / f"{target}{''.join(map(str, flags))}.logits"
-    infer(target, "--model", model_dir, "--tokens", ",".join(map(str, tokens)), "--max_tokens", 0,
-          "--ids", "--logits", out, *flags)
-    return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -6,7 +6,7 @@ import pytest
 
 import colibri
 from colibri.convert import convert
-from conftest import load_make_fixtures
+from support import load_make_fixtures
 
 CONFIG = dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,

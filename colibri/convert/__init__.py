@@ -1,4 +1,5 @@
-"""Convert a Hugging Face checkpoint directory into a colibri model directory (docs/FORMAT.md).
+"""Convert a Hugging Face checkpoint directory (or a GGUF file) into a colibri model directory
+(docs/FORMAT.md).
 
     from colibri.convert import convert
     convert("Mixtral-8x7B-v0.1", "mixtral.colibri", dtype="bf16")
@@ -19,7 +20,7 @@ from .writer import ITEMSIZE, check_dtype, write_model
 
 __all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES"]
 
-DTYPES = tuple(ITEMSIZE)  # output dtypes: f32, f16, bf16
+DTYPES = tuple(ITEMSIZE)  # output dtypes: f32, f16, bf16 and the block formats q8_0, q4_0, w4g128
 
 
 def _version():
