@@ -88,7 +88,7 @@ def generate_on_target(model, ids, args):
         command.append("--verbose")
     if args.threads:
         command += ["--threads", str(args.threads)]
-    return subprocess.run(command).returncode
+    return subprocess.run(command, env=targets.env_for(args.target)).returncode
 
 
 def cmd_generate(args):

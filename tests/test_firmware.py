@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from colibri.demo import MODEL_DIR
-from colibri.targets import build, infer_command
+from colibri.targets import build, env_for, infer_command
 from colibri.targets import firmware as fw
 from support import FIXTURES, load_make_fixtures
 
@@ -39,7 +39,7 @@ def test_c_tests_pass_on_the_board(board):
     """The core's own C tests (loading from memory, the caller arena, elementary functions
     against the board's libm) and the firmware image, through `meson test` and QEMU."""
     r = subprocess.run(["meson", "test", "-C", str(build(board)), "--print-errorlogs"], capture_output=True,
-                       text=True, timeout=600)
+                       text=True, env=env_for(board), timeout=600)
     assert r.returncode == 0 and "Fail:              0" in r.stdout, r.stdout[-3000:]
 
 

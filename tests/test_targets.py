@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bad_models import CASES, make_case
-from colibri.targets import TARGETS, build, machine_file, source_dir
+from colibri.targets import TARGETS, build, env_for, machine_file, source_dir
 from support import FIXTURES, HF_MODELS, infer, prompt_logits, transformers_expert_load
 
 BUNDLED_HF = FIXTURES / "shakespeare-hf"
@@ -19,7 +19,7 @@ def test_c_tests_pass(target):
     """The core's own C tests: allocation count, caller arena, loading from memory, a run, and
     every kernel variant of the target (AVX2 on x86-64, NEON on aarch64) against the reference."""
     r = subprocess.run(["meson", "test", "-C", str(build(target)), "--print-errorlogs"], capture_output=True,
-                       text=True, timeout=600)
+                       text=True, env=env_for(target), timeout=600)
     assert r.returncode == 0 and re.search(r"Fail:\s+0", r.stdout), r.stdout[-3000:]
 
 

@@ -120,7 +120,12 @@ def infer_command(kind):
 
 
 def env_for(kind):
+    """The environment a target's programs run in.  COLIBRI_KERNELS names a variant of this host's
+    CPU (e.g. avx2 to run as an AVX2-only machine would): a program built for another CPU picks its
+    own, so the variable stays on the host."""
     env = dict(os.environ)
     if kind == "sanitize":
         env.update(SANITIZER_ENV)
+    if kind not in ("native", "clang", "sanitize"):
+        env.pop("COLIBRI_KERNELS", None)
     return env
