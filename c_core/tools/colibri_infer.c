@@ -144,9 +144,16 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "top_p")) { if (!parse_double(a, v, 0.0, 1.0, &o->top_p)) return 0; }
         else if (option_is(a, "seed")) { long s; if (!parse_long(a, v, 0, 2147483647L, &s)) return 0; o->seed = (unsigned long long)s; }
         else if (option_is(a, "routing")) {
-            static const char *const modes[] = { "model", "noisy", "hash", "capacity" };
-            for (o->routing = 0; o->routing < 4 && strcmp(v, modes[o->routing]) != 0; o->routing++) continue;
-            if (o->routing == 4) { fprintf(stderr, "colibri-infer: --routing is model, noisy, hash or capacity\n"); return 0; }
+            static const char *const modes[] = { [COLIBRI_ROUTING_MODEL] = "model", [COLIBRI_ROUTING_NOISY] = "noisy",
+                                                 [COLIBRI_ROUTING_HASH] = "hash", [COLIBRI_ROUTING_CAPACITY] = "capacity" };
+            int n_modes = (int)(sizeof modes / sizeof modes[0]);
+            for (o->routing = 0; o->routing < n_modes && strcmp(v, modes[o->routing]) != 0; o->routing++) continue;
+            if (o->routing == n_modes) {
+                fprintf(stderr, "colibri-infer: --routing is one of");
+                for (o->routing = 0; o->routing < n_modes; o->routing++) fprintf(stderr, " %s", modes[o->routing]);
+                fprintf(stderr, "\n");
+                return 0;
+            }
         }
         else if (option_is(a, "routing_noise")) { if (!parse_double(a, v, 0.0, 1e6, &o->routing_noise)) return 0; }
         else if (option_is(a, "routing_seed")) { long s; if (!parse_long(a, v, 0, 2147483647L, &s)) return 0; o->routing_seed = (unsigned long long)s; }

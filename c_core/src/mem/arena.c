@@ -13,9 +13,12 @@ void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
 #define RED_ZONE 0
 #endif
 
-static const char *const group_names[ARENA_GROUP_COUNT] = {
-    "session", "activations", "kv cache", "rope tables", "router", "experts", "output", "sampling",
+static const char *const group_names[] = {
+    [ARENA_SESSION] = "session", [ARENA_ACTIVATIONS] = "activations", [ARENA_KV_CACHE] = "kv cache",
+    [ARENA_ROPE] = "rope tables", [ARENA_ROUTER] = "router", [ARENA_EXPERTS] = "experts", [ARENA_OUTPUT] = "output",
+    [ARENA_SAMPLING] = "sampling",
 };
+COLIBRI_TABLE_CHECK(group_names, ARENA_GROUP_COUNT);
 
 const char *colibri_arena_group_name(int32_t group)
 {

@@ -33,15 +33,15 @@ float colibri_bf16_to_f32(uint16_t b)
 }
 
 const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT] = {
-    /* name      block  bytes  weights int8 */
-    { "f32",      1,     4,     1,     0 },
-    { "f16",      1,     2,     1,     0 },
-    { "bf16",     1,     2,     1,     0 },
-    { "u8",       1,     1,     0,     0 },
-    { "i32",      1,     4,     0,     0 },
-    { "q8_0",     32,    34,    1,     1 },
-    { "q4_0",     32,    18,    1,     1 },
-    { "w4g128",   128,   66,    1,     0 },
+    /*                        name      block  bytes  weights int8 */
+    [COLIBRI_DTYPE_F32]    = { "f32",      1,     4,     1,     0 },
+    [COLIBRI_DTYPE_F16]    = { "f16",      1,     2,     1,     0 },
+    [COLIBRI_DTYPE_BF16]   = { "bf16",     1,     2,     1,     0 },
+    [COLIBRI_DTYPE_U8]     = { "u8",       1,     1,     0,     0 },
+    [COLIBRI_DTYPE_I32]    = { "i32",      1,     4,     0,     0 },
+    [COLIBRI_DTYPE_Q8_0]   = { "q8_0",     32,    34,    1,     1 },
+    [COLIBRI_DTYPE_Q4_0]   = { "q4_0",     32,    18,    1,     1 },
+    [COLIBRI_DTYPE_W4G128] = { "w4g128",   128,   66,    1,     0 },
 };
 
 int colibri_dtype_is_block(colibri_dtype dtype) { return colibri_dtypes[dtype].block > 1; }
