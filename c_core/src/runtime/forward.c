@@ -55,14 +55,13 @@ static void divide(float *x, size_t n, float divisor)
     for (i = 0; i < n; i++) x[i] /= divisor;
 }
 
-/* Adds the tokens each expert of `layer` received in the last MoE block (expert_start is the
- * block's grouping of routed pairs by expert). */
+/* Adds the tokens each expert of `layer` computed in the last MoE block: its kept pairs
+ * [expert_start[e], dropped_from[e]), all of them unless capacity routing dropped some. */
 static void count_expert_load(colibri_session *s, int32_t layer)
 {
     int32_t e, E = s->model->hp.n_experts;
     uint64_t *load = s->expert_load + (size_t)layer * E;
-    const int32_t *end = s->routing.mode == COLIBRI_ROUTING_CAPACITY ? s->moe_buf.dropped_from : s->moe_buf.expert_start + 1;
-    for (e = 0; e < E; e++) load[e] += (uint64_t)(end[e] - s->moe_buf.expert_start[e]);
+    for (e = 0; e < E; e++) load[e] += (uint64_t)(s->moe_buf.dropped_from[e] - s->moe_buf.expert_start[e]);   /* kept pairs */
 }
 
 /* One chunk of at most n_batch tokens; logits (n, vocab) or NULL for the last row only. */
