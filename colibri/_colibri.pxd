@@ -44,6 +44,7 @@ cdef extern from "colibri/colibri.h" nogil:
         int32_t eos_token_id
         int32_t tie_word_embeddings
         int32_t normalize_topk
+        int32_t expert_layout
         float rope_theta
         float rms_norm_eps
 
@@ -56,6 +57,7 @@ cdef extern from "colibri/colibri.h" nogil:
         uint64_t file_size
         uint32_t crc32
         const void *data
+        uint64_t expert_stride
 
     enum: COLIBRI_LOAD_VERIFY
 

@@ -110,6 +110,7 @@ cdef class Model:
             "tie_word_embeddings": bool(hp.tie_word_embeddings),
             "normalize_topk": bool(hp.normalize_topk),
             "rope_theta": hp.rope_theta, "rms_norm_eps": hp.rms_norm_eps,
+            "weight_layout": ("stacked", "interleaved")[hp.expert_layout],
         }
 
     @property
@@ -121,15 +122,18 @@ cdef class Model:
         return c.colibri_model_weight_bytes(self._model)
 
     def tensors(self):
-        """The tensor table: name, dtype, shape, offset, size and CRC-32 of each tensor."""
+        """The tensor table: name, dtype, shape, offset, size and CRC-32 of each tensor (and the
+        routed experts' expert_stride with the interleaved layout)."""
         cdef c.colibri_tensor_info info
         out = []
         for i in range(c.colibri_model_tensor_count(self._model)):
             c.colibri_model_tensor(self._model, i, &info)
-            out.append({"name": info.name.decode(), "dtype": _DTYPES[info.dtype],
-                        "shape": tuple(info.shape[d] for d in range(info.n_dims)),
-                        "file_offset": info.file_offset, "file_size": info.file_size,
-                        "crc32": info.crc32})
+            t = {"name": info.name.decode(), "dtype": _DTYPES[info.dtype],
+                 "shape": tuple(info.shape[d] for d in range(info.n_dims)),
+                 "file_offset": info.file_offset, "file_size": info.file_size, "crc32": info.crc32}
+            if info.expert_stride:   # interleaved experts: expert e's part at file_offset + e * expert_stride
+                t["expert_stride"] = info.expert_stride
+            out.append(t)
         return out
 
     def token_bytes(self, int token):

@@ -31,7 +31,7 @@ def _model(path, verify=False):
 def cmd_convert(args):
     from colibri.convert import convert
 
-    out = convert(args.src, args.out, dtype=args.dtype, progress=not args.quiet)
+    out = convert(args.src, args.out, dtype=args.dtype, progress=not args.quiet, layout=args.layout)
     model = _model(out, verify=True)
     matrices = sorted({t["dtype"] for t in model.tensors() if len(t["shape"]) >= 2 and t["dtype"] not in ("u8", "i32")})
     print(f"wrote {out}: {model.architecture}, {len(model.tensors())} tensors, "
@@ -280,6 +280,9 @@ def build_parser():
     c.add_argument("--dtype", "--quant", choices=["f32", "f16", "bf16", "q8_0", "q4_0", "w4g128"], default="f32",
                    help="weight storage: f32 (default), f16, bf16, llama.cpp's q8_0 / q4_0 blocks (int8 activations), "
                         "or w4g128 (4-bit groups of 128, float activations: w4a16) for the matrices")
+    c.add_argument("--layout", choices=["stacked", "interleaved"], default="stacked",
+                   help="the routed experts in weights.bin: stacked (default: each tensor whole) or interleaved "
+                        "(each expert's tensors one contiguous extent, one read per expert)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_convert)
 

@@ -180,6 +180,52 @@ def _tensor_field(name, field, value):
     return fn
 
 
+def _interleaved(fn):
+    """The fixture's checkpoint converted with the interleaved layout, then `fn(doc, weights.bin's
+    size)` edits its table."""
+    def make(d):
+        from colibri.convert import convert
+
+        shutil.rmtree(d)
+        convert(FIXTURES / "tiny-mixtral", d, layout="interleaved", progress=False)
+        size = (d / "weights.bin").stat().st_size
+        _edit_json(lambda doc: fn(doc, size))(d)
+    return make
+
+
+def _experts(doc, layer):
+    return [t for t in doc["tensors"] if t["name"].startswith(f"layers.{layer}.experts.")]
+
+
+def _extents_overlap(doc, size):
+    """Layer 1's extents moved down to begin inside layer 0's last one."""
+    first, second = _experts(doc, 0), _experts(doc, 1)
+    E = first[0]["shape"][0]
+    delta = min(t["file_offset"] for t in second) - (first[0]["file_offset"] + (E - 1) * first[0]["expert_stride"])
+    for t in second:
+        t["file_offset"] -= delta
+
+
+def _stride_disagrees(doc, size):
+    _tensor(doc, "layers.0.experts.w3")["expert_stride"] += 64
+
+
+def _extent_past_end(doc, size):
+    """Layer 0's stride stretched so its last part still lies in weights.bin and its last extent does not."""
+    ts = _experts(doc, 0)
+    E, base = ts[0]["shape"][0], min(t["file_offset"] for t in ts)
+    end = max(t["file_offset"] - base + t["file_size"] // E for t in ts)
+    stride = ((size - base - end) // (E - 1)) // 64 * 64
+    assert base + E * stride > size
+    for t in ts:
+        t["expert_stride"] = stride
+
+
+def _part_outside_extent(doc, size):
+    w1, w2 = _tensor(doc, "layers.0.experts.w1"), _tensor(doc, "layers.0.experts.w2")
+    w2["file_offset"] = w1["file_offset"] + w1["expert_stride"] - 64
+
+
 CASES = [
     Case("missing_json", "COLIBRI_E_IO", "colibri_model.json", lambda d: (d / "colibri_model.json").unlink()),
     Case("missing_weights", "COLIBRI_E_IO", "weights.bin", lambda d: (d / "weights.bin").unlink()),
@@ -272,6 +318,20 @@ CASES = [
          _edit_json(_tensor_field("layers.0.router", "dtype", "w4g128"))),
     Case("vocab_offsets_shape", "COLIBRI_E_SHAPE", "tensor `tokenizer.token_offsets`: shape [320] != expected [321]",
          _edit_json(_tensor_field("tokenizer.token_offsets", "shape", [320]))),
+    Case("interleaved_extents_overlap", "COLIBRI_E_OVERLAP",
+         "tensor `layers.0.experts.w1`'s expert extents [132608, 427520) overlaps tensor `layers.1.experts.w1`'s expert extents at 353792",
+         _interleaved(_extents_overlap)),
+    Case("interleaved_stride_disagrees", "COLIBRI_E_VALUE",
+         "layer 0: tensor `layers.0.experts.w3` has expert_stride 73792, tensor `layers.0.experts.w1` 73728",
+         _interleaved(_stride_disagrees)),
+    Case("interleaved_extent_past_end", "COLIBRI_E_BOUNDS", "layer 0: expert 3's extent", _interleaved(_extent_past_end)),
+    Case("interleaved_part_outside_extent", "COLIBRI_E_OVERLAP",
+         "tensor `layers.0.experts.w2`: expert 0's part [206272, 230848) lies outside its extent [132608, 206336)",
+         _interleaved(_part_outside_extent)),
+    Case("interleaved_stride_missing", "COLIBRI_E_MISSING", "tensor `layers.1.experts.w2`.expert_stride is missing",
+         _interleaved(lambda doc, size: _tensor(doc, "layers.1.experts.w2").pop("expert_stride"))),
+    Case("stride_in_stacked_layout", "COLIBRI_E_VALUE", "tensor `layers.0.experts.w1`: expert_stride belongs only",
+         _edit_json(lambda doc: _tensor(doc, "layers.0.experts.w1").update(expert_stride=73728))),
     Case("checksum_mismatch", "COLIBRI_E_CHECKSUM", "crc32", _flip_weight_byte, verify=True),
     Case("nan_weight", "COLIBRI_E_VALUE", "tensor `layers.0.router`: element 0 is not finite", _nan_weight,
          verify=True),

@@ -16,9 +16,9 @@ from .errors import ConvertError
 from .families import FAMILIES
 from .hf import Checkpoint
 from .vocab import byte_table, token_bytes
-from .writer import ITEMSIZE, check_dtype, write_model
+from .writer import ITEMSIZE, LAYOUTS, check_dtype, check_layout, write_model
 
-__all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES"]
+__all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES", "LAYOUTS"]
 
 DTYPES = tuple(ITEMSIZE)  # output dtypes: f32, f16, bf16 and the block formats q8_0, q4_0, w4g128
 
@@ -35,16 +35,19 @@ def _version():
             return "unknown"
 
 
-def convert(src_dir, out_dir, dtype="f32", progress=True):
+def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked"):
     """Convert the HF model in `src_dir` to a colibri model in `out_dir`, weights stored as `dtype`
-    (f32, f16, bf16, q8_0, q4_0 or w4g128); or import a .gguf file, its weights as they are. Returns out_dir
-    as a Path. Raises ConvertError on anything it cannot convert."""
+    (f32, f16, bf16, q8_0, q4_0 or w4g128); or import a .gguf file, its weights as they are. `layout`:
+    the routed experts "stacked" (each tensor whole) or "interleaved" (each expert's tensors one
+    extent, read at once; docs/FORMAT.md). Returns out_dir as a Path. Raises ConvertError on anything
+    it cannot convert."""
     check_dtype(dtype)
+    check_layout(layout)
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if src_dir.suffix == ".gguf" and src_dir.is_file():
         from .gguf_import import convert_gguf
 
-        return convert_gguf(src_dir, out_dir, progress=progress)
+        return convert_gguf(src_dir, out_dir, progress=progress, layout=layout)
     with Checkpoint(src_dir) as ckpt:
         model_type = ckpt.config.get("model_type")
         if model_type not in FAMILIES:
@@ -74,7 +77,7 @@ def convert(src_dir, out_dir, dtype="f32", progress=True):
             table, offsets = byte_table(pieces)
             tensors += [("tokenizer.token_bytes", table.shape, lambda: table),
                         ("tokenizer.token_offsets", offsets.shape, lambda: offsets)]
-        write_model(out_dir, doc, tensors, dtype, progress=progress)
+        write_model(out_dir, doc, tensors, dtype, progress=progress, layout=layout)
     if has_tokenizer:
         shutil.copyfile(src_dir / "tokenizer.json", out_dir / "tokenizer.json")
     return out_dir

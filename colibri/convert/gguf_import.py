@@ -91,8 +91,9 @@ def _colibri_name(name):
     return None
 
 
-def convert_gguf(path, out_dir, progress=True):
-    """Import the GGUF file at `path` into the colibri model directory `out_dir`."""
+def convert_gguf(path, out_dir, progress=True, layout="stacked"):
+    """Import the GGUF file at `path` into the colibri model directory `out_dir`; with layout
+    "interleaved" the stacked expert tensors are rewritten into per-expert extents, byte for byte."""
     from gguf import GGUFReader
 
     path, out_dir = Path(path), Path(out_dir)
@@ -120,5 +121,5 @@ def convert_gguf(path, out_dir, progress=True):
         entries.append((name, tuple(shape), lambda data=data, kind=kind: Stored(data, STORED[kind]), STORED[kind]))
     doc = {"format": "colibri", "version": 1, **desc,
            "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}
-    write_model(out_dir, doc, entries, "f32", progress=progress)
+    write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout)
     return out_dir

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -95,15 +96,99 @@ def _header_text(doc):
     return text[:-2] + ',\n  "tensors": [\n' + rows + "\n  ]\n}\n"
 
 
-def write_model(out_dir, doc, tensors, dtype, progress=True):
+LAYOUTS = ("stacked", "interleaved")   # experts.weight_layout
+# The routed experts' tensors: stacked, each holds its E experts one after another; interleaved, each
+# expert's parts of all of a layer's expert tensors lie side by side in one extent (docs/FORMAT.md).
+EXPERT_TENSOR = re.compile(r"layers\.(\d+)\.experts\.(w1|w3|w2|b1|b3|b2)$")
+
+
+def check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ConvertError(f"unknown layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+
+
+def _encoded(name, shape, load, dtype):
+    """(bytes, stored dtype) of one tensor of the plan."""
+    x = load()
+    if isinstance(x, Stored):
+        y, stored = x.data, x.dtype
+    elif tuple(x.shape) != tuple(shape):
+        raise ConvertError(f"tensor `{name}`: shape {list(x.shape)} != expected {list(shape)}")
+    elif x.dtype in INTEGER_DTYPES:
+        y, stored = np.ascontiguousarray(x), INTEGER_DTYPES[x.dtype]
+    elif not np.isfinite(x).all():
+        raise ConvertError(f"tensor `{name}`: the source holds NaN or infinite values")
+    else:
+        stored = stored_dtype(shape, dtype)
+        y = encode(x, stored)
+    if stored == "f16" and not np.isfinite(y).all():
+        raise ConvertError(f"tensor `{name}`: values beyond the f16 range (|x| > 65504); use bf16 or f32")
+    return y.tobytes(), stored
+
+
+def _groups(tensors, layout):
+    """The plan in file order as (extents, members): one tensor alone, or with the interleaved layout
+    a layer's routed-expert tensors together, at the place of the first of them."""
+    groups, layers = [], {}
+    for t in tensors:
+        match = EXPERT_TENSOR.match(t[0]) if layout == "interleaved" else None
+        if match is None:
+            groups.append((False, [t]))
+        elif match.group(1) in layers:
+            layers[match.group(1)].append(t)
+        else:
+            layers[match.group(1)] = [t]
+            groups.append((True, layers[match.group(1)]))
+    return groups
+
+
+def _pad(f):
+    f.write(b"\0" * (-f.tell() % ALIGN))
+
+
+def _entry(name, stored, shape, offset, data, **extra):
+    return {"name": name, "dtype": stored, "shape": list(shape), "file_offset": offset, "file_size": len(data),
+            **extra, "checksum": "crc32:%08x" % zlib.crc32(data)}
+
+
+def _write_extents(f, group, dtype, table, bar):
+    """One layer's routed-expert tensors as E extents: expert e's extent holds its part of each
+    tensor in plan order, each part 64-byte aligned; the stride (the extent's size) is a multiple of
+    64. The bytes are the stacked tensors' bytes, rearranged, so the checksums do not change."""
+    encoded = [_encoded(name, shape, load, dtype) for name, shape, load, _ in group]
+    n_experts = group[0][1][0]
+    parts = []
+    for (name, shape, _, _), (data, _) in zip(group, encoded):
+        if shape[0] != n_experts or len(data) % n_experts:
+            raise ConvertError(f"tensor `{name}`: shape {list(shape)} does not hold {n_experts} experts")
+        parts.append(len(data) // n_experts)
+    at, stride = [], 0
+    for part in parts:
+        at.append(stride)
+        stride += -(-part // ALIGN) * ALIGN
+    _pad(f)
+    base = f.tell()
+    for e in range(n_experts):
+        for (data, _), part in zip(encoded, parts):
+            _pad(f)
+            f.write(data[e * part:(e + 1) * part])
+        _pad(f)
+        bar.update(min(sum(parts), bar.total - bar.n))
+    for (name, shape, _, _), (data, stored), offset in zip(group, encoded, at):
+        table.append(_entry(name, stored, shape, base + offset, data, expert_stride=stride))
+
+
+def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):
     """Stream `tensors` into out_dir/weights.bin, then write colibri_model.json.
 
     doc: the JSON document without "tensors". tensors: (name, expected shape, load) triples in file
     order, where load() returns a float32 array, or a Stored; then a fourth item names its dtype,
-    so the progress bar knows its size. One tensor is in memory at a time. weights.bin is written
-    under a temporary name and renamed only when every tensor was written.
+    so the progress bar knows its size. One tensor is in memory at a time; with layout
+    "interleaved", one layer's routed-expert tensors, written as its experts' extents. weights.bin
+    is written under a temporary name and renamed only when every tensor was written.
     """
     check_dtype(dtype)
+    check_layout(layout)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = [(t[0], t[1], t[2], t[3] if len(t) > 3 else stored_dtype(t[1], dtype)) for t in tensors]
@@ -113,28 +198,19 @@ def write_model(out_dir, doc, tensors, dtype, progress=True):
     try:
         with open(partial, "wb") as f, tqdm(total=total, unit="B", unit_scale=True,
                                             desc="weights.bin", disable=not progress) as bar:
-            for name, shape, load, _ in tensors:
-                x = load()
-                if isinstance(x, Stored):
-                    y, stored = x.data, x.dtype
-                elif tuple(x.shape) != tuple(shape):
-                    raise ConvertError(f"tensor `{name}`: shape {list(x.shape)} != expected {list(shape)}")
-                elif x.dtype in INTEGER_DTYPES:
-                    y, stored = np.ascontiguousarray(x), INTEGER_DTYPES[x.dtype]
-                elif not np.isfinite(x).all():
-                    raise ConvertError(f"tensor `{name}`: the source holds NaN or infinite values")
-                else:
-                    stored = stored_dtype(shape, dtype)
-                    y = encode(x, stored)
-                if stored == "f16" and not np.isfinite(y).all():
-                    raise ConvertError(f"tensor `{name}`: values beyond the f16 range (|x| > 65504); use bf16 or f32")
-                data = y.tobytes()
-                f.write(b"\0" * (-f.tell() % ALIGN))
-                table.append({"name": name, "dtype": stored, "shape": list(shape), "file_offset": f.tell(),
-                              "file_size": len(data), "checksum": "crc32:%08x" % zlib.crc32(data)})
+            for extents, group in _groups(tensors, layout):
+                if extents:
+                    _write_extents(f, group, dtype, table, bar)
+                    continue
+                name, shape, load, _ = group[0]
+                data, stored = _encoded(name, shape, load, dtype)
+                _pad(f)
+                table.append(_entry(name, stored, shape, f.tell(), data))
                 f.write(data)
                 bar.update(min(len(data), total - bar.n))
         os.replace(partial, out_dir / "weights.bin")
     finally:
         partial.unlink(missing_ok=True)
+    if "experts" in doc:
+        doc = {**doc, "experts": {**doc["experts"], "weight_layout": layout}}
     (out_dir / "colibri_model.json").write_text(_header_text({**doc, "tensors": table}))

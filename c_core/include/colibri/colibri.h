@@ -133,6 +133,7 @@ typedef struct colibri_hparams {
     int32_t expert_bias;                /* biases on the experts' projections (experts.b1, b3, b2) */
     float swiglu_limit;                 /* clamped SwiGLU: gate <= limit, |up| <= limit */
     float swiglu_alpha;                 /* clamped SwiGLU: gate * sigmoid(alpha * gate) */
+    int32_t expert_layout;              /* COLIBRI_LAYOUT_*: how weights.bin stores the routed experts */
 } colibri_hparams;
 
 /* The choices of colibri_model.json's string fields; *_COUNT sizes the loader's table of their
@@ -148,6 +149,9 @@ enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1, COLIBRI_ROPE_LONGROPE = 
        COLIBRI_ROPE_COUNT };
 enum { COLIBRI_NORM_RMS = 0, COLIBRI_NORM_LAYER = 1, COLIBRI_NORM_COUNT };
 enum { COLIBRI_ROUTER_TOPK = 0, COLIBRI_ROUTER_SPARSEMIXER = 1 };
+/* experts.weight_layout: each routed-expert tensor whole, its experts one after another ("stacked"),
+ * or each expert's parts of all of them side by side in one extent ("interleaved"), docs/FORMAT.md */
+enum { COLIBRI_LAYOUT_STACKED = 0, COLIBRI_LAYOUT_INTERLEAVED = 1, COLIBRI_LAYOUT_COUNT };
 enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };
 enum { COLIBRI_ACT_SILU = 0, COLIBRI_ACT_GELU = 1, COLIBRI_ACT_GELU_TANH = 2, COLIBRI_ACT_RELU = 3 };
 
@@ -161,6 +165,9 @@ typedef struct colibri_tensor_info {
     uint64_t file_size;
     uint32_t crc32;
     const void *data;               /* inside the mapped weights */
+    uint64_t expert_stride;         /* interleaved routed experts: expert e's part at file_offset +
+                                       e * expert_stride (data: expert 0's), file_size / n_experts
+                                       bytes each; 0: the tensor's bytes are contiguous */
 } colibri_tensor_info;
 
 /* ---- model ------------------------------------------------------------ */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "loader.h"
+#include "../ops/ops.h"
 #include "../util.h"
 
 #define MIN_LAYER_TENSORS 9
@@ -130,10 +131,11 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         if (t->file_offset % COLIBRI_ALIGNMENT != 0)
             return colibri_fail(err, COLIBRI_E_ALIGN, "tensor `%s`: file_offset %llu is not a multiple of %d",
                                 t->name, (unsigned long long)t->file_offset, COLIBRI_ALIGNMENT);
-        if (t->file_offset > weights_len || t->file_size > weights_len - t->file_offset)
+        t->slot = (int32_t)slot;
+        if (t->file_offset > weights_len || t->span > weights_len - t->file_offset)   /* span: all its parts */
             return colibri_fail(err, COLIBRI_E_BOUNDS, "tensor `%s`: bytes [%llu, %llu) lie past the end of weights.bin (%zu bytes)",
                                 t->name, (unsigned long long)t->file_offset,
-                                (unsigned long long)(t->file_offset + t->file_size), weights_len);
+                                (unsigned long long)(t->file_offset + t->span), weights_len);
         w.data = m->weights + t->file_offset;
         w.dtype = t->dtype;
         if (slot == G_TOK_EMBEDDINGS) m->tok_embeddings = w;
@@ -166,6 +168,8 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         if (st) return st;
     }
 
+    st = colibri_check_experts(m, order, err);
+    if (st) return st;
     st = colibri_check_overlaps(m, order, err);
     if (st) return st;
     if (flags & COLIBRI_LOAD_VERIFY) {
@@ -206,6 +210,47 @@ colibri_status colibri_model_tensor(const colibri_model *model, int32_t index, c
     info->file_size = t->file_size;
     info->crc32 = t->crc32;
     info->data = model->weights + t->file_offset;
+    info->expert_stride = t->expert_stride;
+    return COLIBRI_OK;
+}
+
+/* Bytes of one expert's part of the routed-expert tensor `kind`: (ffn, dim), (dim, ffn), (ffn) or (dim). */
+static uint64_t expert_part_bytes(const colibri_hparams *hp, int kind, colibri_dtype dtype)
+{
+    size_t d = (size_t)hp->hidden_size, f = (size_t)hp->intermediate_size;
+    switch (kind) {
+    case L_W1: case L_W3: return (uint64_t)f * colibri_row_bytes(dtype, d);
+    case L_W2: return (uint64_t)d * colibri_row_bytes(dtype, f);
+    case L_B2: return colibri_row_bytes(dtype, d);
+    default: return colibri_row_bytes(dtype, f);   /* L_B1, L_B3 */
+    }
+}
+
+colibri_status colibri_expert_part(const colibri_model *model, int32_t layer, int kind, int32_t expert,
+                                   uint64_t *offset, uint64_t *bytes)
+{
+    const colibri_layer_weights *lw;
+    if (!model || !offset || !bytes || layer < 0 || layer >= model->hp.n_layers || expert < 0 ||
+        expert >= model->hp.n_experts || kind < L_EXPERT_FIRST || kind >= L_EXPERT_FIRST + L_EXPERT_KINDS)
+        return COLIBRI_E_ARG;
+    lw = &model->layers[layer];
+    if (!lw->w[kind].data) return COLIBRI_E_ARG;
+    *offset = (uint64_t)((const uint8_t *)colibri_expert_weight(lw, kind, expert).data - model->weights);
+    *bytes = expert_part_bytes(&model->hp, kind, lw->w[kind].dtype);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_expert_extent(const colibri_model *model, int32_t layer, int32_t expert,
+                                     uint64_t *offset, uint64_t *bytes)
+{
+    const colibri_layer_weights *lw;
+    if (!model || !offset || !bytes || layer < 0 || layer >= model->hp.n_layers || expert < 0 ||
+        expert >= model->hp.n_experts || !model->layers[layer].moe)
+        return COLIBRI_E_ARG;
+    lw = &model->layers[layer];
+    if (!lw->extent_bytes) return COLIBRI_E_TENSOR;   /* stacked */
+    *offset = (uint64_t)lw->extent_offset + (uint64_t)expert * lw->extent_bytes;
+    *bytes = lw->extent_bytes;
     return COLIBRI_OK;
 }
 

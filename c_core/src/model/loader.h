@@ -47,6 +47,9 @@ int colibri_slot_optional(int64_t slot);
 /* One entry of "tensors": fills t and returns its slot. */
 colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const colibri_model *m,
                                    colibri_tensor *t, int64_t *slot);
+/* The routed experts' strides and, interleaved, each layer's extents (tensors.c says the rules);
+ * index: (n_tensors) int32 scratch. */
+colibri_status colibri_check_experts(colibri_model *m, int32_t *index, colibri_error *err);
 /* order: (n_tensors) int32 scratch for the sort. */
 colibri_status colibri_check_overlaps(const colibri_model *m, int32_t *order, colibri_error *err);
 colibri_status colibri_verify_tensor(const colibri_model *m, const colibri_tensor *t, colibri_error *err);

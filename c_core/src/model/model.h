@@ -37,16 +37,23 @@ enum {
     L_MLP_W1, L_MLP_W3, L_MLP_W2,           /* dense layers: (dense_ffn, dim) x 2, (dim, dense_ffn) */
     L_KINDS
 };
+/* The routed experts' tensors, L_W1 .. L_B2: each holds every expert's part, expert e's at
+ * base + e * stride (colibri_expert_weight). */
+enum { L_EXPERT_FIRST = L_W1, L_EXPERT_KINDS = L_B2 - L_W1 + 1 };
 
 typedef struct colibri_layer_weights {
-    colibri_weight w[L_KINDS];  /* data NULL: the layer has no such tensor */
+    colibri_weight w[L_KINDS];  /* data NULL: the layer has no such tensor; routed experts: expert 0's part */
+    size_t expert_stride[L_EXPERT_KINDS];   /* bytes from expert e's part to e + 1's: stacked, the part's
+                                               size; interleaved, the extent's (all kinds alike) */
+    size_t extent_offset;       /* interleaved: expert e's extent is [extent_offset + e * extent_bytes, */
+    size_t extent_bytes;        /*   + extent_bytes) of weights.bin, all its tensors' parts; stacked: 0, 0 */
     int32_t moe;                /* the MLP is the MoE block (else dense) */
     int32_t window;             /* attention sees this many positions, the query's included; 0: all */
     int32_t chunk;              /* or only the positions of the query's chunk of this size; 0: no chunks */
     int32_t rope;               /* the layer rotates q and k (else NoPE) */
     int32_t conv;               /* a short-convolution block instead of attention */
 } colibri_layer_weights;
-#define COLIBRI_LAYER_SLOT 752     /* bytes per entry on every target (util.h) */
+#define COLIBRI_LAYER_SLOT 816     /* bytes per entry on every target (util.h) */
 
 typedef struct colibri_tensor {
     char name[COLIBRI_MAX_NAME];
@@ -54,10 +61,14 @@ typedef struct colibri_tensor {
     int32_t n_dims;
     int64_t shape[4];
     uint64_t file_offset;
-    uint64_t file_size;
-    uint32_t crc32;
+    uint64_t file_size;         /* interleaved experts: the sum of the E parts */
+    uint64_t expert_stride;     /* interleaved experts: expert e's part at file_offset + e * expert_stride; else 0 */
+    uint64_t span;              /* bytes from file_offset it claims for the overlap check: file_size; for
+                                   interleaved experts, the layer's first part all E extents, the others 0 */
+    uint32_t crc32;             /* of its bytes, the parts in expert order: the same in either layout */
+    int32_t slot;               /* where the loader keeps it (loader.h) */
 } colibri_tensor;
-#define COLIBRI_TENSOR_SLOT 112
+#define COLIBRI_TENSOR_SLOT 128
 
 struct colibri_model {
     colibri_hparams hp;
@@ -84,6 +95,28 @@ struct colibri_model {
     void *platform;
 };
 #define COLIBRI_MODEL_SLOT 512
+
+/* Expert e's part of a routed-expert tensor `kind` (L_W1 .. L_B2) in either layout: base + e * stride,
+ * the one place expert weights are located (the experts' forward pass, an expert cache).  The loader
+ * checked e's part lies inside weights.bin for every e < n_experts. */
+static inline colibri_weight colibri_expert_weight(const colibri_layer_weights *lw, int kind, int32_t e)
+{
+    colibri_weight w;
+    w.data = (const uint8_t *)lw->w[kind].data + (size_t)e * lw->expert_stride[kind - L_EXPERT_FIRST];
+    w.dtype = lw->w[kind].dtype;
+    return w;
+}
+
+/* Where expert `expert` of layer `layer` lies in weights.bin (offset, bytes): with the interleaved
+ * layout its extent, all its tensors' parts in one read.  COLIBRI_E_ARG for a layer without routed
+ * experts or an expert out of range, COLIBRI_E_TENSOR for the stacked layout (no extent: the parts
+ * lie apart; colibri_expert_part gives each). */
+colibri_status colibri_expert_extent(const colibri_model *model, int32_t layer, int32_t expert,
+                                     uint64_t *offset, uint64_t *bytes);
+/* Expert `expert`'s part of the layer's routed-expert tensor `kind` (L_W1 .. L_B2), either layout;
+ * COLIBRI_E_ARG when the layer has no such tensor or the expert is out of range. */
+colibri_status colibri_expert_part(const colibri_model *model, int32_t layer, int kind, int32_t expert,
+                                   uint64_t *offset, uint64_t *bytes);
 
 const char *colibri_dtype_name(colibri_dtype dtype);
 

@@ -80,9 +80,13 @@ static const char *const attention_kinds[] = {
 };
 COLIBRI_TABLE_CHECK(attention_kinds, ATTENTION_KINDS);
 
+static const char *const layouts[] = {
+    [COLIBRI_LAYOUT_STACKED] = "stacked", [COLIBRI_LAYOUT_INTERLEAVED] = "interleaved",
+};
+COLIBRI_TABLE_CHECK(layouts, COLIBRI_LAYOUT_COUNT);
+
 /* Fields with a single choice. */
 static const char *const formats[] = { "colibri" };
-static const char *const layouts[] = { "stacked" };
 static const char *const quantizations[] = { "none" };
 
 /* A table and its length, as the lookups take them. */
@@ -428,7 +432,7 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     TRY(colibri_get_field(L, root, "model", "experts", JSON_OBJECT, &e));
     TRY(colibri_check_keys(L, e, "experts", expert_keys));
     TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
-    TRY(get_choice(L, e, "experts", "weight_layout", CHOICES(layouts), &choice));
+    TRY(get_choice(L, e, "experts", "weight_layout", CHOICES(layouts), &hp->expert_layout));
     TRY(get_choice(L, e, "experts", "quantization", CHOICES(quantizations), &choice));
     TRY(get_choice(L, e, "experts", "activation", CHOICES(gate_names), &choice));
     hp->expert_kind = gates[choice].expert_kind;

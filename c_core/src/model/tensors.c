@@ -189,7 +189,8 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
                                    colibri_tensor *t, int64_t *slot)
 {
     const colibri_hparams *hp = &m->hp;
-    static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum", NULL };
+    static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum",
+                                        "expert_stride", NULL };
     char where[64];
     int32_t i = 0, shape_tok = 0;
     int64_t expected[4], v;
@@ -289,6 +290,37 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
                                 colibri_dtype_name(t->dtype));
     }
 
+    t->expert_stride = 0;
+    t->span = t->file_size;
+    {   /* interleaved routed experts: E parts, expert e's at file_offset + e * expert_stride */
+        int kind = *slot >= T_GLOBAL ? (int)((*slot - T_GLOBAL) % L_KINDS) : -1;
+        int routed = kind >= L_EXPERT_FIRST && kind < L_EXPERT_FIRST + L_EXPERT_KINDS;
+        int interleaved = routed && hp->expert_layout == COLIBRI_LAYOUT_INTERLEAVED;
+        uint64_t part = t->file_size / (uint64_t)hp->n_experts;   /* exact: shape[0] is n_experts */
+        if (!interleaved && json_object_get(L->text, L->tok, obj, "expert_stride") >= 0)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: expert_stride belongs only to the routed experts' tensors "
+                                "of the interleaved layout (experts.weight_layout)", where);
+        if (interleaved) {
+            st = colibri_get_field(L, obj, where, "expert_stride", JSON_NUMBER, &i);
+            if (st) return st;
+            if (!json_as_int64(L->text, &L->tok[i], &v) || v <= 0)
+                return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: expert_stride must be a positive integer", where);
+            t->expert_stride = (uint64_t)v;
+            if (t->expert_stride % COLIBRI_ALIGNMENT != 0)
+                return colibri_fail(L->err, COLIBRI_E_ALIGN, "%s: expert_stride %llu is not a multiple of %d",
+                                    where, (unsigned long long)t->expert_stride, COLIBRI_ALIGNMENT);
+            if (t->expert_stride < part)
+                return colibri_fail(L->err, COLIBRI_E_OVERLAP, "%s: expert_stride %llu is below one expert's part "
+                                    "(%llu bytes): the parts overlap", where, (unsigned long long)t->expert_stride,
+                                    (unsigned long long)part);
+            /* from expert 0's part to the end of the last's, for the bounds check */
+            t->span = colibri_mul_u64((uint64_t)hp->n_experts - 1, t->expert_stride, &overflow) + part;
+            if (overflow || t->span < part)
+                return colibri_fail(L->err, COLIBRI_E_BOUNDS, "%s: %d experts of expert_stride %llu lie past any weights.bin",
+                                    where, hp->n_experts, (unsigned long long)t->expert_stride);
+        }
+    }
+
     st = colibri_get_field(L, obj, where, "checksum", JSON_STRING, &i);
     if (st) return st;
     {
@@ -303,6 +335,80 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
             crc = crc << 4 | (uint32_t)(s[k] <= '9' ? s[k] - '0' : s[k] - 'a' + 10);
         }
         t->crc32 = crc;
+    }
+    return COLIBRI_OK;
+}
+
+/* The routed experts' strides, and with the interleaved layout each layer's extents: one
+ * expert_stride for all the layer's expert tensors (the extent's size), expert 0's parts side by side
+ * inside [base, base + stride) where base is the lowest of them, all E extents inside weights.bin.
+ * Expert e's parts are expert 0's moved by e * stride, so checking expert 0's checks them all.
+ * index: (n_layers, L_EXPERT_KINDS) int32 scratch (every layer has more tensors than that). */
+colibri_status colibri_check_experts(colibri_model *m, int32_t *index, colibri_error *err)
+{
+    const colibri_hparams *hp = &m->hp;
+    uint64_t E = (uint64_t)hp->n_experts;
+    int32_t l, i, a, b;
+    for (i = 0; i < hp->n_layers * L_EXPERT_KINDS; i++) index[i] = -1;
+    for (i = 0; i < m->n_tensors; i++) {
+        int64_t s = (int64_t)m->tensors[i].slot - T_GLOBAL;
+        int kind = s >= 0 ? (int)(s % L_KINDS) : -1;
+        if (kind >= L_EXPERT_FIRST && kind < L_EXPERT_FIRST + L_EXPERT_KINDS)
+            index[(s / L_KINDS) * L_EXPERT_KINDS + kind - L_EXPERT_FIRST] = i;
+    }
+    for (l = 0; l < hp->n_layers; l++) {
+        colibri_layer_weights *lw = &m->layers[l];
+        const int32_t *idx = index + (size_t)l * L_EXPERT_KINDS;
+        const colibri_tensor *first = NULL;
+        uint64_t base = UINT64_MAX, stride, all;
+        int overflow = 0;
+        for (a = 0; a < L_EXPERT_KINDS; a++) {
+            const colibri_tensor *t = idx[a] < 0 ? NULL : &m->tensors[idx[a]];
+            if (!t) continue;
+            lw->expert_stride[a] = (size_t)(t->expert_stride ? t->expert_stride : t->file_size / E);
+            if (!t->expert_stride) continue;   /* stacked */
+            if (!first) first = t;
+            else if (t->expert_stride != first->expert_stride)
+                return colibri_fail(err, COLIBRI_E_VALUE, "layer %d: tensor `%s` has expert_stride %llu, tensor `%s` %llu: "
+                                    "a layer's expert tensors share one stride, the size of an expert's extent", l,
+                                    t->name, (unsigned long long)t->expert_stride, first->name,
+                                    (unsigned long long)first->expert_stride);
+            if (t->file_offset < base) base = t->file_offset;
+        }
+        if (!first) continue;
+        stride = first->expert_stride;
+        for (a = 0; a < L_EXPERT_KINDS; a++) {
+            const colibri_tensor *t = idx[a] < 0 ? NULL : &m->tensors[idx[a]];
+            uint64_t at, part;
+            if (!t) continue;
+            at = t->file_offset - base;
+            part = t->file_size / E;
+            if (at > stride || part > stride - at)
+                return colibri_fail(err, COLIBRI_E_OVERLAP, "tensor `%s`: expert 0's part [%llu, %llu) lies outside "
+                                    "its extent [%llu, %llu) (layer %d, expert_stride %llu)", t->name,
+                                    (unsigned long long)t->file_offset, (unsigned long long)(t->file_offset + part),
+                                    (unsigned long long)base, (unsigned long long)(base + stride), l,
+                                    (unsigned long long)stride);
+            for (b = 0; b < a; b++) {
+                const colibri_tensor *u = idx[b] < 0 ? NULL : &m->tensors[idx[b]];
+                if (u && t->file_offset < u->file_offset + u->file_size / E && u->file_offset < t->file_offset + part)
+                    return colibri_fail(err, COLIBRI_E_OVERLAP, "layer %d: tensors `%s` [%llu, %llu) and `%s` [%llu, %llu) "
+                                        "share bytes of expert 0's extent", l, u->name,
+                                        (unsigned long long)u->file_offset,
+                                        (unsigned long long)(u->file_offset + u->file_size / E), t->name,
+                                        (unsigned long long)t->file_offset, (unsigned long long)(t->file_offset + part));
+            }
+        }
+        all = colibri_mul_u64(E, stride, &overflow);
+        if (overflow || base + all < base || base + all > m->weights_len)
+            return colibri_fail(err, COLIBRI_E_BOUNDS, "layer %d: expert %d's extent [%llu, %llu) lies past the end of "
+                                "weights.bin (%zu bytes)", l, hp->n_experts - 1,
+                                (unsigned long long)(base + (E - 1) * stride), (unsigned long long)(base + (E - 1) * stride + stride),
+                                m->weights_len);
+        for (a = 0; a < L_EXPERT_KINDS; a++)   /* the overlap check sees the layer's extents as one claim */
+            if (idx[a] >= 0) m->tensors[idx[a]].span = m->tensors[idx[a]].file_offset == base ? all : 0;
+        lw->extent_offset = (size_t)base;
+        lw->extent_bytes = (size_t)stride;
     }
     return COLIBRI_OK;
 }
@@ -326,63 +432,77 @@ static void sift_down(const colibri_tensor *ts, int32_t *order, int32_t root, in
     }
 }
 
+/* What a tensor claims, for the overlap message: its bytes, or an interleaved layer's extents. */
+static const char *claim_name(const colibri_tensor *t)
+{
+    return t->expert_stride ? "'s expert extents" : "";
+}
+
+/* Each tensor claims [file_offset, file_offset + span): sorted by offset, a claim overlaps another
+ * exactly when it starts before the furthest end so far.  Empty claims take no bytes. */
 colibri_status colibri_check_overlaps(const colibri_model *m, int32_t *order, colibri_error *err)
 {
     int32_t n = m->n_tensors, i;
+    const colibri_tensor *furthest = NULL;
     for (i = 0; i < n; i++) order[i] = i;
     for (i = n / 2; i-- > 0;) sift_down(m->tensors, order, i, n);
     for (i = n - 1; i > 0; i--) {
         int32_t tmp = order[0]; order[0] = order[i]; order[i] = tmp;
         sift_down(m->tensors, order, 0, i);
     }
-    for (i = 1; i < n; i++) {
-        const colibri_tensor *a = &m->tensors[order[i - 1]], *b = &m->tensors[order[i]];
-        if (a->file_offset + a->file_size > b->file_offset && a->file_size && b->file_size)
-            return colibri_fail(err, COLIBRI_E_OVERLAP, "tensor `%s` [%llu, %llu) overlaps tensor `%s` at %llu",
-                                a->name, (unsigned long long)a->file_offset,
-                                (unsigned long long)(a->file_offset + a->file_size), b->name,
+    for (i = 0; i < n; i++) {
+        const colibri_tensor *b = &m->tensors[order[i]];
+        if (!b->span) continue;
+        if (furthest && furthest->file_offset + furthest->span > b->file_offset)
+            return colibri_fail(err, COLIBRI_E_OVERLAP, "tensor `%s`%s [%llu, %llu) overlaps tensor `%s`%s at %llu",
+                                furthest->name, claim_name(furthest), (unsigned long long)furthest->file_offset,
+                                (unsigned long long)(furthest->file_offset + furthest->span), b->name, claim_name(b),
                                 (unsigned long long)b->file_offset);
+        if (!furthest || b->file_offset + b->span > furthest->file_offset + furthest->span) furthest = b;
     }
     return COLIBRI_OK;
 }
 
-/* Verify mode: the bytes match their CRC and hold no NaN or infinity. */
+/* Verify mode: the bytes match their CRC and hold no NaN or infinity; an interleaved tensor's
+ * bytes are its E parts in expert order. */
 colibri_status colibri_verify_tensor(const colibri_model *m, const colibri_tensor *t, colibri_error *err)
 {
-    const uint8_t *p = m->weights + t->file_offset;
-    uint64_t i, n;
-    uint32_t crc = colibri_crc32(0, p, (size_t)t->file_size);
+    uint64_t parts = t->expert_stride ? (uint64_t)m->hp.n_experts : 1, part = t->file_size / parts;
+    uint64_t unit = (uint64_t)colibri_dtypes[t->dtype].block_bytes, e, i, n = part / unit;
+    uint32_t crc = 0;
+    for (e = 0; e < parts; e++) crc = colibri_crc32(crc, m->weights + t->file_offset + e * t->expert_stride, (size_t)part);
     if (crc != t->crc32)
         return colibri_fail(err, COLIBRI_E_CHECKSUM, "tensor `%s`: crc32 %x != %x in colibri_model.json",
                             t->name, crc, t->crc32);
-    if (colibri_dtype_is_block(t->dtype)) {   /* the quants are integers: only the scales can be inf or nan */
-        size_t block = (size_t)colibri_dtypes[t->dtype].block_bytes;
-        for (i = 0; i < t->file_size / block; i++) {
-            uint16_t bits;
-            memcpy(&bits, p + i * block, 2);
-            if ((bits & 0x7c00u) == 0x7c00u)
-                return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: the scale of block %llu is not finite",
-                                    t->name, (unsigned long long)i);
+    for (e = 0; e < parts; e++) {
+        const uint8_t *p = m->weights + t->file_offset + e * t->expert_stride;
+        if (colibri_dtype_is_block(t->dtype)) {   /* the quants are integers: only the scales can be inf or nan */
+            for (i = 0; i < n; i++) {
+                uint16_t bits;
+                memcpy(&bits, p + i * unit, 2);
+                if ((bits & 0x7c00u) == 0x7c00u)
+                    return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: the scale of block %llu is not finite",
+                                        t->name, (unsigned long long)(e * n + i));
+            }
+            continue;
         }
-        return COLIBRI_OK;
-    }
-    if (t->dtype > COLIBRI_DTYPE_BF16) return COLIBRI_OK;   /* integers are always finite */
-    n = t->file_size / (uint64_t)colibri_dtypes[t->dtype].block_bytes;
-    for (i = 0; i < n; i++) {
-        int finite;
-        if (t->dtype == COLIBRI_DTYPE_F32) {
-            uint32_t bits;
-            memcpy(&bits, p + 4 * i, 4);
-            finite = (bits & 0x7f800000u) != 0x7f800000u;
-        } else {
-            uint16_t bits;
-            memcpy(&bits, p + 2 * i, 2);
-            finite = t->dtype == COLIBRI_DTYPE_F16 ? (bits & 0x7c00u) != 0x7c00u
-                                                    : (bits & 0x7f80u) != 0x7f80u;
+        if (t->dtype > COLIBRI_DTYPE_BF16) continue;   /* integers are always finite */
+        for (i = 0; i < n; i++) {
+            int finite;
+            if (t->dtype == COLIBRI_DTYPE_F32) {
+                uint32_t bits;
+                memcpy(&bits, p + 4 * i, 4);
+                finite = (bits & 0x7f800000u) != 0x7f800000u;
+            } else {
+                uint16_t bits;
+                memcpy(&bits, p + 2 * i, 2);
+                finite = t->dtype == COLIBRI_DTYPE_F16 ? (bits & 0x7c00u) != 0x7c00u
+                                                        : (bits & 0x7f80u) != 0x7f80u;
+            }
+            if (!finite)
+                return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: element %llu is not finite",
+                                    t->name, (unsigned long long)(e * n + i));
         }
-        if (!finite)
-            return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: element %llu is not finite",
-                                t->name, (unsigned long long)i);
     }
     return COLIBRI_OK;
 }

@@ -11,30 +11,21 @@ void colibri_swiglu(const colibri_compute *k, int activation, colibri_weight w1,
     colibri_matmul(k, y, h1, w2.data, w2.dtype, m, f, dim);   /* (m, dim) */
 }
 
-/* Expert e of a stacked weight (n_experts, rows, cols): base + e * stride. */
-static colibri_weight expert_slice(colibri_weight w, int32_t e, int32_t rows, int32_t cols)
-{
-    colibri_weight slice;
-    slice.data = (const uint8_t *)w.data + (size_t)e * rows * colibri_row_bytes(w.dtype, (size_t)cols);
-    slice.dtype = w.dtype;
-    return slice;
-}
-
-/* rows (m, cols) += row `e` of a bias (n_experts, cols) */
-static void add_expert_bias(float *rows, colibri_weight bias, int32_t e, int32_t m, int32_t cols)
+/* rows (m, cols) += expert e's bias (cols) */
+static void add_expert_bias(float *rows, colibri_weight bias, int32_t m, int32_t cols)
 {
     int32_t t, i;
     for (t = 0; t < m; t++)
         for (i = 0; i < cols; i++)
-            rows[(size_t)t * cols + i] += colibri_load_f32(bias.data, bias.dtype, (size_t)e * cols + i);
+            rows[(size_t)t * cols + i] += colibri_load_f32(bias.data, bias.dtype, (size_t)i);
 }
 
 static void expert_swiglu(const colibri_compute *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
                           int32_t e, const float *x, int32_t m, float *h1, float *h3, float *y)
 {
     int32_t d = hp->hidden_size, f = hp->intermediate_size;
-    colibri_swiglu(k, hp->activation, expert_slice(lw->w[L_W1], e, f, d), expert_slice(lw->w[L_W3], e, f, d),
-                   expert_slice(lw->w[L_W2], e, d, f), d, f, x, m, h1, h3, y);
+    colibri_swiglu(k, hp->activation, colibri_expert_weight(lw, L_W1, e), colibri_expert_weight(lw, L_W3, e),
+                   colibri_expert_weight(lw, L_W2, e), d, f, x, m, h1, h3, y);
 }
 
 /* gpt-oss: y = W2 @ ((clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)) + b2, with
@@ -43,15 +34,15 @@ static void expert_swiglu_clamped(const colibri_compute *k, const colibri_hparam
                                   int32_t e, const float *x, int32_t m, float *h1, float *h3, float *y)
 {
     int32_t d = hp->hidden_size, f = hp->intermediate_size;
-    colibri_weight w1 = expert_slice(lw->w[L_W1], e, f, d), w3 = expert_slice(lw->w[L_W3], e, f, d);
-    colibri_weight w2 = expert_slice(lw->w[L_W2], e, d, f);
+    colibri_weight w1 = colibri_expert_weight(lw, L_W1, e), w3 = colibri_expert_weight(lw, L_W3, e);
+    colibri_weight w2 = colibri_expert_weight(lw, L_W2, e);   /* (f, d), (f, d), (d, f) */
     float limit = hp->swiglu_limit;
     size_t i, n = (size_t)m * f;
     colibri_matmul(k, h1, x, w1.data, w1.dtype, m, d, f);   /* (m, f) gate */
     colibri_matmul(k, h3, x, w3.data, w3.dtype, m, d, f);   /* (m, f) up */
     if (hp->expert_bias) {
-        add_expert_bias(h1, lw->w[L_B1], e, m, f);
-        add_expert_bias(h3, lw->w[L_B3], e, m, f);
+        add_expert_bias(h1, colibri_expert_weight(lw, L_B1, e), m, f);
+        add_expert_bias(h3, colibri_expert_weight(lw, L_B3, e), m, f);
     }
     for (i = 0; i < n; i++) {
         float g = h1[i] < limit ? h1[i] : limit;
@@ -59,7 +50,7 @@ static void expert_swiglu_clamped(const colibri_compute *k, const colibri_hparam
         h1[i] = (u + 1.0f) * (g / (1.0f + colibri_expf(-(g * hp->swiglu_alpha))));
     }
     colibri_matmul(k, y, h1, w2.data, w2.dtype, m, f, d);   /* (m, dim) */
-    if (hp->expert_bias) add_expert_bias(y, lw->w[L_B2], e, m, d);
+    if (hp->expert_bias) add_expert_bias(y, colibri_expert_weight(lw, L_B2, e), m, d);
 }
 
 const colibri_expert colibri_expert_swiglu = { "swiglu", expert_swiglu };
