@@ -173,7 +173,10 @@ typedef struct colibri_tensor_info {
 /* ---- model ------------------------------------------------------------ */
 
 enum {
-    COLIBRI_LOAD_VERIFY = 1u << 0   /* also check every tensor's CRC-32 and that all values are finite */
+    COLIBRI_LOAD_VERIFY = 1u << 0,  /* also check every tensor's CRC-32 and that all values are finite */
+    COLIBRI_LOAD_EXPERTS_ELSEWHERE = 1u << 1   /* colibri_model_load: `weights` holds the tensors other than
+                                   the routed experts (interleaved layout: weights.bin up to the first
+                                   extent); sessions stream the experts through expert_read */
 };
 
 /* Opens a model directory (colibri_model.json + weights.bin) on a hosted platform. */
@@ -208,6 +211,12 @@ colibri_status colibri_token_bytes(const colibri_model *model, int32_t token,
 
 /* ---- session ---------------------------------------------------------- */
 
+/* A reader of weights.bin for expert streaming: bytes [offset, offset + len) into dst.  Returns the
+ * bytes read (fewer than len: the file ends there), or a negative number for an I/O error (POSIX:
+ * -errno).  Called from the session's I/O thread where the platform has threads, else from the
+ * forward pass; never from two threads at once. */
+typedef int64_t (*colibri_read_fn)(void *context, uint64_t offset, void *dst, size_t len);
+
 enum {
     COLIBRI_KERNELS_AUTO = 0,       /* the fastest variant this CPU runs (AVX2, NEON, ...) */
     COLIBRI_KERNELS_REFERENCE = 1   /* the plain C reference kernels */
@@ -230,7 +239,27 @@ typedef struct colibri_session_options {
     void *arena;            /* NULL: the library maps one; else a caller buffer, 16-byte aligned: of
                                colibri_session_plan bytes when 64-byte aligned, up to 48 more if not */
     size_t arena_size;
+    /* Expert streaming: the routed experts are read from storage into a cache of slots in the arena
+     * instead of being used where weights.bin is mapped.  Everything else stays mapped. */
+    uint64_t expert_budget;     /* bytes of slots; 0: resident (no cache).  At least colibri_expert_slots'
+                                   minimum, else COLIBRI_E_ARG names it */
+    int32_t expert_cache;       /* COLIBRI_CACHE_GLOBAL (0) or _PER_LAYER: one pool for every layer, or
+                                   the slots split evenly among the MoE layers */
+    uint32_t expert_io;         /* COLIBRI_EXPERT_IO_* flags */
+    colibri_read_fn expert_read;   /* where experts are read from; NULL: the platform reads the model's
+                                      weights.bin (POSIX: pread), or copies from `weights` for a model
+                                      loaded from memory with its experts in it */
+    void *expert_read_context;
+    const int32_t *expert_pins; /* (n_expert_pins, 2) (layer, expert) pairs read at session creation and
+                                   never evicted; at most the slots less one layer's top_k */
+    int32_t n_expert_pins;
 } colibri_session_options;
+
+enum { COLIBRI_CACHE_GLOBAL = 0, COLIBRI_CACHE_PER_LAYER = 1 };
+enum {
+    COLIBRI_EXPERT_IO_DIRECT = 1u << 0,      /* POSIX: O_DIRECT, 4 KiB-aligned reads: the page cache is bypassed */
+    COLIBRI_EXPERT_IO_NO_PREFETCH = 1u << 1  /* read only demanded experts (no guess of the next layer's) */
+};
 
 enum {
     COLIBRI_ROUTING_MODEL = 0,      /* the router the model was trained with */
@@ -274,13 +303,39 @@ void colibri_expert_load_clear(colibri_session *session);
 enum {
     COLIBRI_PHASE_NORMS, COLIBRI_PHASE_ATTENTION, COLIBRI_PHASE_ROUTER, COLIBRI_PHASE_DISPATCH,
     COLIBRI_PHASE_EXPERTS, COLIBRI_PHASE_AGGREGATION, COLIBRI_PHASE_DENSE, COLIBRI_PHASE_LM_HEAD,
-    COLIBRI_PHASE_SAMPLING, COLIBRI_PHASE_COUNT
+    COLIBRI_PHASE_SAMPLING, COLIBRI_PHASE_EXPERT_IO, COLIBRI_PHASE_COUNT
 };
 const char *colibri_phase_name(int32_t phase);
 colibri_status colibri_profile(const colibri_session *session, uint64_t ns[COLIBRI_PHASE_COUNT]);
 
 /* Capacity routing: the tokens each expert dropped, counted and cleared with expert_load. */
 colibri_status colibri_expert_dropped(const colibri_session *session, uint64_t *counts);
+
+/* Expert streaming.  The size of one cache slot (the largest routed expert, with its alignment) and
+ * the smallest expert_budget these options allow: one layer's top_k slots (global cache) or that
+ * for every MoE layer (per-layer cache).  COLIBRI_E_ARG for a model without routed experts. */
+colibri_status colibri_expert_slots(const colibri_model *model, const colibri_session_options *options,
+                                    uint64_t *slot_bytes, uint64_t *min_budget, colibri_error *err);
+
+typedef struct colibri_expert_cache_stats {
+    uint64_t hits;              /* demanded experts found in a slot */
+    uint64_t misses;            /* demanded experts read (or waited for, when a guess was still reading) */
+    uint64_t prefetches;        /* speculative reads started for the next layer's guessed experts */
+    uint64_t prefetch_hits;     /* demanded experts a speculative read had brought (counted in hits too) */
+    uint64_t bytes_read;        /* from storage, demanded and speculative */
+    uint64_t reads;             /* read calls */
+    uint64_t io_wait_ns;        /* the forward pass waiting for reads (0 where the platform has no clock) */
+    int32_t slots;              /* the pool */
+    int32_t pinned;
+    uint64_t slot_bytes;
+} colibri_expert_cache_stats;
+
+/* COLIBRI_E_ARG for a resident session (expert_budget 0). */
+colibri_status colibri_expert_cache_stats_get(const colibri_session *session, colibri_expert_cache_stats *stats);
+void colibri_expert_cache_stats_clear(colibri_session *session);
+/* What slot `slot` holds: layer and expert (-1, -1 when empty), pinned or not. */
+colibri_status colibri_expert_cache_slot(const colibri_session *session, int32_t slot, int32_t *layer,
+                                         int32_t *expert, int *pinned);
 
 /* ---- sampling --------------------------------------------------------- */
 
@@ -312,6 +367,7 @@ typedef struct colibri_memory_totals {
     size_t arena_used;      /* bytes handed out: the high-water mark */
     size_t kv_cache;
     size_t activations;
+    size_t expert_cache;    /* expert streaming: the slot pool and its tables (in arena_used) */
 } colibri_memory_totals;
 
 colibri_status colibri_memory(const colibri_session *session, colibri_memory_totals *totals);
