@@ -10,6 +10,7 @@ static const char *const phase_names[] = {
     [COLIBRI_PHASE_NORMS] = "norms", [COLIBRI_PHASE_ATTENTION] = "attention", [COLIBRI_PHASE_ROUTER] = "router",
     [COLIBRI_PHASE_DISPATCH] = "dispatch", [COLIBRI_PHASE_EXPERTS] = "experts", [COLIBRI_PHASE_AGGREGATION] = "aggregation",
     [COLIBRI_PHASE_DENSE] = "dense_mlp", [COLIBRI_PHASE_LM_HEAD] = "lm_head", [COLIBRI_PHASE_SAMPLING] = "sampling",
+    [COLIBRI_PHASE_EXPERT_IO] = "expert_io_wait",
 };
 COLIBRI_TABLE_CHECK(phase_names, COLIBRI_PHASE_COUNT);
 
