@@ -185,10 +185,22 @@ def cmd_stats(args):
     return 0
 
 
+def _byte_size(text):
+    """An argparse type: bytes, or a number with K, M or G (powers of 1024): 512K, 1.5M, 2G."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    try:
+        value = float(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size in bytes, or with K, M or G (512M, 2G)") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size is not negative")
+    return int(value)
+
+
 def _firmware_session(args):
-    """(board, model directory, ctx, batch, stack) of a firmware command."""
+    """(board, model directory, ctx, batch, stack, expert budget) of a firmware command."""
     model = _model(args.model)
-    return args.board, model.path, args.ctx, args.batch, args.stack
+    return args.board, model.path, args.ctx, args.batch, args.stack, args.expert_budget
 
 
 def cmd_firmware_plan(args):
@@ -222,9 +234,10 @@ def cmd_firmware_run(args):
     model = _model(args.model)
     ids = _prompt_ids(model, args)
     image = firmware.build_image(*_firmware_session(args))
+    experts = Path(model.path) / "weights.bin" if args.expert_budget else None
     result = firmware.run(args.board, image, firmware.arguments(
-        ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos),
-        timeout=args.timeout)
+        ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos,
+        experts=experts), timeout=args.timeout)
     sys.stdout.buffer.write(result.output)
     if args.verbose and result.report:
         r = result.report
@@ -232,6 +245,10 @@ def cmd_firmware_run(args):
               f"{r['prefill_ticks'] / r['ticks_per_second'] * 1e3:.0f} ms, {r['generated_tokens']} generated at "
               f"{result.tokens_per_second():.2f} tok/s; arena {r['arena_needed']:,} B, "
               f"stack {r['stack_used']:,} of {r['stack_reserved']:,} B]", file=sys.stderr)
+        if "expert_slots" in r:
+            print(f"[experts streamed: {r['expert_slots']} slots of {r['expert_slot_bytes']:,} B, "
+                  f"{r['expert_hits']} hits, {r['expert_misses']} misses, {r['expert_bytes_read']:,} B read in "
+                  f"{r['expert_reads']} reads]", file=sys.stderr)
     return result.status
 
 
@@ -334,6 +351,10 @@ def build_parser():
         f.add_argument("--ctx", type=int, default=DEFAULT_CTX, help=f"context the image reserves (default {DEFAULT_CTX})")
         f.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
         f.add_argument("--stack", type=int, default=DEFAULT_STACK, help=f"stack bytes (default {DEFAULT_STACK})")
+        f.add_argument("--expert-budget", type=_byte_size, default=0, metavar="SIZE",
+                       help="stream the routed experts (an interleaved model) into SIZE bytes of cache slots (512K, "
+                            "2M): flash holds the rest of the model, the experts are read from the host's "
+                            "weights.bin; default 0, the whole model in flash")
         return f
 
     firmware_parser("plan", "flash and RAM the image needs on the board, and whether it fits").set_defaults(
