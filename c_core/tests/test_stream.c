@@ -2,7 +2,9 @@
  * (the prefill path, experts read a few ahead), then greedy decode steps (each token's experts
  * requested together, the next layer's guessed), at every budget from the minimum to all the
  * experts, with one pool and with a share per layer, guessing on and off, on one thread and on
- * several where the platform has them; and the session's plan counts the pool.
+ * several where the platform has them; and the session's plan counts the pool.  A failed or short
+ * read (injected by the test's reader) is a status naming the layer, expert and bytes, and leaves the
+ * session as it was.
  *
  *   test_stream MODEL_DIR */
 #include "model_files.h"
@@ -46,6 +48,79 @@ static int run(colibri_model *model, const colibri_session_options *so, float *o
     }
     if (stats && colibri_expert_cache_stats_get(s, stats) != COLIBRI_OK) return 1;
     colibri_session_destroy(s);
+    return 0;
+}
+
+/* A reader over the model's own bytes that fails on request: the fault-injection of the bad-read test. */
+typedef struct faulty_reader {
+    const unsigned char *weights;
+    uint64_t weights_len;
+    int32_t fail_in;            /* the n-th read from now fails (1: the next); 0: none */
+    int64_t fail_with;          /* what it returns: a negative errno, or the bytes a short read gives */
+} faulty_reader;
+
+static int64_t faulty_read(void *context, uint64_t offset, void *dst, size_t len)
+{
+    faulty_reader *r = context;
+    if (r->fail_in > 0 && --r->fail_in == 0) return r->fail_with < 0 ? r->fail_with : (int64_t)len - 1;
+    if (offset > r->weights_len) return 0;
+    if (len > r->weights_len - offset) len = (size_t)(r->weights_len - offset);
+    memcpy(dst, r->weights + offset, len);
+    return (int64_t)len;
+}
+
+/* A failed or short read fails the forward call with the layer, expert and bytes named, leaves the
+ * context where it was, and the same call then succeeds with the resident logits. */
+static int bad_reads(colibri_model *model, const float *resident, size_t vocab)
+{
+    static const int32_t prompt[N_PROMPT] = { 1, 5, 9, 200, 17, 3, 3, 88, 140, 7, 61, 2 };
+    colibri_sampling greedy = { 0.0f, 0, 1.0f };
+    colibri_session_options so;
+    colibri_tensor_info info;
+    faulty_reader reader;
+    colibri_session *s;
+    colibri_error err;
+    uint64_t slot, min_budget, rng = 1;
+    int32_t i, token, kind;
+    memset(&reader, 0, sizeof reader);
+    for (i = 0; i < colibri_model_tensor_count(model); i++) {   /* the bytes of weights.bin, as mapped or loaded */
+        colibri_model_tensor(model, i, &info);
+        if (i == 0) reader.weights = (const unsigned char *)info.data - info.file_offset;
+        if (info.file_offset + info.file_size > reader.weights_len) reader.weights_len = info.file_offset + info.file_size;
+    }
+    for (kind = 0; kind < 2; kind++) {
+        memset(&so, 0, sizeof so);
+        so.n_ctx = 32;
+        so.n_batch = 5;
+        so.threads = 1;
+        so.expert_io = COLIBRI_EXPERT_IO_NO_PREFETCH;
+        so.expert_read = faulty_read;
+        so.expert_read_context = &reader;
+        if (check(colibri_expert_slots(model, &so, &slot, &min_budget, &err), &err, "slots")) return 1;
+        so.expert_budget = min_budget;
+        reader.fail_in = 0;
+        if (check(colibri_session_create(model, &so, &s, &err), &err, "create") ||
+            check(colibri_forward(s, prompt, N_PROMPT, NULL, &err), &err, "prompt") ||
+            check(colibri_sample(s, &greedy, &rng, &token, &err), &err, "sample"))
+            return 1;
+        reader.fail_in = 1;
+        reader.fail_with = kind == 0 ? -5 : 1;   /* EIO, or one byte short */
+        if (colibri_forward(s, &token, 1, NULL, &err) != COLIBRI_E_IO || !strstr(err.message, "layer ") ||
+            !strstr(err.message, " expert ") || !strstr(err.message, "bytes [") ||
+            !strstr(err.message, kind == 0 ? "I/O error 5" : "shorter than its table says") ||
+            colibri_session_position(s) != N_PROMPT) {
+            fprintf(stderr, "a %s read: status %s, \"%s\", position %d\n", kind == 0 ? "failed" : "short",
+                    colibri_status_name(err.status), err.message, colibri_session_position(s));
+            return 1;
+        }
+        printf("a %s read: %s\n", kind == 0 ? "failed" : "short", err.message);
+        if (check(colibri_forward(s, &token, 1, NULL, &err), &err, "the call again") ||
+            memcmp(colibri_session_logits(s), resident + vocab, vocab * sizeof(float)) != 0) {
+            fprintf(stderr, "after a %s read the session computes other logits\n", kind == 0 ? "failed" : "short");
+            return 1;
+        }
+        colibri_session_destroy(s);
+    }
     return 0;
 }
 
@@ -123,6 +198,9 @@ int main(int argc, char **argv)
         }
     }
     printf("%d streamed runs, %d differ from the resident run (%zu logits each)\n", runs, failures, n);
+    so.threads = 1;
+    so.expert_budget = 0;
+    if (run(model, &so, resident, vocab, NULL) || bad_reads(model, resident, vocab)) return 1;
     free(resident);
     free(streamed);
     colibri_model_close(model);

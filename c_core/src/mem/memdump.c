@@ -117,7 +117,9 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
          m->architecture, hp->n_layers, hp->n_experts, hp->top_k, hp->hidden_size, hp->vocab_size);
     emit(&r, "session: n_ctx %d, n_batch %d, kernels %s\n\n", h->n_ctx, h->n_batch, h->kernels);
 
-    emit(&r, "weights (weights.bin, mapped read-only, used in place)  %s B  @%p\n", grouped(n1, weights), (const void *)m->weights);
+    emit(&r, "weights (weights.bin, mapped read-only, %s)  %s B  @%p\n",
+         h->slots.n_slots ? "the routed experts read into the expert cache, the rest used in place" : "used in place",
+         grouped(n1, weights), (const void *)m->weights);
     for (i = 0; i < m->n_tensors; i++) {
         const colibri_tensor *t = &m->tensors[i];
         char shape[64];
