@@ -133,7 +133,7 @@ int main(int argc, char **argv)
     uint64_t slot, min_budget, budgets[4];
     float *resident, *streamed;
     size_t vocab, n;
-    int32_t scope, threads, guess, b, runs = 0, failures = 0, n_threads = 1;
+    int32_t scope, threads, guess, b, runs = 0, failures = 0, n_threads = 1, n_direct = 0;
     const colibri_hparams *hp;
 
     if (argc != 2) { fprintf(stderr, "usage: test_stream MODEL_DIR\n"); return 2; }
@@ -142,6 +142,7 @@ int main(int argc, char **argv)
 #else
     if (check(colibri_model_open(argv[1], 0, &model, &err), &err, "open")) return 1;   /* pread from weights.bin */
     n_threads = 2;
+    n_direct = 1;
 #endif
     hp = colibri_model_hparams(model);
     vocab = (size_t)hp->vocab_size;
@@ -178,16 +179,21 @@ int main(int argc, char **argv)
                 }
             }
             for (b = 0; b < 4; b++) {
-                for (guess = 0; guess <= 1; guess++) {
+                for (guess = 0; guess < 2 + n_direct; guess++) {   /* off, on, on with direct I/O */
                     so.expert_budget = budgets[b];
-                    so.expert_io = guess ? 0 : COLIBRI_EXPERT_IO_NO_PREFETCH;
+                    so.expert_io = guess == 0 ? COLIBRI_EXPERT_IO_NO_PREFETCH : guess == 2 ? COLIBRI_EXPERT_IO_DIRECT : 0;
+                    if (guess == 2) {   /* as many slots, of direct I/O's size */
+                        uint64_t direct_slot, direct_min;
+                        if (check(colibri_expert_slots(model, &so, &direct_slot, &direct_min, &err), &err, "slots")) return 1;
+                        so.expert_budget = budgets[b] / slot * direct_slot;
+                    }
                     if (run(model, &so, streamed, vocab, &stats)) return 1;
                     runs++;
                     if (memcmp(resident, streamed, n * sizeof(float)) != 0) {
                         failures++;
-                        fprintf(stderr, "threads %d, %s cache, budget %llu (%d slots), guessing %s: logits differ\n",
-                                threads, scope ? "per-layer" : "global", (unsigned long long)budgets[b], stats.slots,
-                                guess ? "on" : "off");
+                        fprintf(stderr, "threads %d, %s cache, budget %llu (%d slots), guessing %s%s: logits differ\n",
+                                threads, scope ? "per-layer" : "global", (unsigned long long)so.expert_budget, stats.slots,
+                                guess ? "on" : "off", guess == 2 ? ", direct I/O" : "");
                     }
                     if (stats.hits + stats.misses == 0 || stats.bytes_read < stats.misses * 1u) {
                         failures++;

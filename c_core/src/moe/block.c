@@ -172,15 +172,16 @@ static void experts_part(void *context, int32_t part, int32_t parts)
 {
     const experts_job *j = context;
     const colibri_moe_buffers *b = j->b;
-    int32_t d = j->hp->hidden_size, f = j->hp->intermediate_size, i;
-    for (i = j->n_slots * part / parts; i < j->n_slots * (part + 1) / parts; i++) {
-        int32_t e = b->slot_expert[i];
+    int32_t d = j->hp->hidden_size, f = j->hp->intermediate_size, p;
+    for (p = j->n_slots * part / parts; p < j->n_slots * (part + 1) / parts; p++) {
+        int32_t i = j->stream ? b->slot_order[p] : p, e = b->slot_expert[i];
         float *xe = b->xe + (size_t)i * d;   /* (1, dim) */
         colibri_compute alone = *j->k;
         colibri_expert_weights w;
         alone.pool = NULL;
         alone.xq = j->k->xq ? j->k->xq + (size_t)i * j->k->xq_row_blocks : NULL;
         gather(j->hp, b, j->x, b->expert_start[e], 1, xe);
+        if (j->stream) b->slot_wait[i] = colibri_cache_await(j->stream->cache, j->layer, e);
         expert_weights(j->lw, j->stream, j->layer, e, &w);
         j->moe->expert->forward(&alone, j->hp, &w, xe, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
                                 b->ye + (size_t)i * d);
@@ -196,14 +197,26 @@ static colibri_status run_decode_experts(const colibri_moe *moe, const colibri_c
     experts_job job;
     for (e = 0; e < hp->n_experts; e++)
         if (kept(b, e)) b->slot_expert[slots++] = e;
-    for (i = 0; stream && i < slots; i++) {   /* requested already (colibri_moe_forward) */
-        colibri_status st = wait_for(stream, layer, b->slot_expert[i], profile, COLIBRI_PHASE_DISPATCH, clock, err);
-        if (st) return st;
+    if (stream) {   /* requested already (colibri_moe_forward): the threads take those in a slot first */
+        int32_t n = 0, pass;
+        for (pass = 0; pass < 2; pass++)
+            for (i = 0; i < slots; i++)
+                if (colibri_cache_ready(stream->cache, layer, b->slot_expert[i]) == !pass) b->slot_order[n++] = i;
     }
     job.moe = moe; job.k = k; job.hp = hp; job.lw = lw; job.b = b; job.stream = stream; job.x = x;
     job.n_slots = slots; job.layer = layer;
     colibri_platform_pool_run(k->pool, experts_part, &job, slots);
-    for (i = 0; stream && i < slots; i++) colibri_cache_release(stream->cache, layer, b->slot_expert[i]);
+    if (stream) {
+        uint64_t waited = 0;   /* the longest a thread waited: the forward pass waited at least that */
+        for (i = 0; i < slots; i++) {   /* a failed read shows here: what its thread computed is dropped */
+            colibri_status st = colibri_cache_wait(stream->cache, layer, b->slot_expert[i], err);
+            if (st) return st;
+            colibri_cache_release(stream->cache, layer, b->slot_expert[i]);
+            if (b->slot_wait[i] > waited) waited = b->slot_wait[i];
+        }
+        stream->cache->stats.io_wait_ns += waited;
+        if (profile) { profile[COLIBRI_PHASE_EXPERT_IO] += waited; *clock += waited; }
+    }
     colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, clock);
     for (i = 0; i < slots; i++) {
         int32_t first = b->expert_start[b->slot_expert[i]];

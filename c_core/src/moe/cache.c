@@ -395,6 +395,22 @@ colibri_status colibri_cache_wait(colibri_expert_cache *c, int32_t layer, int32_
     return settle(c, slot, err);
 }
 
+uint64_t colibri_cache_await(colibri_expert_cache *c, int32_t layer, int32_t e)
+{
+    int32_t slot = c->where[layer * c->n_experts + e], r, n = c->layers[layer].n_reads;
+    uint64_t clock;
+    if (c->slot_state[slot] != CACHE_LOADING) return 0;
+    clock = colibri_platform_now_ns();
+    for (r = 0; r < n; r++) colibri_platform_io_wait(c->io, (int32_t)((size_t)slot * L_EXPERT_KINDS + r));
+    return colibri_platform_now_ns() - clock;
+}
+
+int colibri_cache_ready(const colibri_expert_cache *c, int32_t layer, int32_t e)
+{
+    int32_t slot = c->where[layer * c->n_experts + e];
+    return slot >= 0 && c->slot_state[slot] == CACHE_READY;
+}
+
 void colibri_cache_weights(const colibri_expert_cache *c, int32_t layer, int32_t e, colibri_expert_weights *w)
 {
     const colibri_cache_layer *cl = &c->layers[layer];

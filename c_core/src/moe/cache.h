@@ -96,6 +96,10 @@ int colibri_cache_request(colibri_expert_cache *c, int32_t layer, int32_t e, int
 /* Waits for a requested expert's reads; a short or failed read frees the slot and is reported with
  * the tensor, expert and offset. */
 colibri_status colibri_cache_wait(colibri_expert_cache *c, int32_t layer, int32_t e, colibri_error *err);
+/* From any thread: waits for the reads of a requested expert without judging them (wait does that
+ * afterwards, on the forward pass's thread), returning the ns it waited; whether it is there already. */
+uint64_t colibri_cache_await(colibri_expert_cache *c, int32_t layer, int32_t e);
+int colibri_cache_ready(const colibri_expert_cache *c, int32_t layer, int32_t e);
 void colibri_cache_weights(const colibri_expert_cache *c, int32_t layer, int32_t e, colibri_expert_weights *w);
 void colibri_cache_release(colibri_expert_cache *c, int32_t layer, int32_t e);
 /* After a failed forward: every expert released. */

@@ -127,6 +127,8 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     s->candidates = colibri_arena_carve(a, V * sizeof(int32_t), ARENA_SAMPLING, "candidates", -1, "(vocab) i32");
 
     if (sp->n_slots) {
+        s->moe_buf.slot_order = colibri_arena_carve(a, K * sizeof(int32_t), ARENA_EXPERT_CACHE, "slot_order", -1, "(top_k) i32");
+        s->moe_buf.slot_wait = colibri_arena_carve(a, K * sizeof(uint64_t), ARENA_EXPERT_CACHE, "slot_wait", -1, "(top_k) u64");
         s->guess_x = colibri_arena_carve(a, D * f, ARENA_EXPERT_CACHE, "guess_in", -1, "(dim) f32");
         s->guess_logits = colibri_arena_carve(a, E * f, ARENA_EXPERT_CACHE, "guess_logits", -1, "(n_experts) f32");
         s->guess_ids = colibri_arena_carve(a, K * sizeof(int32_t), ARENA_EXPERT_CACHE, "guess_ids", -1, "(top_k) i32");
