@@ -167,9 +167,10 @@ def _stream_options(model, args):
                 raise ValueError("--pin needs an --expert-budget above 0 (a resident run has no cache to pin in)")
             if budget < min_budget:
                 return opts   # the session refuses it, naming the minimum
-            opts["pins"] = choose_pins(load, model.config["top_k"], budget // slot_bytes,
-                                       _moe_layers(model), args.expert_cache == "per_layer", args.pin_count,
-                                       args.pin_share)
+            layers = _moe_layers(model)
+            slots = min(budget // slot_bytes, len(layers) * model.config["num_experts"])   # the pool, as the core sizes it
+            opts["pins"] = choose_pins(load, model.config["top_k"], slots, layers, args.expert_cache == "per_layer",
+                                       args.pin_count, args.pin_share)
     except ValueError as e:
         raise SystemExit(f"colibri {args.command}: {e}")
     return opts

@@ -173,7 +173,7 @@ def test_pinned_run_prints_the_resident_text(tmp_path, model):
     text.write_text(TEXT)
     colibri_cli("stats", "--text", text, "--save-load", path)
     resident = colibri_cli("generate", "--prompt", PROMPT, "--max-tokens", 24, "--temperature", 0).stdout
-    for pin in (["--pin-count", 3], ["--pin-share", 0.5], []):
+    for pin in (["--pin-count", 3], ["--pin-share", 0.5], [], ["--expert-cache", "per_layer"]):
         r = colibri_cli("generate", "--prompt", PROMPT, "--max-tokens", 24, "--temperature", 0,
                         "--expert-budget", "1M", "--pin", path, *pin, "--verbose")
         assert r.stdout == resident
@@ -191,10 +191,15 @@ def test_budget_below_the_minimum_is_refused_naming_it(model):
         model.session(expert_budget=minimum - 1)
 
 
-def test_memdump_shows_the_slot_pool():
-    resident = colibri_cli("memdump").stdout
+def test_memdump_shows_the_slot_pool(tmp_path, model):
+    slot_bytes, _ = model.expert_slots()
+    assert "expert cache" not in colibri_cli("memdump").stdout
     streamed = colibri_cli("memdump", "--expert-budget", "1M").stdout
-    assert "slot" in streamed.lower() and streamed != resident
+    assert f"expert cache: {(1 << 20) // slot_bytes} slots of {slot_bytes:,} B" in streamed
+    load = tmp_path / "load.json"   # expert 5 of layer 1 the most loaded: pinned, shown in its slot
+    load.write_text(json.dumps({"n_layers": 4, "n_experts": 8, "load": [[0] * 8, [0] * 5 + [9, 0, 0], [0] * 8, [0] * 8]}))
+    pinned = colibri_cli("memdump", "--expert-budget", "1M", "--pin", load).stdout
+    assert "layers.1: experts 5*" in pinned
 
 
 def test_colibri_infer_streamed_gives_the_resident_tokens(model):
