@@ -228,6 +228,7 @@ def test_python_counters_and_slots(model):
     assert len(slots) == stats["slots"]
     assert {(layer, expert) for layer, expert, pinned in slots if pinned} == {(0, 1), (2, 3)}
     assert s.memory()["expert_cache"] >= stats["slots"] * stats["slot_bytes"]
+    assert model.memory_plan(expert_budget=1 << 20) == s.memory()["arena_used"] > model.memory_plan()
     assert "expert_io_wait" in s.profile()
     s.expert_cache_stats_clear()
     assert s.expert_cache_stats()["hits"] == 0
