@@ -19,6 +19,27 @@ static int check(colibri_status st, const colibri_error *err, const char *what)
     return 1;
 }
 
+/* A session; bare metal has no arena to map, so it gets one from the test's heap (*buffer, freed
+ * after the session). */
+static colibri_status create(colibri_model *model, const colibri_session_options *options, colibri_session **s,
+                             void **buffer, colibri_error *err)
+{
+    colibri_session_options so = *options;
+    *buffer = NULL;
+#ifdef COLIBRI_BARE_METAL
+    {
+        size_t need;
+        colibri_status st = colibri_session_plan(model, &so, &need, err);
+        if (st) return st;
+        *buffer = malloc(need + 64);
+        if (!*buffer) return COLIBRI_E_NOMEM;
+        so.arena = (char *)*buffer + (64 - (uintptr_t)*buffer % 64) % 64;
+        so.arena_size = need;
+    }
+#endif
+    return colibri_session_create(model, &so, s, err);
+}
+
 /* The prompt's logits, then each greedy step's, into out ((1 + N_STEPS), vocab). */
 static int run(colibri_model *model, const colibri_session_options *so, float *out, size_t vocab,
                colibri_expert_cache_stats *stats)
@@ -31,7 +52,8 @@ static int run(colibri_model *model, const colibri_session_options *so, float *o
     int32_t token, step;
     size_t plan;
     colibri_memory_totals totals;
-    if (check(colibri_session_create(model, so, &s, &err), &err, "create")) return 1;
+    void *buffer;
+    if (check(create(model, so, &s, &buffer, &err), &err, "create")) return 1;
     if (check(colibri_session_plan(model, so, &plan, &err), &err, "plan")) return 1;
     colibri_memory(s, &totals);
     if (totals.arena_used != plan || (so->expert_budget != 0) != (totals.expert_cache != 0)) {
@@ -48,6 +70,7 @@ static int run(colibri_model *model, const colibri_session_options *so, float *o
     }
     if (stats && colibri_expert_cache_stats_get(s, stats) != COLIBRI_OK) return 1;
     colibri_session_destroy(s);
+    free(buffer);
     return 0;
 }
 
@@ -82,6 +105,7 @@ static int bad_reads(colibri_model *model, const float *resident, size_t vocab)
     colibri_error err;
     uint64_t slot, min_budget, rng = 1;
     int32_t i, token, kind;
+    void *buffer;
     memset(&reader, 0, sizeof reader);
     for (i = 0; i < colibri_model_tensor_count(model); i++) {   /* the bytes of weights.bin, as mapped or loaded */
         colibri_model_tensor(model, i, &info);
@@ -99,7 +123,7 @@ static int bad_reads(colibri_model *model, const float *resident, size_t vocab)
         if (check(colibri_expert_slots(model, &so, &slot, &min_budget, &err), &err, "slots")) return 1;
         so.expert_budget = min_budget;
         reader.fail_in = 0;
-        if (check(colibri_session_create(model, &so, &s, &err), &err, "create") ||
+        if (check(create(model, &so, &s, &buffer, &err), &err, "create") ||
             check(colibri_forward(s, prompt, N_PROMPT, NULL, &err), &err, "prompt") ||
             check(colibri_sample(s, &greedy, &rng, &token, &err), &err, "sample"))
             return 1;
@@ -110,7 +134,7 @@ static int bad_reads(colibri_model *model, const float *resident, size_t vocab)
             !strstr(err.message, kind == 0 ? "I/O error 5" : "shorter than its table says") ||
             colibri_session_position(s) != N_PROMPT) {
             fprintf(stderr, "a %s read: status %s, \"%s\", position %d\n", kind == 0 ? "failed" : "short",
-                    colibri_status_name(err.status), err.message, colibri_session_position(s));
+                    colibri_status_name(err.status), err.message, (int)colibri_session_position(s));
             return 1;
         }
         printf("a %s read: %s\n", kind == 0 ? "failed" : "short", err.message);
@@ -120,6 +144,7 @@ static int bad_reads(colibri_model *model, const float *resident, size_t vocab)
             return 1;
         }
         colibri_session_destroy(s);
+        free(buffer);
     }
     return 0;
 }
@@ -170,7 +195,9 @@ int main(int argc, char **argv)
             {
                 colibri_session *s;
                 char want[32];
-                colibri_status st = colibri_session_create(model, &so, &s, &err);
+                void *buffer;
+                colibri_status st = create(model, &so, &s, &buffer, &err);
+                free(buffer);
                 snprintf(want, sizeof want, "at least %llu bytes", (unsigned long long)min_budget);
                 if (st != COLIBRI_E_ARG || !strstr(err.message, want)) {
                     fprintf(stderr, "budget %llu: %s, \"%s\"\n", (unsigned long long)so.expert_budget,
@@ -192,7 +219,7 @@ int main(int argc, char **argv)
                     if (memcmp(resident, streamed, n * sizeof(float)) != 0) {
                         failures++;
                         fprintf(stderr, "threads %d, %s cache, budget %llu (%d slots), guessing %s%s: logits differ\n",
-                                threads, scope ? "per-layer" : "global", (unsigned long long)so.expert_budget, stats.slots,
+                                (int)threads, scope ? "per-layer" : "global", (unsigned long long)so.expert_budget, (int)stats.slots,
                                 guess ? "on" : "off", guess == 2 ? ", direct I/O" : "");
                     }
                     if (stats.hits + stats.misses == 0 || stats.bytes_read < stats.misses * 1u) {
@@ -203,7 +230,7 @@ int main(int argc, char **argv)
             }
         }
     }
-    printf("%d streamed runs, %d differ from the resident run (%zu logits each)\n", runs, failures, n);
+    printf("%d streamed runs, %d differ from the resident run (%zu logits each)\n", (int)runs, (int)failures, n);
     so.threads = 1;
     so.expert_budget = 0;
     if (run(model, &so, resident, vocab, NULL) || bad_reads(model, resident, vocab)) return 1;
