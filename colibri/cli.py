@@ -335,22 +335,17 @@ def cmd_stats(args):
     return 0
 
 
-def _byte_size(text):
-    """An argparse type: bytes, or a number with K, M or G (powers of 1024): 512K, 1.5M, 2G."""
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-    try:
-        value = float(text[:-1] if scale > 1 else text) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size in bytes, or with K, M or G (512M, 2G)") from None
-    if value < 0 or value != value:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size is not negative")
-    return int(value)
-
-
 def _firmware_session(args):
     """(board, model directory, ctx, batch, stack, expert budget) of a firmware command."""
     model = _model(args.model)
-    return args.board, model.path, args.ctx, args.batch, args.stack, args.expert_budget
+    budget = 0
+    if args.expert_budget is not None:
+        try:   # a percentage is of what slots for every routed expert take
+            budget = parse_size(args.expert_budget, lambda: model.expert_slots()[0] * len(_moe_layers(model)) *
+                                model.config["num_experts"])
+        except ValueError as e:
+            raise SystemExit(f"colibri firmware: {e}")
+    return args.board, model.path, args.ctx, args.batch, args.stack, budget
 
 
 def cmd_firmware_plan(args):
@@ -383,8 +378,9 @@ def cmd_firmware_run(args):
 
     model = _model(args.model)
     ids = _prompt_ids(model, args)
-    image = firmware.build_image(*_firmware_session(args))
-    experts = Path(model.path) / "weights.bin" if args.expert_budget else None
+    session = _firmware_session(args)
+    image = firmware.build_image(*session)
+    experts = Path(model.path) / "weights.bin" if session[-1] else None
     result = firmware.run(args.board, image, firmware.arguments(
         ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos,
         experts=experts), timeout=args.timeout)
@@ -525,10 +521,11 @@ def build_parser():
         f.add_argument("--ctx", type=int, default=DEFAULT_CTX, help=f"context the image reserves (default {DEFAULT_CTX})")
         f.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
         f.add_argument("--stack", type=int, default=DEFAULT_STACK, help=f"stack bytes (default {DEFAULT_STACK})")
-        f.add_argument("--expert-budget", type=_byte_size, default=0, metavar="SIZE",
-                       help="stream the routed experts (an interleaved model) into SIZE bytes of cache slots (512K, "
-                            "2M): flash holds the rest of the model, the experts are read from the host's "
-                            "weights.bin; default 0, the whole model in flash")
+        f.add_argument("--expert-budget", metavar="SIZE",
+                       help="stream the routed experts of an interleaved model into SIZE bytes of cache slots (bytes, "
+                            "512K, 2M, or a percentage of what every routed expert takes): flash holds the rest of "
+                            "the model, the image reads the experts from the host's weights.bin (default: the whole "
+                            "model in flash)")
         return f
 
     firmware_parser("plan", "flash and RAM the image needs on the board, and whether it fits").set_defaults(

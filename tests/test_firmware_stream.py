@@ -44,8 +44,9 @@ def image(model, budget):
 
 
 def host(model, *args):
-    r = subprocess.run([*infer_command("native"), "--reference", "--model", str(model), "--ctx", CTX, "--batch",
-                        BATCH, "--ids", *map(str, args)], capture_output=True, timeout=300)
+    """colibri-infer's output (the generated ids) in the strict mode, with the image's session shape."""
+    command = [*infer_command("native"), "--reference", "--model", model, "--ctx", CTX, "--batch", BATCH, "--ids", *args]
+    r = subprocess.run(list(map(str, command)), capture_output=True, timeout=300)
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     return r.stdout
 

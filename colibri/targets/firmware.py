@@ -184,12 +184,11 @@ class Plan:
                  "RAM", row("code's data and bss", self.code_ram), row("model tables (metadata)", self.metadata),
                  row("session arena", self.arena)]
         if self.expert_budget:
-            lines.append(row(f"  of it expert slots ({self.expert_slots} x {self.expert_slot_bytes:,} B)",
+            lines.append(row(f"  expert slots ({self.expert_slots} x {self.expert_slot_bytes:,} B)",
                              self.expert_slots * self.expert_slot_bytes))
         lines += [row("stack", self.stack), row("total", self.ram, self.ram_size)]
         if self.expert_budget:
-            lines += ["storage (read as tokens need them)", row("routed experts (weights.bin after the prefix)",
-                                                                 self.streamed)]
+            lines += ["storage (read as tokens need them)", row("routed experts", self.streamed)]
         problems = self.problems()
         lines.append("fits" if not problems else "does not fit:\n  " + "\n  ".join(problems))
         return "\n".join(lines)

@@ -37,13 +37,16 @@ static long file_size(const char *path)
 }
 
 /* Where the first routed-expert extent begins, after which weights.bin holds only extents:
- * the bytes a streaming image links.  0 and a message when the model has no such prefix. */
-static uint64_t resident_prefix(const colibri_model *model, const char *dir)
+ * the bytes a streaming image links; and how many layers have routed experts.  0 and a
+ * message when the model has no such prefix. */
+static uint64_t resident_prefix(const colibri_model *model, const char *dir, uint64_t *moe_layers)
 {
     colibri_tensor_info t;
     uint64_t first = UINT64_MAX, resident_end = 0;
     const char *last = "";
+    size_t n;
     int32_t i;
+    *moe_layers = 0;
     if (colibri_model_hparams(model)->expert_layout != COLIBRI_LAYOUT_INTERLEAVED) {
         fprintf(stderr, "colibri-model-image: %s: streaming experts needs the interleaved layout "
                         "(colibri convert --layout interleaved)\n", dir);
@@ -52,6 +55,8 @@ static uint64_t resident_prefix(const colibri_model *model, const char *dir)
     for (i = 0; i < colibri_model_tensor_count(model); i++) {
         if (colibri_model_tensor(model, i, &t) != COLIBRI_OK) return 0;
         if (t.expert_stride) {
+            n = strlen(t.name);
+            *moe_layers += n > 11 && strcmp(t.name + n - 11, ".experts.w1") == 0;
             if (t.file_offset < first) first = t.file_offset;
         } else if (t.file_offset + t.file_size > resident_end) {
             resident_end = t.file_offset + t.file_size;
@@ -72,7 +77,7 @@ int main(int argc, char **argv)
     const char *dir;
     long json_len, weights_len, n_ctx, n_batch, stack;
     unsigned long long budget;
-    uint64_t slot_bytes = 0, min_budget = 0, flash_weights;
+    uint64_t slot_bytes = 0, min_budget = 0, flash_weights, moe_layers = 0, slots = 0;
     size_t meta, arena, ram;
     colibri_model *model;
     colibri_session_options so;
@@ -115,8 +120,11 @@ int main(int argc, char **argv)
                     (unsigned long long)slot_bytes);
             return 1;
         }
-        if (!(flash_weights = resident_prefix(model, dir))) return 1;
+        if (!(flash_weights = resident_prefix(model, dir, &moe_layers))) return 1;
         so.expert_budget = budget;
+        slots = budget / slot_bytes;   /* the pool as the core sizes it: whole slots, at most one per expert */
+        if (slots > moe_layers * (uint64_t)colibri_model_hparams(model)->n_experts)
+            slots = moe_layers * (uint64_t)colibri_model_hparams(model)->n_experts;
     }
     if (colibri_session_plan(model, &so, &arena, &err)) return fail("session", &err);
     colibri_model_close(model);
@@ -139,12 +147,11 @@ int main(int argc, char **argv)
     }
 
     if (plan_only) {
-        /* the slots the budget holds: whole slots, the rest of the budget unused */
         printf("metadata: %zu\narena: %zu\nmodel_flash: %zu\nweights_flash: %llu\nstreamed: %llu\n"
                "expert_budget: %llu\nexpert_slot_bytes: %llu\nexpert_min_budget: %llu\nexpert_slots: %llu\n",
                meta, arena, align64((size_t)flash_weights + (size_t)json_len), (unsigned long long)flash_weights,
                (unsigned long long)((uint64_t)weights_len - flash_weights), budget, (unsigned long long)slot_bytes,
-               (unsigned long long)min_budget, budget ? budget / slot_bytes : 0);
+               (unsigned long long)min_budget, (unsigned long long)slots);
         return 0;
     }
     if (!(out = fopen(argv[6], "w"))) { fprintf(stderr, "colibri-model-image: cannot write %s\n", argv[6]); return 1; }
