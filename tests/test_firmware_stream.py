@@ -13,7 +13,8 @@ from colibri.targets import infer_command
 from colibri.targets import firmware as fw
 from support import load_make_fixtures
 
-BOARD = "mps2-an386"   # Cortex-M4F, 4 MiB of flash
+BOARDS = list(fw.BOARDS)   # each with 4 MiB of flash
+BOARD = "mps2-an386"       # Cortex-M4F: the board of the tests that need only one
 CTX, BATCH, STACK = 64, 4, 8192
 PROMPT = [1, 5, 9, 13, 17, 21]
 SLOTS = 3              # of 8 experts a layer, 2 layers: most demanded experts are read
@@ -35,12 +36,23 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def budget(model):
+    """SLOTS slots: the slot's size is the same on every target."""
     return SLOTS * fw.plan(BOARD, model, ctx=CTX, batch=BATCH, stack=STACK).expert_slot_bytes
 
 
 @pytest.fixture(scope="module")
-def image(model, budget):
-    return fw.build_image(BOARD, model, ctx=CTX, batch=BATCH, stack=STACK, expert_budget=budget)
+def images(model, budget):
+    """{board: the streaming image}, built when first asked for."""
+    class Images(dict):
+        def __missing__(self, board):
+            self[board] = fw.build_image(board, model, ctx=CTX, batch=BATCH, stack=STACK, expert_budget=budget)
+            return self[board]
+    return Images()
+
+
+@pytest.fixture(scope="module")
+def image(images):
+    return images[BOARD]
 
 
 def host(model, *args):
@@ -51,9 +63,9 @@ def host(model, *args):
     return r.stdout
 
 
-def run(model, image, *args, experts=None, **kw):
+def run(model, image, *args, experts=None, board=BOARD, **kw):
     experts = model / "weights.bin" if experts is None else experts
-    return fw.run(BOARD, image, fw.arguments(*args, experts=experts, **kw), timeout=600)
+    return fw.run(board, image, fw.arguments(*args, experts=experts, **kw), timeout=600)
 
 
 def test_the_experts_exceed_the_flash_and_the_prefix_fits(model, budget):
@@ -72,26 +84,29 @@ def test_the_experts_exceed_the_flash_and_the_prefix_fits(model, budget):
     assert "fits" in r.stdout and "routed experts" in r.stdout
 
 
-def test_the_text_is_the_hosts_resident_and_streamed(model, budget, image):
+@pytest.mark.parametrize("board", BOARDS)
+def test_the_text_is_the_hosts_resident_and_streamed(board, model, budget, images):
     resident = host(model, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", 16, "--temperature", 0,
                     "--ignore_eos")
     assert resident.count(b",") == 15
     streamed = host(model, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", 16, "--temperature", 0,
                     "--ignore_eos", "--expert_budget", budget)
-    board = run(model, image, PROMPT, 16, ignore_eos=True)
-    assert board.status == 0, board.output.decode(errors="replace")
-    assert board.output == streamed == resident
-    sampled = run(model, image, PROMPT, 16, temperature=0.9, top_k=50, top_p=0.9, seed=5, ignore_eos=True)
+    greedy = run(model, images[board], PROMPT, 16, ignore_eos=True, board=board)
+    assert greedy.status == 0, greedy.output.decode(errors="replace")
+    assert greedy.output == streamed == resident
+    sampled = run(model, images[board], PROMPT, 16, temperature=0.9, top_k=50, top_p=0.9, seed=5, ignore_eos=True,
+                  board=board)
     assert sampled.status == 0 and sampled.output == host(
         model, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", 16, "--temperature", 0.9, "--top_k", 50,
         "--top_p", 0.9, "--seed", 5, "--ignore_eos")
 
 
-def test_every_logit_is_the_hosts(model, image, tmp_path):
+@pytest.mark.parametrize("board", BOARDS)
+def test_every_logit_is_the_hosts(board, model, images, tmp_path):
     n = 8
-    board = run(model, image, PROMPT, n, ignore_eos=True, logits=tmp_path / "board.f32")
-    assert board.status == 0, board.output.decode(errors="replace")
-    ids = [int(t) for t in board.output.decode().strip().split(",")]
+    result = run(model, images[board], PROMPT, n, ignore_eos=True, logits=tmp_path / "board.f32", board=board)
+    assert result.status == 0, result.output.decode(errors="replace")
+    ids = [int(t) for t in result.output.decode().strip().split(",")]
     host(model, "--tokens", ",".join(map(str, PROMPT + ids[:-1])), "--max_tokens", 0, "--logits",
          tmp_path / "host.f32")
     board_bits = np.fromfile(tmp_path / "board.f32", dtype="<u4")
@@ -100,18 +115,19 @@ def test_every_logit_is_the_hosts(model, image, tmp_path):
     assert np.array_equal(board_bits, host_bits), f"{np.count_nonzero(board_bits != host_bits)} logits differ"
 
 
-def test_plan_is_what_the_linker_and_the_image_report(model, budget, image):
-    p = fw.plan(BOARD, model, ctx=CTX, batch=BATCH, stack=STACK, expert_budget=budget)
-    assert (p.flash, p.ram) == fw.image_usage(BOARD, image)
-    assert fw.symbol_size(BOARD, image, "colibri_fw_ram") == p.metadata + p.arena
-    result = run(model, image, PROMPT, 8, ignore_eos=True)
+@pytest.mark.parametrize("board", BOARDS)
+def test_plan_is_what_the_linker_and_the_image_report(board, model, budget, images):
+    p = fw.plan(board, model, ctx=CTX, batch=BATCH, stack=STACK, expert_budget=budget)
+    assert (p.flash, p.ram) == fw.image_usage(board, images[board])
+    assert fw.symbol_size(board, images[board], "colibri_fw_ram") == p.metadata + p.arena
+    result = run(model, images[board], PROMPT, 8, ignore_eos=True, board=board)
     assert result.status == 0, result.output.decode(errors="replace")
     r = result.report
     assert r["arena_needed"] == r["arena_reserved"] == p.arena and r["meta_reserved"] == p.metadata
     assert r["expert_budget"] == budget and r["weights_flash"] + p.streamed == (model / "weights.bin").stat().st_size
     assert (r["expert_slots"], r["expert_slot_bytes"]) == (p.expert_slots, p.expert_slot_bytes)
-    assert r["expert_misses"] > 0 and r["expert_hits"] + r["expert_misses"] > 0
-    assert r["expert_bytes_read"] >= r["expert_misses"] * p.expert_slot_bytes // 2 and r["expert_reads"] > 0
+    assert r["expert_misses"] > 0 and r["expert_reads"] >= r["expert_misses"]
+    assert r["expert_bytes_read"] == r["expert_reads"] * p.expert_slot_bytes   # one read per expert: its extent
     assert 0 < r["stack_used"] < r["stack_reserved"] == p.stack
 
 
@@ -123,7 +139,7 @@ def test_a_short_or_missing_experts_file_is_a_clear_failure(model, image, tmp_pa
     short.write_bytes(data[:len(data) // 2])
     r = run(model, image, PROMPT, 8, experts=short)
     text = r.output.decode(errors="replace")
-    assert r.status == 1 and "failed" in text and "COLIBRI_E_" in text, text
+    assert r.status == 1 and "failed" in text and " expert " in text and "(COLIBRI_E_IO)" in text, text
     r = fw.run(BOARD, image, fw.arguments(PROMPT, 8), timeout=300)
     assert r.status == 1 and b"experts=FILE" in r.output, r.output
     r = run(model, image, PROMPT, 8, experts=tmp_path / "absent.bin")
