@@ -117,14 +117,21 @@ def read_load(path, model):
 def choose_pins(load, top_k, slots, moe_layers, per_layer=False, count=None, share=None):
     """The most loaded (layer, expert) pairs of `load` to pin in a cache of `slots` (whole; or split
     evenly among `moe_layers` when `per_layer`): `count` of them, or `share` of the slots, or by
-    default as many as fit (the slots less one layer's top_k, per layer when `per_layer`).  Pairs
-    that routed no token are left out.  ValueError when `count` does not fit."""
+    default the hot ones, those that took at least twice an even share of their layer's tokens (a
+    model that routes evenly gains nothing from pins: they only take slots from the cache), as many
+    as fit: the slots less one layer's top_k (per layer when `per_layer`).  Pairs that routed no
+    token are left out.  ValueError when `count` does not fit."""
     import numpy as np
 
     per = slots // max(len(moe_layers), 1) if per_layer else slots
     room = max(per - top_k, 0) * (len(moe_layers) if per_layer else 1)
-    if count is None:
-        count = room if share is None else min(int(share * slots), room)
+    if count is None and share is None:
+        layer_tokens = load.sum(axis=1, keepdims=True)
+        hot = load * load.shape[1] >= 2 * np.maximum(layer_tokens, 1)
+        load = np.where(hot, load, 0)
+        count = room
+    elif count is None:
+        count = min(int(share * slots), room)
     elif not 0 <= count <= room:
         raise ValueError(f"{count} pins do not fit: at most {room} of the {slots} slots can be pinned "
                          f"(one layer's top_k {top_k} stay free{' in each layer' if per_layer else ''})")

@@ -65,14 +65,17 @@ def test_size_parser_asks_for_the_whole_only_for_a_percentage():
 def test_pins_are_the_most_loaded_pairs():
     load = np.array([[5, 0, 9, 1], [7, 3, 0, 2]])
     # 6 slots, top-2: 4 fit, by load; ties keep (layer, expert) order
-    assert choose_pins(load, 2, 6, [0, 1]) == [(0, 2), (1, 0), (0, 0), (1, 1)]
+    assert choose_pins(load, 2, 6, [0, 1], count=4) == [(0, 2), (1, 0), (0, 0), (1, 1)]
     assert choose_pins(load, 2, 6, [0, 1], count=2) == [(0, 2), (1, 0)]
     assert choose_pins(load, 2, 6, [0, 1], share=0.5) == [(0, 2), (1, 0), (0, 0)]
-    assert choose_pins(load, 2, 6, [0, 1], share=1.0) == choose_pins(load, 2, 6, [0, 1])   # capped at what fits
+    assert choose_pins(load, 2, 6, [0, 1], share=1.0) == choose_pins(load, 2, 6, [0, 1], count=4)   # capped at what fits
+    # by default only the hot ones: at least twice an even share of the layer's tokens (9 of 15, 7 of 12)
+    assert choose_pins(load, 2, 20, [0, 1]) == [(0, 2), (1, 0)]
+    assert choose_pins(np.full((2, 4), 5), 2, 20, [0, 1]) == []   # even routing: nothing to gain
     # per layer: 3 slots each, one pinnable in each
-    assert choose_pins(load, 2, 6, [0, 1], per_layer=True) == [(0, 2), (1, 0)]
+    assert choose_pins(load, 2, 6, [0, 1], per_layer=True, count=2) == [(0, 2), (1, 0)]
     # experts that routed nothing are not pinned
-    assert choose_pins(load, 2, 20, [0, 1]) == [(0, 2), (1, 0), (0, 0), (1, 1), (1, 3), (0, 3)]
+    assert choose_pins(load, 2, 20, [0, 1], count=6) == [(0, 2), (1, 0), (0, 0), (1, 1), (1, 3), (0, 3)]
     with pytest.raises(ValueError, match="at most 4 of the 6 slots"):
         choose_pins(load, 2, 6, [0, 1], count=5)
 

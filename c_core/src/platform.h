@@ -44,7 +44,7 @@ typedef struct colibri_io_read {
     int64_t result;         /* what the reader returned, once done */
     int32_t state;          /* COLIBRI_IO_*: changed under the reader's lock only */
     int32_t urgent;
-    uint64_t order;         /* queue position among reads of the same urgency */
+    int32_t next;           /* the reader's queue: the read queued after this one at its urgency; -1 none */
 } colibri_io_read;
 #define COLIBRI_IO_READ_SLOT 56     /* bytes per read on every target (util.h) */
 enum { COLIBRI_IO_IDLE = 0, COLIBRI_IO_QUEUED, COLIBRI_IO_BUSY, COLIBRI_IO_DONE };

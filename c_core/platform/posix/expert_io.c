@@ -1,8 +1,7 @@
 /* Expert streaming's reader on POSIX: one I/O thread made with the session performs the reads the
  * forward pass queues (platform.h), urgent ones first, from the caller's read function or from
- * weights.bin with pread (O_DIRECT on request, so the page cache is bypassed).  The queue is the
- * read table itself: the thread takes the queued read of the highest urgency queued first, a scan
- * of the table, which is short next to a read from storage. */
+ * weights.bin with pread (O_DIRECT on request, so the page cache is bypassed).  The queues are
+ * lists threaded through the read table (colibri_io_read.next), one per urgency. */
 #define _GNU_SOURCE
 
 #include <errno.h>
@@ -22,10 +21,8 @@ struct colibri_io {
     colibri_read_fn read;
     void *context;
     int fd;                     /* weights.bin when the platform reads it, else -1 */
-    colibri_io_read *reads;     /* (n_reads) in the session arena */
-    int32_t n_reads;
-    int32_t queued;             /* reads in state QUEUED */
-    uint64_t next_order;
+    colibri_io_read *reads;     /* in the session arena */
+    int32_t head[2], tail[2];   /* the queues: [0] speculative reads, [1] urgent ones; -1 empty */
     int stopping;
     pthread_mutex_t lock;
     pthread_cond_t work;        /* a read was queued, or stop */
@@ -48,18 +45,24 @@ static int64_t read_file(void *context, uint64_t offset, void *dst, size_t len)
     return (int64_t)got;
 }
 
-/* The queued read to perform next: urgent before speculative, then first queued; -1 if none. */
-static int32_t next_read(const colibri_io *io)
+static void push(colibri_io *io, int32_t i, int32_t urgent)
 {
-    int32_t i, best = -1;
-    for (i = 0; i < io->n_reads; i++) {
-        const colibri_io_read *r = &io->reads[i];
-        if (r->state != COLIBRI_IO_QUEUED) continue;
-        if (best < 0 || r->urgent > io->reads[best].urgent ||
-            (r->urgent == io->reads[best].urgent && r->order < io->reads[best].order))
-            best = i;
-    }
-    return best;
+    io->reads[i].next = -1;
+    io->reads[i].urgent = urgent;
+    if (io->tail[urgent] >= 0) io->reads[io->tail[urgent]].next = i;
+    else io->head[urgent] = i;
+    io->tail[urgent] = i;
+}
+
+/* Takes read i out of its queue (a walk of that queue: reads queued, not the table). */
+static void unlink_read(colibri_io *io, int32_t i)
+{
+    int32_t u = io->reads[i].urgent, prev = -1, at = io->head[u];
+    while (at >= 0 && at != i) { prev = at; at = io->reads[at].next; }
+    if (at < 0) return;
+    if (prev >= 0) io->reads[prev].next = io->reads[i].next;
+    else io->head[u] = io->reads[i].next;
+    if (io->tail[u] == i) io->tail[u] = prev;
 }
 
 static void *io_thread(void *arg)
@@ -70,12 +73,12 @@ static void *io_thread(void *arg)
         colibri_io_read *r;
         int32_t i;
         int64_t result;
-        while (!io->stopping && io->queued == 0) pthread_cond_wait(&io->work, &io->lock);
+        while (!io->stopping && io->head[0] < 0 && io->head[1] < 0) pthread_cond_wait(&io->work, &io->lock);
         if (io->stopping) break;
-        i = next_read(io);
+        i = io->head[1] >= 0 ? io->head[1] : io->head[0];
+        unlink_read(io, i);
         r = &io->reads[i];
         r->state = COLIBRI_IO_BUSY;
-        io->queued--;
         pthread_mutex_unlock(&io->lock);
         result = io->read(io->context, r->offset, r->dst, r->len);   /* the table entry is ours while BUSY */
         pthread_mutex_lock(&io->lock);
@@ -92,7 +95,7 @@ colibri_status colibri_platform_io_create(const colibri_model *model, colibri_re
                                           colibri_error *err)
 {
     colibri_io *io;
-    (void)state;   /* the heap holds the thread's state */
+    (void)state; (void)n_reads;   /* the heap holds the thread's state; the queues need no size */
     *out = NULL;
     io = calloc(1, sizeof *io);
     if (!io) return colibri_fail(err, COLIBRI_E_NOMEM, "no memory for the expert reader");
@@ -100,7 +103,7 @@ colibri_status colibri_platform_io_create(const colibri_model *model, colibri_re
     io->read = read;
     io->context = context;
     io->reads = reads;
-    io->n_reads = n_reads;
+    io->head[0] = io->head[1] = io->tail[0] = io->tail[1] = -1;
     if (!read) {
         const char *path = colibri_posix_weights_path(model);
         if (!path) {
@@ -142,9 +145,7 @@ void colibri_platform_io_submit(colibri_io *io, int32_t i, int urgent)
     colibri_io_read *r = &io->reads[i];
     pthread_mutex_lock(&io->lock);
     r->state = COLIBRI_IO_QUEUED;
-    r->urgent = urgent;
-    r->order = io->next_order++;
-    io->queued++;
+    push(io, i, urgent != 0);
     pthread_cond_signal(&io->work);
     pthread_mutex_unlock(&io->lock);
 }
@@ -154,7 +155,10 @@ int64_t colibri_platform_io_wait(colibri_io *io, int32_t i)
     colibri_io_read *r = &io->reads[i];
     int64_t result;
     pthread_mutex_lock(&io->lock);
-    if (r->state == COLIBRI_IO_QUEUED) r->urgent = 1;
+    if (r->state == COLIBRI_IO_QUEUED && !r->urgent) {   /* waited for: ahead of the guesses */
+        unlink_read(io, i);
+        push(io, i, 1);
+    }
     while (r->state == COLIBRI_IO_QUEUED || r->state == COLIBRI_IO_BUSY) pthread_cond_wait(&io->done, &io->lock);
     result = r->result;
     pthread_mutex_unlock(&io->lock);
@@ -175,8 +179,8 @@ int colibri_platform_io_cancel(colibri_io *io, int32_t i)
     int dropped = 0;
     pthread_mutex_lock(&io->lock);
     if (io->reads[i].state == COLIBRI_IO_QUEUED) {
+        unlink_read(io, i);
         io->reads[i].state = COLIBRI_IO_IDLE;
-        io->queued--;
         dropped = 1;
     }
     pthread_mutex_unlock(&io->lock);
