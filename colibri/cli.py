@@ -343,9 +343,16 @@ def cmd_stats(args):
 
 
 def _firmware_session(args):
-    """(board, model directory, ctx, batch, stack) of a firmware command."""
+    """(board, model directory, ctx, batch, stack, expert budget) of a firmware command."""
     model = _model(args.model)
-    return args.board, model.path, args.ctx, args.batch, args.stack
+    budget = 0
+    if args.expert_budget is not None:
+        try:   # a percentage is of what slots for every routed expert take
+            budget = parse_size(args.expert_budget, lambda: model.expert_slots()[0] * len(_moe_layers(model)) *
+                                model.config["num_experts"])
+        except ValueError as e:
+            raise SystemExit(f"colibri firmware: {e}")
+    return args.board, model.path, args.ctx, args.batch, args.stack, budget
 
 
 def cmd_firmware_plan(args):
@@ -378,10 +385,12 @@ def cmd_firmware_run(args):
 
     model = _model(args.model)
     ids = _prompt_ids(model, args)
-    image = firmware.build_image(*_firmware_session(args))
+    session = _firmware_session(args)
+    image = firmware.build_image(*session)
+    experts = Path(model.path) / "weights.bin" if session[-1] else None
     result = firmware.run(args.board, image, firmware.arguments(
-        ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos),
-        timeout=args.timeout)
+        ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos,
+        experts=experts), timeout=args.timeout)
     sys.stdout.buffer.write(result.output)
     if args.verbose and result.report:
         r = result.report
@@ -389,6 +398,10 @@ def cmd_firmware_run(args):
               f"{r['prefill_ticks'] / r['ticks_per_second'] * 1e3:.0f} ms, {r['generated_tokens']} generated at "
               f"{result.tokens_per_second():.2f} tok/s; arena {r['arena_needed']:,} B, "
               f"stack {r['stack_used']:,} of {r['stack_reserved']:,} B]", file=sys.stderr)
+        if "expert_slots" in r:
+            print(f"[experts streamed: {r['expert_slots']} slots of {r['expert_slot_bytes']:,} B, "
+                  f"{r['expert_hits']} hits, {r['expert_misses']} misses, {r['expert_bytes_read']:,} B read in "
+                  f"{r['expert_reads']} reads]", file=sys.stderr)
     return result.status
 
 
@@ -515,6 +528,11 @@ def build_parser():
         f.add_argument("--ctx", type=int, default=DEFAULT_CTX, help=f"context the image reserves (default {DEFAULT_CTX})")
         f.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
         f.add_argument("--stack", type=int, default=DEFAULT_STACK, help=f"stack bytes (default {DEFAULT_STACK})")
+        f.add_argument("--expert-budget", metavar="SIZE",
+                       help="stream the routed experts of an interleaved model into SIZE bytes of cache slots (bytes, "
+                            "512K, 2M, or a percentage of what every routed expert takes): flash holds the rest of "
+                            "the model, the image reads the experts from the host's weights.bin (default: the whole "
+                            "model in flash)")
         return f
 
     firmware_parser("plan", "flash and RAM the image needs on the board, and whether it fits").set_defaults(
