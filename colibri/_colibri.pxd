@@ -101,6 +101,7 @@ cdef extern from "colibri/colibri.h" nogil:
     enum: COLIBRI_CACHE_PER_LAYER
     enum: COLIBRI_EXPERT_IO_DIRECT
     enum: COLIBRI_EXPERT_IO_NO_PREFETCH
+    enum: COLIBRI_EXPERT_IO_VERIFY
 
     colibri_status colibri_session_plan(const colibri_model *model, const colibri_session_options *options,
                                         size_t *arena_bytes, colibri_error *err)

@@ -80,7 +80,7 @@ def _expert_pins(pins):
 
 
 cdef object _expert_options(c.colibri_session_options *opts, expert_budget, str expert_cache, bint direct_io,
-                            bint prefetch, pins):
+                            bint prefetch, pins, bint verify=False):
     """Fills the expert streaming fields of ``opts``; returns the pins array ``opts`` points into
     (None without pins), which the caller keeps alive as long as ``opts`` or its session."""
     cdef int32_t[:, ::1] pairs
@@ -95,7 +95,8 @@ cdef object _expert_options(c.colibri_session_options *opts, expert_budget, str 
     opts.expert_budget = <uint64_t>budget
     opts.expert_cache = _EXPERT_CACHES[expert_cache]
     opts.expert_io = ((c.COLIBRI_EXPERT_IO_DIRECT if direct_io else 0) |
-                      (0 if prefetch else c.COLIBRI_EXPERT_IO_NO_PREFETCH))
+                      (0 if prefetch else c.COLIBRI_EXPERT_IO_NO_PREFETCH) |
+                      (c.COLIBRI_EXPERT_IO_VERIFY if verify else 0))
     if pins is None:
         return None
     arr = _expert_pins(pins)
@@ -200,7 +201,7 @@ cdef class Model:
         return PyBytes_FromStringAndSize(<const char *>data, n)
 
     def memory_plan(self, int ctx=0, int batch=0, *, expert_budget=0, str expert_cache="global",
-                    bint direct_io=False, bint prefetch=True, pins=None):
+                    bint direct_io=False, bint prefetch=True, pins=None, bint verify=False):
         """Exact arena bytes a session with this context and batch needs (nothing is allocated);
         with an ``expert_budget``, its slot pool included (the options: see Session)."""
         cdef c.colibri_session_options opts
@@ -209,13 +210,13 @@ cdef class Model:
         memset(&opts, 0, sizeof(opts))
         opts.n_ctx = ctx
         opts.n_batch = batch
-        kept = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins)
+        kept = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins, verify)
         if c.colibri_session_plan(self._model, &opts, &need, &err) != c.COLIBRI_OK:
             raise_error(&err)
         return need
 
     def expert_slots(self, *, expert_budget=0, str expert_cache="global", bint direct_io=False,
-                     bint prefetch=True, pins=None):
+                     bint prefetch=True, pins=None, bint verify=False):
         """(slot_bytes, min_budget) for expert streaming with these options (see Session): the
         bytes of one cache slot, and the smallest expert_budget a session accepts (one layer's
         top_k slots; for every MoE layer with expert_cache="per_layer").  colibri.Error for a model
@@ -242,13 +243,13 @@ cdef class Model:
         return need
 
     def session(self, int ctx=0, int batch=0, str kernels="auto", *, expert_budget=0, str expert_cache="global",
-                bint direct_io=False, bint prefetch=True, pins=None, **routing):
+                bint direct_io=False, bint prefetch=True, pins=None, bint verify=False, **routing):
         """A new session: a KV cache for ``ctx`` positions (0: the model's maximum, at most 4096),
         prefill computed ``batch`` tokens at a time (0: 64), with the fastest kernels this CPU runs
         (``kernels="auto"``) or the plain C reference (``"reference"``).  ``expert_budget`` (expert
         streaming) and ``routing`` (research routers, off by default): see Session."""
         return Session(self, ctx, batch, kernels, expert_budget=expert_budget, expert_cache=expert_cache,
-                       direct_io=direct_io, prefetch=prefetch, pins=pins, **routing)
+                       direct_io=direct_io, prefetch=prefetch, pins=pins, verify=verify, **routing)
 
 
 _ROUTINGS = {"model": 0, "noisy": 1, "hash": 2, "capacity": 3}   # COLIBRI_ROUTING_*
@@ -270,7 +271,8 @@ cdef class Session:
 
     def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto", str routing="model",
                   float noise=1.0, noise_seed=0, float capacity_factor=1.0, bint profile=False, threads=None, *,
-                  expert_budget=0, str expert_cache="global", bint direct_io=False, bint prefetch=True, pins=None):
+                  expert_budget=0, str expert_cache="global", bint direct_io=False, bint prefetch=True, pins=None,
+                  bint verify=False):
         """``routing``: "model" (the model's own router), or a research router that changes the
         model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
         ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
@@ -284,7 +286,8 @@ cdef class Session:
         (one pool) or "per_layer" (the slots split evenly among the MoE layers); ``direct_io``:
         read past the page cache (O_DIRECT); ``prefetch``: guess the next layer's experts and read
         them ahead; ``pins``: (layer, expert) pairs read at creation and never evicted (a sequence
-        of pairs or an (n, 2) integer array), at most the slots less one layer's top_k."""
+        of pairs or an (n, 2) integer array), at most the slots less one layer's top_k; ``verify``:
+        check each expert's extent against its CRC-32 when first read (interleaved files)."""
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
@@ -308,7 +311,7 @@ cdef class Session:
         opts.kernel_variant = NULL if kernels == "auto" else <const char *>kernel_name
         opts.n_ctx = ctx
         opts.n_batch = batch
-        self._pins = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins)
+        self._pins = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins, verify)
         self.expert_budget = opts.expert_budget
         self.model = model
         self._vocab = c.colibri_model_hparams(model._model).vocab_size

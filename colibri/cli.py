@@ -151,7 +151,8 @@ def choose_pins(load, top_k, slots, moe_layers, per_layer=False, count=None, sha
 def _stream_options(model, args):
     """Model.session's expert streaming options from the --expert-budget, --expert-cache,
     --direct-io, --no-prefetch and --pin arguments ({} for a resident run)."""
-    opts = dict(expert_cache=args.expert_cache, direct_io=args.direct_io, prefetch=not args.no_prefetch)
+    opts = dict(expert_cache=args.expert_cache, direct_io=args.direct_io, prefetch=not args.no_prefetch,
+                verify=args.verify_experts)
     pin_choice = args.pin_count is not None or args.pin_share is not None
     if args.pin is None and pin_choice:
         raise SystemExit(f"colibri {args.command}: --pin-count and --pin-share choose from a --pin FILE; give it")
@@ -236,6 +237,7 @@ def generate_on_target(model, ids, args):
     if stream:
         command += ["--expert_budget", str(stream["expert_budget"]), "--expert_cache", stream["expert_cache"]]
         command += ["--direct_io"] * stream["direct_io"] + ["--no_prefetch"] * (not stream["prefetch"])
+        command += ["--verify_experts"] * stream["verify"]
     return subprocess.run(command, env=targets.env_for(args.target)).returncode
 
 
@@ -486,9 +488,12 @@ def build_parser():
         s.add_argument("--direct-io", action="store_true", help="read with O_DIRECT, past the page cache")
         s.add_argument("--no-prefetch", action="store_true",
                        help="read only the experts a token needs (no guess of the next layer's)")
+        s.add_argument("--verify-experts", action="store_true",
+                       help="check each expert's extent against its CRC-32 when first read (interleaved files)")
         s.add_argument("--pin", metavar="LOAD.json",
                        help="pin the most loaded experts of a load colibri stats --save-load wrote: read at the "
-                            "start, never evicted (default: as many as fit, the slots less one layer's top-k)")
+                            "start, never evicted (default: the hot ones, with at least twice an even share of "
+                            "their layer's tokens, as many as fit: the slots less one layer's top-k)")
         pin = s.add_mutually_exclusive_group()
         pin.add_argument("--pin-count", type=int, metavar="N", help="pin the N most loaded experts")
         pin.add_argument("--pin-share", type=float, metavar="F",

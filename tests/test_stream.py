@@ -118,3 +118,41 @@ def test_a_file_truncated_after_open_is_a_clear_error(interleaved_mixtral, tmp_p
             failed += 1
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert failed == 1   # the first token that routes to it; the bytes are back for the others
+
+
+def test_verified_extents_catch_a_changed_byte(interleaved_mixtral, tmp_path):
+    """With verify, each extent is checked against its CRC-32 from colibri_model.json when first
+    read: a flipped byte in one expert's extent fails the call that reads it, naming the expert;
+    the intact model streams with the same logits as resident."""
+    import json
+    import shutil
+    path = shutil.copytree(interleaved_mixtral, tmp_path / "m")
+    model = colibri.Model(path)
+    slot, least = model.expert_slots()
+    tokens = [int(t) for t in np.random.default_rng(6).integers(0, model.config["vocab_size"], 24)]
+    resident = model.session(ctx=32)
+    checked = model.session(ctx=32, expert_budget=least, verify=True)
+    for t in tokens:
+        assert np.array_equal(resident.forward([t]).view(np.uint32), checked.forward([t]).view(np.uint32))
+    del resident, checked, model
+
+    table = json.loads((path / "colibri_model.json").read_text())["tensors"]
+    first = next(t for t in table if t["name"] == "layers.1.experts.w1")
+    at = first["file_offset"] + 2 * first["expert_stride"] + 100   # inside expert 2's extent of layer 1
+    data = bytearray((path / "weights.bin").read_bytes())
+    data[at] ^= 0x40
+    (path / "weights.bin").write_bytes(bytes(data))
+    model = colibri.Model(path)
+    checked, unchecked = (model.session(ctx=32, expert_budget=least, verify=v) for v in (True, False))
+    with pytest.raises(colibri.Error, match=r"layer 1 expert 2: the crc32 of its extent \[\d+, \d+\) of weights.bin is "
+                                            r"[0-9a-f]+, colibri_model.json says [0-9a-f]+"):
+        for t in tokens:
+            checked.forward([t])
+    for t in tokens:   # without the check the changed byte goes unnoticed
+        unchecked.forward([t])
+
+
+def test_verify_needs_checksums(family_models):
+    model = colibri.Model(family_models["stacked"])
+    with pytest.raises(colibri.Error, match="verifying extents needs their checksums"):
+        model.session(ctx=16, expert_budget=model.expert_slots()[1], verify=True)

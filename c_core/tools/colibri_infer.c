@@ -40,7 +40,7 @@ typedef struct options {
     unsigned long long routing_seed;
     unsigned long long expert_budget;   /* 0: resident */
     int expert_cache;               /* COLIBRI_CACHE_* */
-    int direct_io, no_prefetch;
+    int direct_io, no_prefetch, verify_experts;
 } options;
 
 static void usage(FILE *f)
@@ -80,6 +80,7 @@ static void usage(FILE *f)
         "  --expert_cache C   global (one pool, default) or per_layer (the slots split evenly among the MoE layers)\n"
         "  --direct_io        read experts with O_DIRECT, past the page cache\n"
         "  --no_prefetch      read only demanded experts (no guess of the next layer's)\n"
+        "  --verify_experts   check each expert's extent against its CRC-32 when first read\n"
         "  --validate-model   run every load check plus checksums, then exit\n"
         "  --memdump          print the memory report after creating the session, then exit\n"
         "  --verbose          model summary, timings and the expert cache's counters on stderr\n");
@@ -160,6 +161,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "reference")) { o->reference_kernels = 1; takes_value = 0; }
         else if (option_is(a, "direct_io")) { o->direct_io = 1; takes_value = 0; }
         else if (option_is(a, "no_prefetch")) { o->no_prefetch = 1; takes_value = 0; }
+        else if (option_is(a, "verify_experts")) { o->verify_experts = 1; takes_value = 0; }
         else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
@@ -293,7 +295,8 @@ int main(int argc, char **argv)
     so.capacity_factor = (float)o.capacity_factor;
     so.expert_budget = o.expert_budget;
     so.expert_cache = o.expert_cache;
-    so.expert_io = (o.direct_io ? COLIBRI_EXPERT_IO_DIRECT : 0u) | (o.no_prefetch ? COLIBRI_EXPERT_IO_NO_PREFETCH : 0u);
+    so.expert_io = (o.direct_io ? COLIBRI_EXPERT_IO_DIRECT : 0u) | (o.no_prefetch ? COLIBRI_EXPERT_IO_NO_PREFETCH : 0u) |
+                   (o.verify_experts ? COLIBRI_EXPERT_IO_VERIFY : 0u);
     if (colibri_session_create(model, &so, &session, &err)) { rc = fail("cannot create session", &err); goto done; }
     if (o.memdump) {
         size_t len;

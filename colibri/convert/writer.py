@@ -168,14 +168,16 @@ def _write_extents(f, group, dtype, table, bar):
         stride += -(-part // ALIGN) * ALIGN
     _pad(f)
     base = f.tell()
+    checksums = []   # one per extent, its padding included: a session may check what it streams
     for e in range(n_experts):
-        for (data, _), part in zip(encoded, parts):
-            _pad(f)
-            f.write(data[e * part:(e + 1) * part])
-        _pad(f)
+        extent = b"".join(data[e * part:(e + 1) * part].ljust(-(-part // ALIGN) * ALIGN, b"\0")
+                          for (data, _), part in zip(encoded, parts))
+        checksums.append("crc32:%08x" % zlib.crc32(extent))
+        f.write(extent)
         bar.update(min(sum(parts), bar.total - bar.n))
-    for (name, shape, _, _), (data, stored), offset in zip(group, encoded, at):
-        table.append(_entry(name, stored, shape, base + offset, data, expert_stride=stride))
+    for i, ((name, shape, _, _), (data, stored), offset) in enumerate(zip(group, encoded, at)):
+        extra = dict(extent_checksums=checksums) if i == 0 else {}
+        table.append(_entry(name, stored, shape, base + offset, data, expert_stride=stride, **extra))
 
 
 def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):

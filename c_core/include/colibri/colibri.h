@@ -258,7 +258,9 @@ typedef struct colibri_session_options {
 enum { COLIBRI_CACHE_GLOBAL = 0, COLIBRI_CACHE_PER_LAYER = 1 };
 enum {
     COLIBRI_EXPERT_IO_DIRECT = 1u << 0,      /* POSIX: O_DIRECT, 4 KiB-aligned reads: the page cache is bypassed */
-    COLIBRI_EXPERT_IO_NO_PREFETCH = 1u << 1  /* read only demanded experts (no guess of the next layer's) */
+    COLIBRI_EXPERT_IO_NO_PREFETCH = 1u << 1, /* read only demanded experts (no guess of the next layer's) */
+    COLIBRI_EXPERT_IO_VERIFY = 1u << 2       /* check each expert's extent against its CRC-32 when first read
+                                                (extent_checksums: interleaved files colibri convert writes) */
 };
 
 enum {

@@ -113,6 +113,8 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     m->weights = (const uint8_t *)weights;
     m->weights_len = weights_len;
     m->experts_elsewhere = (flags & COLIBRI_LOAD_EXPERTS_ELSEWHERE) != 0;
+    m->json = json;
+    m->json_tokens = tokens;
     m->meta_bytes = lay.total;
 
     st = colibri_read_layer_kinds(&L, 0, m);

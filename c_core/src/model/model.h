@@ -49,6 +49,7 @@ typedef struct colibri_layer_weights {
                                                reads from here; w[].data may not be in memory) */
     size_t extent_offset;       /* interleaved: expert e's extent is [extent_offset + e * extent_bytes, */
     size_t extent_bytes;        /*   + extent_bytes) of weights.bin, all its tensors' parts; stacked: 0, 0 */
+    int32_t extent_checksums;   /* the JSON token of its extents' CRC list (colibri_extent_checksum); 0: none */
     int32_t moe;                /* the MLP is the MoE block (else dense) */
     int32_t window;             /* attention sees this many positions, the query's included; 0: all */
     int32_t chunk;              /* or only the positions of the query's chunk of this size; 0: no chunks */
@@ -69,8 +70,9 @@ typedef struct colibri_tensor {
                                    interleaved experts, the layer's first part all E extents, the others 0 */
     uint32_t crc32;             /* of its bytes, the parts in expert order: the same in either layout */
     int32_t slot;               /* where the loader keeps it (loader.h) */
+    int32_t extent_checksums;   /* its "extent_checksums" list's JSON token; -1: none */
 } colibri_tensor;
-#define COLIBRI_TENSOR_SLOT 128
+#define COLIBRI_TENSOR_SLOT 136
 
 struct colibri_model {
     colibri_hparams hp;
@@ -79,6 +81,8 @@ struct colibri_model {
     const uint8_t *weights;         /* weights.bin, mapped or linked in */
     size_t weights_len;
     int32_t experts_elsewhere;      /* COLIBRI_LOAD_EXPERTS_ELSEWHERE: `weights` lacks the routed experts */
+    const char *json;               /* colibri_model.json, which outlives the model, and its tokens in */
+    const struct json_token *json_tokens;   /* the metadata: read again for the extents' checksums */
 
     int32_t n_tensors;
     colibri_tensor *tensors;        /* (n_tensors), in file order of the JSON */
@@ -123,6 +127,8 @@ colibri_status colibri_expert_part(const colibri_model *model, int32_t layer, in
 
 const char *colibri_dtype_name(colibri_dtype dtype);
 const char *colibri_layer_tensor_name(int kind);   /* "experts.w1", ... (L_KINDS) */
+/* The CRC-32 colibri_model.json lists for expert `expert`'s extent of `layer`; 0 when it lists none. */
+int colibri_extent_checksum(const colibri_model *m, int32_t layer, int32_t expert, uint32_t *crc);
 
 uint32_t colibri_crc32(uint32_t crc, const void *data, size_t len);
 

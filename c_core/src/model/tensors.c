@@ -196,12 +196,26 @@ static int is_hex_digit(char c)
 }
 
 /* One entry of "tensors": fills t and returns its slot. */
+/* "crc32:" and 8 lower-case hex digits -> *crc; 0 if the token is not that. */
+static int crc_value(const char *text, const json_token *t, uint32_t *crc)
+{
+    const char *s = text + t->start;
+    uint32_t k;
+    if (t->type != JSON_STRING || t->len != 14 || memcmp(s, "crc32:", 6) != 0) return 0;
+    *crc = 0;
+    for (k = 6; k < 14; k++) {
+        if (!is_hex_digit(s[k])) return 0;
+        *crc = *crc << 4 | (uint32_t)(s[k] <= '9' ? s[k] - '0' : s[k] - 'a' + 10);
+    }
+    return 1;
+}
+
 colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const colibri_model *m,
                                    colibri_tensor *t, int64_t *slot)
 {
     const colibri_hparams *hp = &m->hp;
     static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum",
-                                        "expert_stride", NULL };
+                                        "expert_stride", "extent_checksums", NULL };
     char where[64];
     int32_t i = 0, shape_tok = 0;
     int64_t expected[4], v;
@@ -333,20 +347,34 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
 
     st = colibri_get_field(L, obj, where, "checksum", JSON_STRING, &i);
     if (st) return st;
-    {
-        const json_token *c = &L->tok[i];
-        const char *s = L->text + c->start;
-        uint32_t crc = 0, k;
-        if (c->len != 14 || memcmp(s, "crc32:", 6) != 0)
-            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
-        for (k = 6; k < 14; k++) {
-            if (!is_hex_digit(s[k]))
-                return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
-            crc = crc << 4 | (uint32_t)(s[k] <= '9' ? s[k] - '0' : s[k] - 'a' + 10);
+    if (!crc_value(L->text, &L->tok[i], &t->crc32))
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
+
+    /* interleaved experts: optionally one CRC per expert extent, checked when a session streams it */
+    t->extent_checksums = json_object_get(L->text, L->tok, obj, "extent_checksums");
+    if (t->extent_checksums >= 0) {
+        const json_token *list = &L->tok[t->extent_checksums];
+        uint32_t e;
+        if (!t->expert_stride)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums belong only to the routed experts' "
+                                "tensors of the interleaved layout", where);
+        if (list->type != JSON_ARRAY || list->n_children != (uint32_t)hp->n_experts)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums must list %d checksums, one per expert",
+                                where, hp->n_experts);
+        for (e = 0; e < list->n_children; e++) {   /* strings: one token each, in order */
+            uint32_t crc;
+            if (!crc_value(L->text, list + 1 + e, &crc))
+                return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums[%u] must be \"crc32:\" and 8 hex digits",
+                                    where, e);
         }
-        t->crc32 = crc;
     }
     return COLIBRI_OK;
+}
+
+int colibri_extent_checksum(const colibri_model *m, int32_t layer, int32_t expert, uint32_t *crc)
+{
+    int32_t list = m->layers[layer].extent_checksums;
+    return list > 0 && crc_value(m->json, m->json_tokens + list + 1 + expert, crc);
 }
 
 /* The routed experts' strides, and with the interleaved layout each layer's extents: one
@@ -419,6 +447,14 @@ colibri_status colibri_check_experts(colibri_model *m, int32_t *index, colibri_e
             if (idx[a] >= 0) m->tensors[idx[a]].span = m->tensors[idx[a]].file_offset == base ? all : 0;
         lw->extent_offset = (size_t)base;
         lw->extent_bytes = (size_t)stride;
+        for (a = 0; a < L_EXPERT_KINDS; a++) {
+            const colibri_tensor *t = idx[a] < 0 ? NULL : &m->tensors[idx[a]];
+            if (!t || t->extent_checksums < 0) continue;
+            if (lw->extent_checksums)
+                return colibri_fail(err, COLIBRI_E_VALUE, "layer %d: tensor `%s` lists extent_checksums again: one of the "
+                                    "layer's expert tensors carries them", l, t->name);
+            lw->extent_checksums = t->extent_checksums;
+        }
     }
     return COLIBRI_OK;
 }

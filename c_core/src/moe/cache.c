@@ -115,6 +115,7 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
                                           "slot_shift", -1, "(slots, 6) u32");
     int32_t *where = colibri_arena_carve(a, LE * sizeof(int32_t), ARENA_EXPERT_CACHE, "expert_slot", -1, "(n_layers, n_experts) i32");
     uint32_t *uses = colibri_arena_carve(a, LE * sizeof(uint32_t), ARENA_EXPERT_CACHE, "expert_uses", -1, "(n_layers, n_experts) u32");
+    uint8_t *verified = colibri_arena_carve(a, LE, ARENA_EXPERT_CACHE, "expert_verified", -1, "(n_layers, n_experts) u8");
     colibri_io_read *reads = colibri_arena_carve(a, colibri_arena_bytes(a, S, K, COLIBRI_IO_READ_SLOT), ARENA_EXPERT_CACHE,
                                                  "reads", -1, "(slots, 6) struct");
     void *io_state = colibri_arena_carve(a, COLIBRI_IO_STATE_SLOT, ARENA_EXPERT_CACHE, "reader", -1, "struct");
@@ -137,7 +138,8 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
     c->layers = layers;
     c->pool = (uint8_t *)colibri_align_up((size_t)(uintptr_t)pool, align);
     c->slot_owner = owner; c->slot_state = state; c->slot_flags = flags; c->slot_used = used;
-    c->slot_shift = shift; c->where = where; c->uses = uses; c->reads = reads; c->io_state = io_state;
+    c->slot_shift = shift; c->where = where; c->uses = uses; c->verified = verified; c->reads = reads;
+    c->io_state = io_state;
     c->aging_period = (uint64_t)AGING_TOKENS * (uint64_t)layers_moe * (uint64_t)hp->top_k;
     c->stats.slots = n_slots;
     c->stats.slot_bytes = slot_bytes;
@@ -150,7 +152,7 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
         next += share;
     }
     for (i = 0; i < n_slots; i++) { owner[i] = -1; state[i] = CACHE_EMPTY; flags[i] = 0; used[i] = 0; }
-    for (i = 0; i < (int32_t)LE; i++) { where[i] = -1; uses[i] = 0; }
+    for (i = 0; i < (int32_t)LE; i++) { where[i] = -1; uses[i] = 0; verified[i] = 0; }
     memset(reads, 0, S * K * sizeof *reads);
     *out = c;
 }
@@ -168,13 +170,20 @@ static int64_t copy_from_weights(void *context, uint64_t offset, void *dst, size
 }
 
 static colibri_status fill_now(colibri_expert_cache *c, int32_t slot, int32_t layer, int32_t e, colibri_error *err);
+static void evict(colibri_expert_cache *c, int32_t slot);
 
-colibri_status colibri_cache_start(colibri_expert_cache *c, colibri_read_fn read, void *context, int guess,
+colibri_status colibri_cache_start(colibri_expert_cache *c, colibri_read_fn read, void *context, uint32_t io,
                                    const int32_t *pins, int32_t n_pins, colibri_error *err)
 {
     const colibri_model *m = c->model;
     colibri_status st;
     int32_t i;
+    uint32_t crc;
+    c->verify = (io & COLIBRI_EXPERT_IO_VERIFY) != 0;
+    for (i = 0; c->verify && i < c->n_layers; i++)
+        if (c->layers[i].n_reads && !colibri_extent_checksum(m, i, 0, &crc))
+            return colibri_fail(err, COLIBRI_E_ARG, "expert streaming: verifying extents needs their checksums, and "
+                                "layer %d lists none (extent_checksums: the interleaved layout colibri convert writes)", i);
     if (!read && m->experts_elsewhere)
         return colibri_fail(err, COLIBRI_E_ARG, "expert streaming: the model's routed experts are not in its weights "
                             "(COLIBRI_LOAD_EXPERTS_ELSEWHERE): pass expert_read in the session options");
@@ -182,7 +191,7 @@ colibri_status colibri_cache_start(colibri_expert_cache *c, colibri_read_fn read
     st = colibri_platform_io_create(m, read, context, c->direct, c->reads, c->n_slots * L_EXPERT_KINDS, c->io_state,
                                     &c->io, err);
     if (st) return st;
-    c->guessing = guess && colibri_platform_io_async(c->io);
+    c->guessing = !(io & COLIBRI_EXPERT_IO_NO_PREFETCH) && colibri_platform_io_async(c->io);
 
     if (n_pins < 0 || (n_pins && !pins)) return colibri_fail(err, COLIBRI_E_ARG, "n_expert_pins = %d without pins", n_pins);
     for (i = 0; i < n_pins; i++) {
@@ -254,6 +263,20 @@ static colibri_status settle(colibri_expert_cache *c, int32_t slot, colibri_erro
     clock = colibri_platform_now_ns() - clock;
     c->stats.io_wait_ns += clock;
     if (c->profile) c->profile[COLIBRI_PHASE_EXPERT_IO] += clock;
+    if (bad < 0 && c->verify && !c->verified[owner]) {   /* interleaved: one read, the whole extent */
+        const colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS];
+        uint32_t want = 0, got = 0;
+        colibri_extent_checksum(c->model, layer, e, &want);
+        got = colibri_crc32(0, (const uint8_t *)io->dst + c->slot_shift[(size_t)slot * L_EXPERT_KINDS], (size_t)cl->read[0].bytes);
+        if (got != want) {
+            evict(c, slot);
+            return colibri_fail(err, COLIBRI_E_CHECKSUM, "layer %d expert %d: the crc32 of its extent [%llu, %llu) of "
+                                "weights.bin is %x, colibri_model.json says %x", layer, e,
+                                (unsigned long long)(io->offset + c->slot_shift[(size_t)slot * L_EXPERT_KINDS]),
+                                (unsigned long long)(io->offset + io->need), got, want);
+        }
+        c->verified[owner] = 1;
+    }
     if (bad < 0) {
         c->slot_state[slot] = CACHE_READY;
         return COLIBRI_OK;

@@ -52,6 +52,7 @@ typedef struct colibri_expert_cache {
     int32_t scope;                  /* COLIBRI_CACHE_GLOBAL or _PER_LAYER */
     int32_t guessing;               /* speculative reads on: the platform reads beside the forward pass */
     int32_t direct;
+    int32_t verify;                 /* each extent checked against its CRC-32 when first read */
     colibri_cache_layer *layers;    /* (n_layers) */
     uint8_t *pool;                  /* (n_slots, slot_bytes) */
     int32_t *slot_owner;            /* (n_slots) layer * n_experts + expert; -1: empty */
@@ -61,6 +62,7 @@ typedef struct colibri_expert_cache {
     uint32_t *slot_shift;           /* (n_slots, L_EXPERT_KINDS) where each read's data starts in its bytes */
     int32_t *where;                 /* (n_layers * n_experts) the slot holding the expert; -1: none */
     uint32_t *uses;                 /* (n_layers * n_experts) demands, halved every aging period */
+    uint8_t *verified;              /* (n_layers * n_experts) its extent matched its CRC once */
     colibri_io_read *reads;         /* (n_slots, L_EXPERT_KINDS) */
     void *io_state;                 /* COLIBRI_IO_STATE_SLOT bytes for the platform's reader */
     colibri_io *io;
@@ -84,8 +86,8 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
                          int direct, int32_t n_slots, uint64_t slot_bytes);
 
 /* Starts the reader and reads the pinned experts; `read` NULL: the platform's file, or a copy from
- * the model's weights when it was loaded from memory. */
-colibri_status colibri_cache_start(colibri_expert_cache *c, colibri_read_fn read, void *context, int guess,
+ * the model's weights when it was loaded from memory.  io: COLIBRI_EXPERT_IO_* (guesses, checks). */
+colibri_status colibri_cache_start(colibri_expert_cache *c, colibri_read_fn read, void *context, uint32_t io,
                                    const int32_t *pins, int32_t n_pins, colibri_error *err);
 void colibri_cache_stop(colibri_expert_cache *c);
 
@@ -93,8 +95,8 @@ void colibri_cache_stop(colibri_expert_cache *c);
  * expert is then busy (never evicted) until released.  Returns 0 when no slot is free for it now
  * (a later expert of the layer may wait); with `must`, waits for a speculative read to free one. */
 int colibri_cache_request(colibri_expert_cache *c, int32_t layer, int32_t e, int must);
-/* Waits for a requested expert's reads; a short or failed read frees the slot and is reported with
- * the tensor, expert and offset. */
+/* Waits for a requested expert's reads; a short or failed read, or (verifying) an extent whose CRC is
+ * not the file's, frees the slot and is reported with the tensor, expert and bytes. */
 colibri_status colibri_cache_wait(colibri_expert_cache *c, int32_t layer, int32_t e, colibri_error *err);
 /* From any thread: waits for the reads of a requested expert without judging them (wait does that
  * afterwards, on the forward pass's thread), returning the ns it waited; whether it is there already. */

@@ -184,7 +184,7 @@ static colibri_status resolve_stream(const colibri_model *m, const colibri_sessi
                                 "(COLIBRI_LOAD_EXPERTS_ELSEWHERE): give the session an expert_budget");
         return COLIBRI_OK;
     }
-    if (o->expert_io & ~(uint32_t)(COLIBRI_EXPERT_IO_DIRECT | COLIBRI_EXPERT_IO_NO_PREFETCH))
+    if (o->expert_io & ~(uint32_t)(COLIBRI_EXPERT_IO_DIRECT | COLIBRI_EXPERT_IO_NO_PREFETCH | COLIBRI_EXPERT_IO_VERIFY))
         return colibri_fail(err, COLIBRI_E_ARG, "expert_io = %u: use COLIBRI_EXPERT_IO_* flags", (unsigned)o->expert_io);
     sp->scope = o->expert_cache;
     sp->direct = (o->expert_io & COLIBRI_EXPERT_IO_DIRECT) != 0;
@@ -370,9 +370,8 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
         s->stream.cache = s->cache;
         s->stream.guess_next = colibri_guess_next_layer;
         s->stream.context = s;
-        st = colibri_cache_start(s->cache, options->expert_read, options->expert_read_context,
-                                 !(options->expert_io & COLIBRI_EXPERT_IO_NO_PREFETCH), options->expert_pins,
-                                 options->n_expert_pins, err);
+        st = colibri_cache_start(s->cache, options->expert_read, options->expert_read_context, options->expert_io,
+                                 options->expert_pins, options->n_expert_pins, err);
         if (st) {
             colibri_session_destroy(s);
             return st;
