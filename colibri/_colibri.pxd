@@ -91,6 +91,16 @@ cdef extern from "colibri/colibri.h" nogil:
         int32_t threads
         void *arena
         size_t arena_size
+        uint64_t expert_budget
+        int32_t expert_cache
+        uint32_t expert_io
+        const int32_t *expert_pins
+        int32_t n_expert_pins
+
+    enum: COLIBRI_CACHE_GLOBAL
+    enum: COLIBRI_CACHE_PER_LAYER
+    enum: COLIBRI_EXPERT_IO_DIRECT
+    enum: COLIBRI_EXPERT_IO_NO_PREFETCH
 
     colibri_status colibri_session_plan(const colibri_model *model, const colibri_session_options *options,
                                         size_t *arena_bytes, colibri_error *err)
@@ -112,6 +122,27 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_expert_load(const colibri_session *session, uint64_t *counts)
     void colibri_expert_load_clear(colibri_session *session)
 
+    colibri_status colibri_expert_slots(const colibri_model *model, const colibri_session_options *options,
+                                        uint64_t *slot_bytes, uint64_t *min_budget, colibri_error *err)
+
+    ctypedef struct colibri_expert_cache_stats:
+        uint64_t hits
+        uint64_t misses
+        uint64_t prefetches
+        uint64_t prefetch_hits
+        uint64_t bytes_read
+        uint64_t reads
+        uint64_t io_wait_ns
+        int32_t slots
+        int32_t pinned
+        uint64_t slot_bytes
+
+    colibri_status colibri_expert_cache_stats_get(const colibri_session *session,
+                                                  colibri_expert_cache_stats *stats)
+    void colibri_expert_cache_stats_clear(colibri_session *session)
+    colibri_status colibri_expert_cache_slot(const colibri_session *session, int32_t slot, int32_t *layer,
+                                             int32_t *expert, int *pinned)
+
     ctypedef struct colibri_sampling:
         float temperature
         int32_t top_k
@@ -129,5 +160,6 @@ cdef extern from "colibri/colibri.h" nogil:
         size_t arena_used
         size_t kv_cache
         size_t activations
+        size_t expert_cache
 
     colibri_status colibri_memory(const colibri_session *session, colibri_memory_totals *totals)

@@ -7,6 +7,7 @@ from libc.string cimport memset
 
 cimport colibri._colibri as c
 
+import operator
 import os
 
 import numpy as np
@@ -58,6 +59,56 @@ def kernel_variants():
 cdef raise_error(c.colibri_error *err):
     raise Error(c.colibri_status_name(err.status).decode(), <int>err.status,
                 err.message.decode("utf-8", "replace"))
+
+
+_EXPERT_CACHES = {"global": c.COLIBRI_CACHE_GLOBAL, "per_layer": c.COLIBRI_CACHE_PER_LAYER}
+
+
+def _expert_pins(pins):
+    """(n, 2) int32 (layer, expert) pairs from a sequence of pairs or an integer array."""
+    arr = np.asarray(pins)
+    if arr.size == 0:
+        return np.zeros((0, 2), dtype=np.int32)
+    if arr.ndim != 2 or arr.shape[1] != 2:
+        raise ValueError(f"pins must be (layer, expert) pairs: a sequence of pairs or an (n, 2) array, "
+                         f"got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"pins must be integers, got {arr.dtype}")
+    if arr.min() < 0 or arr.max() >= 2**31:
+        raise ValueError("a pinned layer or expert is negative or does not fit in 32 bits")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+cdef object _expert_options(c.colibri_session_options *opts, expert_budget, str expert_cache, bint direct_io,
+                            bint prefetch, pins):
+    """Fills the expert streaming fields of ``opts``; returns the pins array ``opts`` points into
+    (None without pins), which the caller keeps alive as long as ``opts`` or its session."""
+    cdef int32_t[:, ::1] pairs
+    try:
+        budget = operator.index(expert_budget)
+    except TypeError:
+        raise TypeError(f"expert_budget must be an integer number of bytes, not {expert_budget!r}") from None
+    if budget < 0 or budget >= 2**64:
+        raise ValueError(f"expert_budget must be >= 0 bytes (0: resident) and fit in 64 bits, not {budget}")
+    if expert_cache not in _EXPERT_CACHES:
+        raise ValueError(f"expert_cache must be one of {', '.join(_EXPERT_CACHES)}, not {expert_cache!r}")
+    opts.expert_budget = <uint64_t>budget
+    opts.expert_cache = _EXPERT_CACHES[expert_cache]
+    opts.expert_io = ((c.COLIBRI_EXPERT_IO_DIRECT if direct_io else 0) |
+                      (0 if prefetch else c.COLIBRI_EXPERT_IO_NO_PREFETCH))
+    if pins is None:
+        return None
+    arr = _expert_pins(pins)
+    if arr.shape[0] == 0:
+        return None
+    if budget == 0:
+        raise ValueError("pins need an expert_budget: a resident session (expert_budget=0) has no cache to pin in")
+    if arr.shape[0] >= 2**31:
+        raise ValueError(f"{arr.shape[0]} pins do not fit in 32 bits")
+    pairs = arr
+    opts.expert_pins = &pairs[0, 0]
+    opts.n_expert_pins = <int32_t>arr.shape[0]
+    return arr
 
 
 cdef class Model:
@@ -148,17 +199,35 @@ cdef class Model:
             raise IndexError(f"token {token} outside [0, {self.vocab_size})")
         return PyBytes_FromStringAndSize(<const char *>data, n)
 
-    def memory_plan(self, int ctx=0, int batch=0):
-        """Exact arena bytes a session with this context and batch needs (nothing is allocated)."""
+    def memory_plan(self, int ctx=0, int batch=0, *, expert_budget=0, str expert_cache="global",
+                    bint direct_io=False, bint prefetch=True, pins=None):
+        """Exact arena bytes a session with this context and batch needs (nothing is allocated);
+        with an ``expert_budget``, its slot pool included (the options: see Session)."""
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef size_t need = 0
         memset(&opts, 0, sizeof(opts))
         opts.n_ctx = ctx
         opts.n_batch = batch
+        kept = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins)
         if c.colibri_session_plan(self._model, &opts, &need, &err) != c.COLIBRI_OK:
             raise_error(&err)
         return need
+
+    def expert_slots(self, *, expert_budget=0, str expert_cache="global", bint direct_io=False,
+                     bint prefetch=True, pins=None):
+        """(slot_bytes, min_budget) for expert streaming with these options (see Session): the
+        bytes of one cache slot, and the smallest expert_budget a session accepts (one layer's
+        top_k slots; for every MoE layer with expert_cache="per_layer").  colibri.Error for a model
+        without routed experts."""
+        cdef c.colibri_session_options opts
+        cdef c.colibri_error err
+        cdef uint64_t slot_bytes = 0, min_budget = 0
+        memset(&opts, 0, sizeof(opts))
+        kept = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins)
+        if c.colibri_expert_slots(self._model, &opts, &slot_bytes, &min_budget, &err) != c.COLIBRI_OK:
+            raise_error(&err)
+        return slot_bytes, min_budget
 
     @property
     def metadata_bytes(self):
@@ -172,12 +241,14 @@ cdef class Model:
             raise_error(&err)
         return need
 
-    def session(self, int ctx=0, int batch=0, str kernels="auto", **routing):
+    def session(self, int ctx=0, int batch=0, str kernels="auto", *, expert_budget=0, str expert_cache="global",
+                bint direct_io=False, bint prefetch=True, pins=None, **routing):
         """A new session: a KV cache for ``ctx`` positions (0: the model's maximum, at most 4096),
         prefill computed ``batch`` tokens at a time (0: 64), with the fastest kernels this CPU runs
-        (``kernels="auto"``) or the plain C reference (``"reference"``).  ``routing`` (research
-        routers, off by default): see Session."""
-        return Session(self, ctx, batch, kernels, **routing)
+        (``kernels="auto"``) or the plain C reference (``"reference"``).  ``expert_budget`` (expert
+        streaming) and ``routing`` (research routers, off by default): see Session."""
+        return Session(self, ctx, batch, kernels, expert_budget=expert_budget, expert_cache=expert_cache,
+                       direct_io=direct_io, prefetch=prefetch, pins=pins, **routing)
 
 
 _ROUTINGS = {"model": 0, "noisy": 1, "hash": 2, "capacity": 3}   # COLIBRI_ROUTING_*
@@ -194,15 +265,26 @@ cdef class Session:
     cdef uint64_t _rng
     cdef bint _busy
     cdef int32_t _vocab
+    cdef object _pins
+    cdef readonly uint64_t expert_budget
 
     def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto", str routing="model",
-                  float noise=1.0, noise_seed=0, float capacity_factor=1.0, bint profile=False, threads=None):
+                  float noise=1.0, noise_seed=0, float capacity_factor=1.0, bint profile=False, threads=None, *,
+                  expert_budget=0, str expert_cache="global", bint direct_io=False, bint prefetch=True, pins=None):
         """``routing``: "model" (the model's own router), or a research router that changes the
         model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
         ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
         1/top_k), "capacity" (each expert takes at most ceil(capacity_factor * n * top_k / n_experts)
         of a chunk's n tokens; expert_dropped() counts the rest).  ``profile``: time each phase of
-        the forward pass (profile())."""
+        the forward pass (profile()).
+
+        Expert streaming: with ``expert_budget`` bytes (0: every weight used where weights.bin is
+        mapped) the routed experts are read from storage into a cache of slots in the arena, at
+        least Model.expert_slots()'s minimum; the logits are the same.  ``expert_cache``: "global"
+        (one pool) or "per_layer" (the slots split evenly among the MoE layers); ``direct_io``:
+        read past the page cache (O_DIRECT); ``prefetch``: guess the next layer's experts and read
+        them ahead; ``pins``: (layer, expert) pairs read at creation and never evicted (a sequence
+        of pairs or an (n, 2) integer array), at most the slots less one layer's top_k."""
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
@@ -226,6 +308,8 @@ cdef class Session:
         opts.kernel_variant = NULL if kernels == "auto" else <const char *>kernel_name
         opts.n_ctx = ctx
         opts.n_batch = batch
+        self._pins = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins)
+        self.expert_budget = opts.expert_budget
         self.model = model
         self._vocab = c.colibri_model_hparams(model._model).vocab_size
         with nogil:
@@ -283,6 +367,38 @@ cdef class Session:
         """int64 [n_layers, n_experts]: tokens each expert dropped over capacity (routing="capacity"),
         counted and cleared with expert_load."""
         return self._expert_counts(True, clear)
+
+    def expert_cache_stats(self):
+        """The expert cache's counters since creation or the last clear: hits, misses, prefetches,
+        prefetch_hits (in hits too), bytes_read, reads, io_wait_ns; and its slots, pinned and
+        slot_bytes.  colibri.Error for a resident session (expert_budget=0)."""
+        cdef c.colibri_expert_cache_stats s
+        cdef c.colibri_status st = c.colibri_expert_cache_stats_get(self._session, &s)
+        if st != c.COLIBRI_OK:
+            raise Error(c.colibri_status_name(st).decode(), <int>st,
+                        "the session is resident (expert_budget=0): it has no expert cache")
+        return {"hits": s.hits, "misses": s.misses, "prefetches": s.prefetches, "prefetch_hits": s.prefetch_hits,
+                "bytes_read": s.bytes_read, "reads": s.reads, "io_wait_ns": s.io_wait_ns, "slots": s.slots,
+                "pinned": s.pinned, "slot_bytes": s.slot_bytes}
+
+    def expert_cache_stats_clear(self):
+        """Zeroes the expert cache's counters (the slots keep what they hold)."""
+        self._enter()
+        c.colibri_expert_cache_stats_clear(self._session)
+        self._busy = False
+
+    def expert_cache_slots(self):
+        """[(layer, expert, pinned)] for each slot of the expert cache: what it holds now, (-1, -1,
+        False) when empty."""
+        cdef int32_t layer = 0, expert = 0
+        cdef int pinned = 0
+        slots = self.expert_cache_stats()["slots"]
+        out = []
+        for i in range(slots):
+            if c.colibri_expert_cache_slot(self._session, i, &layer, &expert, &pinned) != c.COLIBRI_OK:
+                raise IndexError(f"expert cache slot {i} outside [0, {slots})")
+            out.append((layer, expert, bool(pinned)))
+        return out
 
     def profile(self):
         """{phase: nanoseconds} spent in each phase of the forward pass since the session was made
@@ -409,8 +525,10 @@ cdef class Session:
             free(buf)
 
     def memory(self):
-        """Byte totals: weights, metadata, arena_reserved, arena_used, kv_cache, activations."""
+        """Byte totals: weights, metadata, arena_reserved, arena_used, kv_cache, activations,
+        expert_cache (the slot pool and its tables, in arena_used)."""
         cdef c.colibri_memory_totals t
         c.colibri_memory(self._session, &t)
         return {"weights": t.weights, "metadata": t.metadata, "arena_reserved": t.arena_reserved,
-                "arena_used": t.arena_used, "kv_cache": t.kv_cache, "activations": t.activations}
+                "arena_used": t.arena_used, "kv_cache": t.kv_cache, "activations": t.activations,
+                "expert_cache": t.expert_cache}

@@ -8,11 +8,22 @@
     colibri firmware run --board mps2-an386 --prompt "ROMEO:"   # the bundled model on a board, under QEMU
     colibri profile show profile.json                      # written by colibri-infer --profile
     colibri stats --model out/model --text some.txt        # per-expert load and loss on a text
+
+Expert streaming reads the routed experts from storage into a cache of SIZE bytes in the arena
+(bytes, K/M/G binary units, or a percentage of what every routed expert takes); the text is the
+same as the resident run's:
+
+    colibri generate --model out/model --expert-budget 512M --verbose   # the cache's counters on stderr
+    colibri memdump --model out/model --expert-budget 2G                # the slot pool in the report
+    colibri stats --model out/model --text some.txt --save-load load.json
+    colibri generate --model out/model --expert-budget 50% --pin load.json --pin-share 0.5
 """
 import argparse
 import json
+import re
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 from colibri.demo import MODEL_DIR as BUNDLED_MODEL
@@ -49,6 +60,137 @@ def cmd_validate(args):
     print(f"  {len(model.tensors())} tensors, {model.weight_bytes:,} bytes: shapes, offsets, "
           f"CRC-32 checksums and finiteness checked")
     return 0
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text, whole=None):
+    """Bytes from a SIZE: plain bytes ("1048576"), binary units ("512K", "512M", "2G", "1.5G"; "MiB",
+    "MB" read alike, 1024-based) or a percentage ("50%") of `whole` bytes (a callable is called only
+    for a percentage).  ValueError names what is wrong."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(?:i?b)?|(%)|b?)\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"{text!r} is not a size: give bytes, or K, M, G units (512M, 2G), or a percentage (50%)")
+    number, unit, percent = Fraction(m.group(1)), (m.group(2) or "").lower(), m.group(3)
+    if percent:
+        total = whole() if callable(whole) else whole
+        if total is None:
+            raise ValueError(f"{text!r}: a percentage needs the whole it is of")
+        return int(number * total / 100)
+    if number.denominator != 1 and not unit:
+        raise ValueError(f"{text!r}: bytes are whole")
+    return int(number * _UNITS[unit])
+
+
+def _moe_layers(model):
+    """The layers with routed experts (`layers.{i}.experts.*` tensors)."""
+    return sorted({int(m.group(1)) for t in model.tensors() if (m := re.match(r"layers\.(\d+)\.experts\.", t["name"]))})
+
+
+def read_load(path, model):
+    """int64 (n_layers, n_experts): the expert load `colibri stats --save-load` wrote, checked
+    against `model`.  ValueError says what does not fit."""
+    import numpy as np
+
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read the expert load {path}: {e.strerror}") from None
+    try:
+        doc = json.loads(text)
+        shape = (int(doc["n_layers"]), int(doc["n_experts"]))
+        load = np.array(doc["load"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not an expert load written by colibri stats --save-load ({e})") from None
+    cfg = model.config
+    if shape != (cfg["num_layers"], cfg["num_experts"]):
+        raise ValueError(f"{path}: the load of a model with {shape[0]} layers of {shape[1]} experts "
+                         f"({doc.get('model', '?')}), not this one's {cfg['num_layers']} of {cfg['num_experts']} "
+                         f"({model.path})")
+    if load.shape != shape or load.dtype.kind not in "iu" or (load < 0).any():
+        raise ValueError(f"{path}: \"load\" must be {shape[0]} rows of {shape[1]} token counts >= 0, "
+                         f"got shape {load.shape} of {load.dtype}")
+    return load.astype(np.int64)
+
+
+def choose_pins(load, top_k, slots, moe_layers, per_layer=False, count=None, share=None):
+    """The most loaded (layer, expert) pairs of `load` to pin in a cache of `slots` (whole; or split
+    evenly among `moe_layers` when `per_layer`): `count` of them, or `share` of the slots, or by
+    default the hot ones, those that took at least twice an even share of their layer's tokens (a
+    model that routes evenly gains nothing from pins: they only take slots from the cache), as many
+    as fit: the slots less one layer's top_k (per layer when `per_layer`).  Pairs that routed no
+    token are left out.  ValueError when `count` does not fit."""
+    import numpy as np
+
+    per = slots // max(len(moe_layers), 1) if per_layer else slots
+    room = max(per - top_k, 0) * (len(moe_layers) if per_layer else 1)
+    if count is None and share is None:
+        layer_tokens = load.sum(axis=1, keepdims=True)
+        hot = load * load.shape[1] >= 2 * np.maximum(layer_tokens, 1)
+        load = np.where(hot, load, 0)
+        count = room
+    elif count is None:
+        count = min(int(share * slots), room)
+    elif not 0 <= count <= room:
+        raise ValueError(f"{count} pins do not fit: at most {room} of the {slots} slots can be pinned "
+                         f"(one layer's top_k {top_k} stay free{' in each layer' if per_layer else ''})")
+    left = {layer: per - top_k for layer in moe_layers}
+    pins = []
+    for i in np.argsort(-load, axis=None, kind="stable"):
+        layer, expert = divmod(int(i), load.shape[1])
+        if len(pins) == count or load[layer, expert] == 0:
+            break
+        if per_layer and left.get(layer, 0) <= 0:
+            continue
+        left[layer] = left.get(layer, 0) - 1
+        pins.append((layer, expert))
+    return pins
+
+
+def _stream_options(model, args):
+    """Model.session's expert streaming options from the --expert-budget, --expert-cache,
+    --direct-io, --no-prefetch and --pin arguments ({} for a resident run)."""
+    opts = dict(expert_cache=args.expert_cache, direct_io=args.direct_io, prefetch=not args.no_prefetch)
+    pin_choice = args.pin_count is not None or args.pin_share is not None
+    if args.pin is None and pin_choice:
+        raise SystemExit(f"colibri {args.command}: --pin-count and --pin-share choose from a --pin FILE; give it")
+    if args.expert_budget is None:
+        if args.pin is not None:
+            raise SystemExit(f"colibri {args.command}: --pin needs --expert-budget (a resident run has no cache to pin in)")
+        return {}
+    if args.pin_share is not None and not 0 <= args.pin_share <= 1:
+        raise SystemExit(f"colibri {args.command}: --pin-share is a share of the slots, in [0, 1], not {args.pin_share}")
+
+    def routed_bytes():   # what slots for every routed expert take: 100%
+        return model.expert_slots(**opts)[0] * len(_moe_layers(model)) * model.config["num_experts"]
+
+    try:
+        opts["expert_budget"] = budget = parse_size(args.expert_budget, routed_bytes)
+        if args.pin is not None:
+            load = read_load(args.pin, model)
+            slot_bytes, min_budget = model.expert_slots(**opts)
+            if budget == 0:
+                raise ValueError("--pin needs an --expert-budget above 0 (a resident run has no cache to pin in)")
+            if budget < min_budget:
+                return opts   # the session refuses it, naming the minimum
+            layers = _moe_layers(model)
+            slots = min(budget // slot_bytes, len(layers) * model.config["num_experts"])   # the pool, as the core sizes it
+            opts["pins"] = choose_pins(load, model.config["top_k"], slots, layers, args.expert_cache == "per_layer",
+                                       args.pin_count, args.pin_share)
+    except ValueError as e:
+        raise SystemExit(f"colibri {args.command}: {e}")
+    return opts
+
+
+def _cache_counters(stats):
+    """One line of the expert cache's counters, for --verbose."""
+    demanded = stats["hits"] + stats["misses"]
+    return (f"[expert cache: {stats['slots']} slots of {stats['slot_bytes']:,} B, {stats['pinned']} pinned; "
+            f"{stats['hits']} hits, {stats['misses']} misses ({stats['hits'] / max(demanded, 1):.1%} hit rate), "
+            f"{stats['prefetches']} prefetches, {stats['prefetch_hits']} prefetch hits; "
+            f"{stats['bytes_read'] / 1e6:.2f} MB read in {stats['reads']} reads, "
+            f"{stats['io_wait_ns'] / 1e6:.1f} ms I/O wait]")
 
 
 def _prompt_ids(model, args):
@@ -88,6 +230,12 @@ def generate_on_target(model, ids, args):
         command.append("--verbose")
     if args.threads:
         command += ["--threads", str(args.threads)]
+    stream = _stream_options(model, args)
+    if "pins" in stream:
+        raise SystemExit("colibri generate: --pin runs natively only (colibri-infer takes no pins)")
+    if stream:
+        command += ["--expert_budget", str(stream["expert_budget"]), "--expert_cache", stream["expert_cache"]]
+        command += ["--direct_io"] * stream["direct_io"] + ["--no_prefetch"] * (not stream["prefetch"])
     return subprocess.run(command, env=targets.env_for(args.target)).returncode
 
 
@@ -96,7 +244,7 @@ def cmd_generate(args):
     ids = _prompt_ids(model, args)
     if args.target != "native":
         return generate_on_target(model, ids, args)
-    session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads)
+    session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, **_stream_options(model, args))
     tok = model.tokenizer if args.tokens is None else None
     out = sys.stdout
     if tok is not None:
@@ -123,6 +271,8 @@ def cmd_generate(args):
     if args.verbose:
         print(f"[{len(ids)} prompt tokens, {len(generated)} generated in {elapsed * 1e3:.0f} ms, "
               f"{(len(ids) + len(generated)) / elapsed:.1f} tok/s overall]", file=sys.stderr)
+        if session.expert_budget:
+            print(_cache_counters(session.expert_cache_stats()), file=sys.stderr)
     return 0
 
 
@@ -144,6 +294,8 @@ def cmd_stats(args):
 
     model = _model(args.model)
     cfg = model.config
+    if args.save_load and not args.text:
+        raise SystemExit("colibri stats: --save-load measures a text: give --text FILE")
     if not args.text:
         report = Path(model.path) / "training.json"
         if not report.exists():
@@ -182,13 +334,25 @@ def cmd_stats(args):
     dead = [(layer, e) for layer, row in enumerate(load) if row.sum() for e, x in enumerate(row) if x == 0]
     if dead:
         print(f"experts that received no token: {dead}")
+    if args.save_load:
+        doc = {"model": Path(model.path).name, "architecture": model.architecture, "n_layers": cfg["num_layers"],
+               "n_experts": cfg["num_experts"], "top_k": cfg["top_k"], "tokens": n, "load": load.tolist()}
+        Path(args.save_load).write_text(json.dumps(doc) + "\n")
+        print(f"expert load written to {args.save_load} (for colibri generate --pin)")
     return 0
 
 
 def _firmware_session(args):
-    """(board, model directory, ctx, batch, stack) of a firmware command."""
+    """(board, model directory, ctx, batch, stack, expert budget) of a firmware command."""
     model = _model(args.model)
-    return args.board, model.path, args.ctx, args.batch, args.stack
+    budget = 0
+    if args.expert_budget is not None:
+        try:   # a percentage is of what slots for every routed expert take
+            budget = parse_size(args.expert_budget, lambda: model.expert_slots()[0] * len(_moe_layers(model)) *
+                                model.config["num_experts"])
+        except ValueError as e:
+            raise SystemExit(f"colibri firmware: {e}")
+    return args.board, model.path, args.ctx, args.batch, args.stack, budget
 
 
 def cmd_firmware_plan(args):
@@ -221,10 +385,12 @@ def cmd_firmware_run(args):
 
     model = _model(args.model)
     ids = _prompt_ids(model, args)
-    image = firmware.build_image(*_firmware_session(args))
+    session = _firmware_session(args)
+    image = firmware.build_image(*session)
+    experts = Path(model.path) / "weights.bin" if session[-1] else None
     result = firmware.run(args.board, image, firmware.arguments(
-        ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos),
-        timeout=args.timeout)
+        ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos,
+        experts=experts), timeout=args.timeout)
     sys.stdout.buffer.write(result.output)
     if args.verbose and result.report:
         r = result.report
@@ -232,6 +398,10 @@ def cmd_firmware_run(args):
               f"{r['prefill_ticks'] / r['ticks_per_second'] * 1e3:.0f} ms, {r['generated_tokens']} generated at "
               f"{result.tokens_per_second():.2f} tok/s; arena {r['arena_needed']:,} B, "
               f"stack {r['stack_used']:,} of {r['stack_reserved']:,} B]", file=sys.stderr)
+        if "expert_slots" in r:
+            print(f"[experts streamed: {r['expert_slots']} slots of {r['expert_slot_bytes']:,} B, "
+                  f"{r['expert_hits']} hits, {r['expert_misses']} misses, {r['expert_bytes_read']:,} B read in "
+                  f"{r['expert_reads']} reads]", file=sys.stderr)
     return result.status
 
 
@@ -247,14 +417,15 @@ def cmd_profile_show(args):
           f"{doc['generated_tokens']} generated tokens, {doc['wall_ns'] / 1e6:.1f} ms, "
           f"{total / doc['wall_ns']:.0%} of it in the phases below")
     for name, ns in sorted(phases.items(), key=lambda item: -item[1]):
-        print(f"  {name.replace('_', ' ').capitalize() + ':':<14}{ns / max(tokens, 1) / 1e3:>9.1f} µs per token "
+        label = name.replace("_", " ").capitalize().replace(" io ", " I/O ")
+        print(f"  {label + ':':<17}{ns / max(tokens, 1) / 1e3:>9.1f} µs per token "
               f"({ns / total:5.1%})")
     return 0
 
 
 def cmd_memdump(args):
     model = _model(args.model)
-    session = model.session(ctx=args.ctx, batch=args.batch)
+    session = model.session(ctx=args.ctx, batch=args.batch, **_stream_options(model, args))
     sys.stdout.write(session.memdump())
     return 0
 
@@ -302,23 +473,46 @@ def build_parser():
         p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
         p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
 
+    def streaming_arguments(p):
+        """Expert streaming, which `generate` and `memdump` share."""
+        s = p.add_argument_group("expert streaming", "the routed experts read from storage into a cache in the "
+                                 "arena instead of being used where weights.bin is mapped; the output is the same")
+        s.add_argument("--expert-budget", metavar="SIZE",
+                       help="bytes of cache slots: plain bytes, K/M/G binary units (512M, 2G), or a percentage "
+                            "of what every routed expert takes (50%%); at least one layer's top-k experts "
+                            "(default: resident, no cache)")
+        s.add_argument("--expert-cache", choices=["global", "per_layer"], default="global",
+                       help="one pool for every layer (default) or the slots split evenly among the MoE layers")
+        s.add_argument("--direct-io", action="store_true", help="read with O_DIRECT, past the page cache")
+        s.add_argument("--no-prefetch", action="store_true",
+                       help="read only the experts a token needs (no guess of the next layer's)")
+        s.add_argument("--pin", metavar="LOAD.json",
+                       help="pin the most loaded experts of a load colibri stats --save-load wrote: read at the "
+                            "start, never evicted (default: as many as fit, the slots less one layer's top-k)")
+        pin = s.add_mutually_exclusive_group()
+        pin.add_argument("--pin-count", type=int, metavar="N", help="pin the N most loaded experts")
+        pin.add_argument("--pin-share", type=float, metavar="F",
+                         help="pin a share F of the slots (0 to 1; at most the slots less one layer's top-k)")
+
     g = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
     g.add_argument("--model", help="colibri model directory (default: the bundled Shakespeare model)")
     generation_arguments(g, "prompt as comma-separated token ids; prints ids")
     g.add_argument("--ctx", type=int, default=0, help="context to reserve (default: model's, at most 4096)")
     g.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
     g.add_argument("--threads", type=int, default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
-    g.add_argument("--verbose", action="store_true", help="timings on stderr")
+    g.add_argument("--verbose", action="store_true", help="timings (and the expert cache's counters) on stderr")
     from colibri import targets
 
     g.add_argument("--target", default="native", choices=_checkout_names(targets, "TARGETS"),
                    help="run the core built for this target, under QEMU (needs a source checkout)")
+    streaming_arguments(g)
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("memdump", help="the memory a model and context need, before any token")
     m.add_argument("--model", help="colibri model directory (default: the bundled model)")
     m.add_argument("--ctx", type=int, default=0, help="context length (default: the model's, at most 4096)")
     m.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
+    streaming_arguments(m)
     m.set_defaults(func=cmd_memdump)
 
     fw = sub.add_parser("firmware", help="bare-metal images: plan, build, run under QEMU (needs a source checkout)")
@@ -334,6 +528,11 @@ def build_parser():
         f.add_argument("--ctx", type=int, default=DEFAULT_CTX, help=f"context the image reserves (default {DEFAULT_CTX})")
         f.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
         f.add_argument("--stack", type=int, default=DEFAULT_STACK, help=f"stack bytes (default {DEFAULT_STACK})")
+        f.add_argument("--expert-budget", metavar="SIZE",
+                       help="stream the routed experts of an interleaved model into SIZE bytes of cache slots (bytes, "
+                            "512K, 2M, or a percentage of what every routed expert takes): flash holds the rest of "
+                            "the model, the image reads the experts from the host's weights.bin (default: the whole "
+                            "model in flash)")
         return f
 
     firmware_parser("plan", "flash and RAM the image needs on the board, and whether it fits").set_defaults(
@@ -356,6 +555,8 @@ def build_parser():
     st.add_argument("--model", help="colibri model directory (default: the bundled model)")
     st.add_argument("--text", nargs="*", help="UTF-8 text files to run (default: the training report's figures)")
     st.add_argument("--ctx", type=int, default=0, help="window length (default: the model's, at most 256)")
+    st.add_argument("--save-load", metavar="LOAD.json",
+                    help="write the tokens routed to each expert on the text, as JSON (for generate --pin)")
     st.set_defaults(func=cmd_stats)
     return p
 

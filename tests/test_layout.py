@@ -38,17 +38,21 @@ def assert_same_bits(a, b, tokens=TOKENS):
 
 
 def assert_extents(model_dir):
-    """Every routed-expert tensor has a stride; a layer's share one, and its tensors' bytes equal the stacked ones."""
+    """Every routed-expert tensor has a stride; a layer's share one, and its tensors' bytes equal the
+    stacked ones; every other tensor lies in the resident prefix, before the first extent."""
     model = colibri.Model(model_dir, verify=True)
     assert model.config["weight_layout"] == "interleaved"
-    layers = {}
+    layers, resident_end, first_extent = {}, 0, None
     for t in model.tensors():
         name = t["name"].split(".")
         if len(name) == 4 and name[2] == "experts":
             layers.setdefault(name[1], set()).add(t["expert_stride"])
+            first_extent = min(t["file_offset"], first_extent or t["file_offset"])
         else:
             assert "expert_stride" not in t, t
+            resident_end = max(resident_end, t["file_offset"] + t["file_size"])
     assert layers and all(len(s) == 1 for s in layers.values()), layers
+    assert resident_end <= first_extent, (resident_end, first_extent)
 
 
 def convert_both(src, root, **kw):

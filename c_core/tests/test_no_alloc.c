@@ -1,5 +1,6 @@
 /* Proves that generation allocates nothing: every malloc, calloc, realloc and free in
- * the process (the C library's own included) is counted across 64 decode steps.
+ * the process (the C library's own included) is counted across 64 decode steps, with the
+ * experts resident and then streamed through the expert cache.
  *
  *   test_no_alloc MODEL_DIR
  *
@@ -57,6 +58,37 @@ int main(int argc, char **argv)
     counting = 0;
     printf("allocator calls during 64 decode steps: %ld (position %d)\n", calls,
            colibri_session_position(session));
+    colibri_session_destroy(session);
+    if (calls) return 1;
+
+    /* the same with the experts streamed: reads, guesses and evictions allocate nothing either */
+    {
+        uint64_t slot, min_budget;
+        if (colibri_expert_slots(model, &so, &slot, &min_budget, &err)) { fprintf(stderr, "%s\n", err.message); return 1; }
+        so.expert_budget = min_budget + slot;   /* room for a guess beside the demanded experts */
+        so.threads = 2;
+    }
+    if (colibri_session_create(model, &so, &session, &err) || colibri_forward(session, prompt, 8, NULL, &err)) {
+        fprintf(stderr, "%s\n", err.message);
+        return 1;
+    }
+    counting = 1;
+    for (step = 0; step < 64; step++) {
+        if (colibri_sample(session, &samplers[step % 2], &rng, &token, &err) ||
+            colibri_forward(session, &token, 1, NULL, &err)) {
+            counting = 0;
+            fprintf(stderr, "streamed step %d: %s\n", step, err.message);
+            return 1;
+        }
+    }
+    counting = 0;
+    {
+        colibri_expert_cache_stats stats;
+        colibri_expert_cache_stats_get(session, &stats);
+        printf("allocator calls during 64 streamed decode steps: %ld (%llu expert reads, %llu guesses)\n", calls,
+               (unsigned long long)stats.reads, (unsigned long long)stats.prefetches);
+        if (stats.reads == 0) return 1;
+    }
     colibri_session_destroy(session);
     colibri_model_close(model);
     return calls == 0 ? 0 : 1;

@@ -3,11 +3,13 @@
  *   colibri-infer --model DIR --tokens 1,415,2936 --max_tokens 16 [--temperature 0] [--verbose]
  *   colibri-infer --model DIR --validate-model
  *   colibri-infer --model DIR --memdump [--ctx 2048]
+ *   colibri-infer --model DIR --tokens 1,415 --expert_budget 512M --verbose   (experts streamed)
  *
  * Prints the text as it is produced when the model carries its vocabulary (the prompt first),
  * else (or with --ids) the generated token ids, comma-separated. */
 #define _POSIX_C_SOURCE 200809L
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,9 @@ typedef struct options {
     long threads;                   /* 0: COLIBRI_THREADS, else the machine's cores */
     double routing_noise, capacity_factor;
     unsigned long long routing_seed;
+    unsigned long long expert_budget;   /* 0: resident */
+    int expert_cache;               /* COLIBRI_CACHE_* */
+    int direct_io, no_prefetch;
 } options;
 
 static void usage(FILE *f)
@@ -70,9 +75,14 @@ static void usage(FILE *f)
         "  --routing_noise X  noisy: standard deviation of the noise on the router logits (default 1)\n"
         "  --routing_seed S   noisy: the noise's seed (default 0)\n"
         "  --capacity_factor F  capacity: an expert takes at most ceil(F * n * top_k / n_experts) of n tokens (default 1)\n"
+        "  --expert_budget B  stream the routed experts from weights.bin into a cache of B bytes of slots\n"
+        "                     (K, M, G: binary units, e.g. 512M; at least one layer's top_k experts; default 0: resident)\n"
+        "  --expert_cache C   global (one pool, default) or per_layer (the slots split evenly among the MoE layers)\n"
+        "  --direct_io        read experts with O_DIRECT, past the page cache\n"
+        "  --no_prefetch      read only demanded experts (no guess of the next layer's)\n"
         "  --validate-model   run every load check plus checksums, then exit\n"
         "  --memdump          print the memory report after creating the session, then exit\n"
-        "  --verbose          model summary and timings on stderr\n");
+        "  --verbose          model summary, timings and the expert cache's counters on stderr\n");
 }
 
 /* "--max-tokens" and "--max_tokens" are the same option. */
@@ -111,6 +121,26 @@ static int parse_double(const char *flag, const char *s, double lo, double hi, d
     return 1;
 }
 
+/* Bytes, with an optional K, M, G or T suffix (1024-based): "512M", "2G". */
+static int parse_size(const char *flag, const char *s, unsigned long long *out)
+{
+    char *end;
+    unsigned long long v;
+    int shift = 0, k;
+    if (*s < '0' || *s > '9') goto bad;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno) goto bad;
+    for (k = 0; k < 4 && *end && end[1] == '\0'; k++)
+        if (*end == "KMGT"[k] || *end == "kmgt"[k]) { shift = 10 * (k + 1); end++; }
+    if (*end != '\0' || (shift && v > (~0ull >> shift))) goto bad;
+    *out = v << shift;
+    return 1;
+bad:
+    fprintf(stderr, "colibri-infer: %s expects bytes, optionally with K, M or G (512M, 2G), got '%s'\n", flag, s);
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, options *o)
 {
     int i;
@@ -128,6 +158,8 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "ignore_eos")) { o->stop_at_eos = 0; takes_value = 0; }
         else if (option_is(a, "ids")) { o->ids = 1; takes_value = 0; }
         else if (option_is(a, "reference")) { o->reference_kernels = 1; takes_value = 0; }
+        else if (option_is(a, "direct_io")) { o->direct_io = 1; takes_value = 0; }
+        else if (option_is(a, "no_prefetch")) { o->no_prefetch = 1; takes_value = 0; }
         else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
@@ -158,6 +190,12 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "routing_noise")) { if (!parse_double(a, v, 0.0, 1e6, &o->routing_noise)) return 0; }
         else if (option_is(a, "routing_seed")) { long s; if (!parse_long(a, v, 0, 2147483647L, &s)) return 0; o->routing_seed = (unsigned long long)s; }
         else if (option_is(a, "capacity_factor")) { if (!parse_double(a, v, 1e-6, 1e6, &o->capacity_factor)) return 0; }
+        else if (option_is(a, "expert_budget")) { if (!parse_size(a, v, &o->expert_budget)) return 0; }
+        else if (option_is(a, "expert_cache")) {
+            if (strcmp(v, "global") == 0) o->expert_cache = COLIBRI_CACHE_GLOBAL;
+            else if (strcmp(v, "per_layer") == 0) o->expert_cache = COLIBRI_CACHE_PER_LAYER;
+            else { fprintf(stderr, "colibri-infer: --expert_cache is global or per_layer, not '%s'\n", v); return 0; }
+        }
         else { fprintf(stderr, "colibri-infer: unknown option %s (see --help)\n", a); return 0; }
         if (takes_value) i++;
     }
@@ -253,6 +291,9 @@ int main(int argc, char **argv)
     so.routing_noise = (float)o.routing_noise;
     so.routing_seed = o.routing_seed;
     so.capacity_factor = (float)o.capacity_factor;
+    so.expert_budget = o.expert_budget;
+    so.expert_cache = o.expert_cache;
+    so.expert_io = (o.direct_io ? COLIBRI_EXPERT_IO_DIRECT : 0u) | (o.no_prefetch ? COLIBRI_EXPERT_IO_NO_PREFETCH : 0u);
     if (colibri_session_create(model, &so, &session, &err)) { rc = fail("cannot create session", &err); goto done; }
     if (o.memdump) {
         size_t len;
@@ -359,6 +400,18 @@ int main(int argc, char **argv)
     if (o.verbose && generated > 0)
         fprintf(stderr, "decode: %ld tokens in %.1f ms (%.1f tok/s)\n", generated, 1e3 * (now_seconds() - t2),
                 (double)generated / (now_seconds() - t2));
+    if (o.verbose && o.expert_budget) {
+        colibri_expert_cache_stats cs;
+        if (colibri_expert_cache_stats_get(session, &cs) == COLIBRI_OK) {
+            unsigned long long demanded = (unsigned long long)(cs.hits + cs.misses);
+            fprintf(stderr, "expert cache: %d slots of %llu B, %d pinned; %llu hits, %llu misses (%.1f%% hit rate), "
+                            "%llu prefetches, %llu prefetch hits; %.2f MB read in %llu reads, %.1f ms I/O wait\n",
+                    cs.slots, (unsigned long long)cs.slot_bytes, cs.pinned, (unsigned long long)cs.hits,
+                    (unsigned long long)cs.misses, demanded ? 100.0 * (double)cs.hits / (double)demanded : 0.0,
+                    (unsigned long long)cs.prefetches, (unsigned long long)cs.prefetch_hits,
+                    (double)cs.bytes_read / 1e6, (unsigned long long)cs.reads, (double)cs.io_wait_ns / 1e6);
+        }
+    }
 done:
     colibri_session_destroy(session);
     colibri_model_close(model);

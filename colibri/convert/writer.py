@@ -127,8 +127,8 @@ def _encoded(name, shape, load, dtype):
 
 
 def _groups(tensors, layout):
-    """The plan in file order as (extents, members): one tensor alone, or with the interleaved layout
-    a layer's routed-expert tensors together, at the place of the first of them."""
+    """The plan as (extents, members): one tensor alone, or with the interleaved layout a layer's
+    routed-expert tensors together, at the place of the first of them."""
     groups, layers = [], {}
     for t in tensors:
         match = EXPERT_TENSOR.match(t[0]) if layout == "interleaved" else None
@@ -184,7 +184,9 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):
     doc: the JSON document without "tensors". tensors: (name, expected shape, load) triples in file
     order, where load() returns a float32 array, or a Stored; then a fourth item names its dtype,
     so the progress bar knows its size. One tensor is in memory at a time; with layout
-    "interleaved", one layer's routed-expert tensors, written as its experts' extents. weights.bin
+    "interleaved", one layer's routed-expert tensors, written as its experts' extents, all of them
+    after every other tensor: weights.bin is then the resident prefix (what a device keeps in
+    memory), then the extents (what it may stream). The table keeps the plan's order. weights.bin
     is written under a temporary name and renamed only when every tensor was written.
     """
     check_dtype(dtype)
@@ -194,23 +196,26 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):
     tensors = [(t[0], t[1], t[2], t[3] if len(t) > 3 else stored_dtype(t[1], dtype)) for t in tensors]
     total = int(sum(int(np.prod(shape)) * ITEMSIZE.get(stored, 1) for _, shape, _, stored in tensors))
     partial = out_dir / "weights.bin.partial"
-    table = []
+    groups = _groups(tensors, layout)
+    rows = [[] for _ in groups]   # each group's table entries, in plan order
     try:
         with open(partial, "wb") as f, tqdm(total=total, unit="B", unit_scale=True,
                                             desc="weights.bin", disable=not progress) as bar:
-            for extents, group in _groups(tensors, layout):
+            for i in sorted(range(len(groups)), key=lambda i: groups[i][0]):   # the extents last
+                extents, group = groups[i]
                 if extents:
-                    _write_extents(f, group, dtype, table, bar)
+                    _write_extents(f, group, dtype, rows[i], bar)
                     continue
                 name, shape, load, _ = group[0]
                 data, stored = _encoded(name, shape, load, dtype)
                 _pad(f)
-                table.append(_entry(name, stored, shape, f.tell(), data))
+                rows[i].append(_entry(name, stored, shape, f.tell(), data))
                 f.write(data)
                 bar.update(min(len(data), total - bar.n))
         os.replace(partial, out_dir / "weights.bin")
     finally:
         partial.unlink(missing_ok=True)
+    table = [entry for row in rows for entry in row]
     if "experts" in doc:
         doc = {**doc, "experts": {**doc["experts"], "weight_layout": layout}}
     (out_dir / "colibri_model.json").write_text(_header_text({**doc, "tensors": table}))

@@ -4,12 +4,19 @@ system emulation with output and files through semihosting.
     colibri firmware plan  --board mps2-an386 --model PATH --ctx 256   # flash and RAM, before building
     colibri firmware build --board mps2-an386 [--model PATH]
     colibri firmware run   --board mps2-an386 --prompt "ROMEO:" --max-tokens 64
+    colibri firmware run   --board mps2-an386 --model BIG --expert-budget 2M --tokens 1,2,3   # experts streamed
 
 An image is the board's build of the core and firmware/ plus one generated assembly file that holds
 everything model-specific (firmware/plan/model_image.c), so its code is the same for every model.
 `plan` measures that code once per board, from the image of the bundled model (build/<board>),
 with the toolchain's size tool, and adds what the model and context need: the model's bytes, and
-the metadata and arena sizes the core computes on this host with the layout every target uses."""
+the metadata and arena sizes the core computes on this host with the layout every target uses,
+asked of the same program (colibri-model-image --plan) that writes the image's model file.
+
+With an expert budget the image streams the routed experts of an interleaved model: flash holds
+weights.bin's resident prefix (docs/FORMAT.md), the arena a pool of cache slots of that many bytes,
+and the image reads the experts from the host's weights.bin through semihosting (experts=FILE),
+standing in for an SD card, so a model whose experts exceed the flash runs."""
 import hashlib
 import subprocess
 import tempfile
@@ -130,10 +137,15 @@ class Plan:
     model_flash: int    # weights.bin and the JSON, 64-byte aligned
     code_ram: int       # the code's own data and bss
     metadata: int       # the model's tables (colibri_model_load's meta)
-    arena: int          # the session: activations, KV cache, router, sampling
+    arena: int          # the session: activations, KV cache, router, sampling, expert cache slots
     stack: int
     flash_size: int
     ram_size: int
+    expert_budget: int = 0      # bytes of expert cache slots in the arena; 0: the experts in flash
+    expert_slots: int = 0       # the slots the budget holds
+    expert_slot_bytes: int = 0  # one slot: the largest routed expert (0: no routed experts)
+    expert_min_budget: int = 0  # the smallest budget: one layer's top_k slots
+    streamed: int = 0           # bytes of weights.bin left on storage: the experts' extents
 
     @property
     def flash(self):
@@ -146,13 +158,16 @@ class Plan:
     def problems(self):
         out = []
         if self.flash > self.flash_size:
+            stream = (f", stream the experts (--expert-budget, at least {self.expert_min_budget:,} B; an interleaved "
+                      f"model)" if self.expert_slot_bytes and not self.expert_budget else "")
             out.append(f"flash: needs {self.flash:,} B, {self.board} has {self.flash_size:,} B "
                        f"(over by {self.flash - self.flash_size:,} B; the model alone is {self.model_flash:,} B): "
-                       f"store the weights as f16 or bf16, or use a smaller model")
+                       f"store the weights as f16 or bf16{stream}, or use a smaller model")
         if self.ram > self.ram_size:
+            slots = f", {self.expert_budget:,} B of it expert slots" if self.expert_budget else ""
             out.append(f"RAM: needs {self.ram:,} B, {self.board} has {self.ram_size:,} B "
-                       f"(over by {self.ram - self.ram_size:,} B; the session arena is {self.arena:,} B): "
-                       f"lower --ctx (the KV cache grows with it) or --batch")
+                       f"(over by {self.ram - self.ram_size:,} B; the session arena is {self.arena:,} B{slots}): "
+                       f"lower --ctx (the KV cache grows with it), --batch" + (" or --expert-budget" if slots else ""))
         return out
 
     def table(self):
@@ -160,12 +175,20 @@ class Plan:
             tail = f"{total:>14,}  {n / total:6.1%}" if total else ""
             return f"  {label:<34}{n:>12,}{tail}"
         b = _board(self.board)
-        lines = [f"{self.model} on {self.board} ({b.cpu}, {b.float}), n_ctx {self.ctx}, n_batch {self.batch}",
+        model = "model (resident prefix + JSON)" if self.expert_budget else "model (weights.bin + JSON)"
+        lines = [f"{self.model} on {self.board} ({b.cpu}, {b.float}), n_ctx {self.ctx}, n_batch {self.batch}"
+                 + (", experts streamed" if self.expert_budget else ""),
                  f"{'flash':<36}{'bytes':>12}{'of the board':>14}",
-                 row("code and constants", self.code_flash), row("model (weights.bin + JSON)", self.model_flash),
+                 row("code and constants", self.code_flash), row(model, self.model_flash),
                  row("total", self.flash, self.flash_size),
                  "RAM", row("code's data and bss", self.code_ram), row("model tables (metadata)", self.metadata),
-                 row("session arena", self.arena), row("stack", self.stack), row("total", self.ram, self.ram_size)]
+                 row("session arena", self.arena)]
+        if self.expert_budget:
+            lines.append(row(f"  expert slots ({self.expert_slots} x {self.expert_slot_bytes:,} B)",
+                             self.expert_slots * self.expert_slot_bytes))
+        lines += [row("stack", self.stack), row("total", self.ram, self.ram_size)]
+        if self.expert_budget:
+            lines += ["storage (read as tokens need them)", row("routed experts", self.streamed)]
         problems = self.problems()
         lines.append("fits" if not problems else "does not fit:\n  " + "\n  ".join(problems))
         return "\n".join(lines)
@@ -196,31 +219,34 @@ def stack_reserved(board, elf):
     raise FirmwareError(f"{elf} has no __stack_size")
 
 
-def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK):
-    """What an image of this model and session needs on this board, without building it."""
-    from colibri import Model
+def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0):
+    """What an image of this model and session needs on this board, without building it.  With an
+    expert budget (bytes), the image that streams the routed experts."""
+    mm, code = memory_map(board), code_size(board)   # builds build/<board>, with colibri-model-image
+    path = Path(model_dir).resolve()
+    tool = build(board) / "firmware" / "colibri-model-image"
+    r = subprocess.run([str(tool), "--plan", str(path), str(ctx), str(batch), str(stack), str(expert_budget)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise FirmwareError(r.stderr.strip().removeprefix("colibri-model-image: "))
+    n = {key: int(value) for key, _, value in (line.partition(": ") for line in r.stdout.splitlines())}
+    return Plan(board, path.name, ctx, min(batch, ctx), code.flash, n["model_flash"], code.ram, n["metadata"],
+                n["arena"], stack, mm["flash_size"], mm["ram_size"], n["expert_budget"], n["expert_slots"],
+                n["expert_slot_bytes"], n["expert_min_budget"], n["streamed"])
 
-    _board(board)
-    model = Model(str(model_dir))
-    mm, code = memory_map(board), code_size(board)
-    path = Path(model.path)
-    blob = (path / "weights.bin").stat().st_size + (path / "colibri_model.json").stat().st_size
-    return Plan(board, path.name, ctx, min(batch, ctx), code.flash, _align64(blob), code.ram,
-                _align64(model.metadata_bytes), _align64(model.memory_plan(ctx, batch)), stack,
-                mm["flash_size"], mm["ram_size"])
 
-
-def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK):
+def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0):
     """Plans, refuses what does not fit, builds; returns the image's path.  Each (board, model,
     session) gets its own build directory under build/firmware/."""
-    p = plan(board, model_dir, ctx, batch, stack)
+    p = plan(board, model_dir, ctx, batch, stack, expert_budget)
     if p.problems():
         raise FirmwareError(f"{p.model} does not fit {board}:\n  " + "\n  ".join(p.problems()))
     model_dir = str(Path(model_dir).resolve())
-    key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}|{expert_budget}".encode()).hexdigest()[:12]
     out = meson_build(source_dir() / "build" / "firmware" / f"{board}-{key}",
                       [*targets.OPTIONS[board], f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
-                       f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}"])
+                       f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}",
+                       f"-Dfirmware_expert_budget={expert_budget}"])
     return out / "firmware" / "colibri-firmware.elf"
 
 
@@ -242,6 +268,8 @@ def run(board, image, arguments, timeout=600):
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.txt"
         args = [*arguments, f"report={report}"]
+        if any(c.isspace() for a in args for c in a):   # the image's command line is split at spaces
+            raise FirmwareError(f"{board}: an argument holds a space, which semihosting cannot pass: {args}")
         config = "enable=on,target=native,chardev=out," + ",".join("arg=" + a.replace(",", ",,") for a in args)
         command = [*_board(board).qemu, "-semihosting-config", config, "-kernel", str(image)]
         try:
@@ -258,12 +286,16 @@ def run(board, image, arguments, timeout=600):
         return Run(r.returncode, r.stdout + r.stderr, values)
 
 
-def arguments(ids, max_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, ignore_eos=False, logits=None):
-    """The firmware's argument list for one generation."""
+def arguments(ids, max_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, ignore_eos=False, logits=None,
+              experts=None):
+    """The firmware's argument list for one generation; `experts`: the weights.bin a streaming
+    image reads its experts from."""
     args = ["ids=" + ":".join(map(str, ids)), f"max_tokens={max_tokens}", f"temperature={temperature!r}",
             f"top_k={top_k}", f"top_p={top_p!r}", f"seed={seed}"]
     if ignore_eos:
         args.append("ignore_eos")
     if logits:
         args.append(f"logits={logits}")
+    if experts:
+        args.append(f"experts={Path(experts).resolve()}")
     return args

@@ -1,5 +1,6 @@
 /* One generation with the linked model: the same steps, output and stopping rules as
  * colibri-infer, with every byte of RAM in the static block the build planned. */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,9 +55,10 @@ int fw_parse_args(int argc, char **argv, fw_request *r)
         else if (option(a, "ignore_eos", &v)) r->stop_at_eos = 0;
         else if (option(a, "logits", &v)) r->logits_path = v;
         else if (option(a, "report", &v)) r->report_path = v;
+        else if (option(a, "experts", &v)) r->experts_path = v;
         else {
             printf("unknown argument '%s': ids=1:591:47 max_tokens=N temperature=T top_k=K top_p=P seed=S "
-                   "ignore_eos logits=FILE report=FILE\n", a);
+                   "ignore_eos logits=FILE report=FILE experts=FILE\n", a);
             return 1;
         }
     }
@@ -90,6 +92,31 @@ static int write_all(int fd, const void *data, size_t len)
     return 0;
 }
 
+/* Where a streaming image's experts come from: the model's weights.bin on the host, through
+ * semihosting, standing in for an SD card (its driver would go here).  Brings
+ * [offset, offset + len) whole, or up to the end of the file: the core reports a short read
+ * with the tensor, expert and offset.  Semihosting seeks to 32-bit positions. */
+typedef struct fw_storage {
+    int fd;
+} fw_storage;
+
+static int64_t read_experts(void *context, uint64_t offset, void *dst, size_t len)
+{
+    const fw_storage *storage = context;
+    unsigned char *p = dst;
+    size_t done = 0;
+    errno = 0;
+    if (offset > 0x7FFFFFFFu || lseek(storage->fd, (off_t)offset, SEEK_SET) != (off_t)offset)
+        return -(int64_t)(errno ? errno : EINVAL);
+    while (done < len) {
+        ssize_t n = read(storage->fd, p + done, len - done);
+        if (n < 0) return -(int64_t)(errno ? errno : EIO);
+        if (n == 0) break;
+        done += (size_t)n;
+    }
+    return (int64_t)done;
+}
+
 static void report_line(int fd, const char *key, uint64_t value)
 {
     char line[96];
@@ -104,31 +131,52 @@ int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (
     colibri_model *model;
     colibri_session *session;
     colibri_session_options so;
+    colibri_expert_cache_stats cache;
     colibri_error err;
-    size_t meta_needed, arena_needed, i;
+    fw_storage storage;
+    const uint8_t *unused;
+    size_t meta_needed, arena_needed, unused_len, i;
     uint64_t rng = r->seed, t0, t1, t2;
     int32_t token, generated = 0, vocab;
-    int logits_fd = -1, report_fd = -1, rc = 0;
+    int logits_fd = -1, report_fd = -1, rc = 0, ids;
+
+    /* a streaming image reads its experts from storage, which must be there before anything runs */
+    storage.fd = -1;
+    if (img->expert_budget && !r->experts_path) {
+        printf("this image streams its experts: give experts=FILE, the model's weights.bin\n");
+        return 1;
+    }
+    if (img->expert_budget && (storage.fd = open(r->experts_path, O_RDONLY)) < 0) {
+        printf("cannot read %s\n", r->experts_path);
+        return 1;
+    }
 
     /* the model in flash, its tables and the session in the planned block */
     if (colibri_model_meta_bytes(colibri_fw_json, img->json_bytes, &meta_needed, &err)) return failed("metadata", &err);
-    if (colibri_model_load(colibri_fw_json, img->json_bytes, colibri_fw_weights, img->weights_bytes, 0, meta,
-                           img->meta_bytes, &model, &err))
+    if (colibri_model_load(colibri_fw_json, img->json_bytes, colibri_fw_weights, img->weights_bytes,
+                           img->expert_budget ? COLIBRI_LOAD_EXPERTS_ELSEWHERE : 0, meta, img->meta_bytes, &model,
+                           &err))
         return failed("load", &err);
     memset(&so, 0, sizeof so);
     so.n_ctx = (int32_t)img->n_ctx;
     so.n_batch = (int32_t)img->n_batch;
     so.arena = arena;
     so.arena_size = img->arena_bytes;
+    if (img->expert_budget) {
+        so.expert_budget = img->expert_budget;
+        so.expert_read = read_experts;
+        so.expert_read_context = &storage;
+    }
     if (colibri_session_plan(model, &so, &arena_needed, &err)) return failed("plan", &err);
     if (colibri_session_create(model, &so, &session, &err)) return failed("session", &err);
     vocab = colibri_model_hparams(model)->vocab_size;
+    ids = colibri_token_bytes(model, 0, &unused, &unused_len) != COLIBRI_OK;   /* no vocabulary: print ids */
 
     if (r->logits_path && (logits_fd = open(r->logits_path, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
         printf("cannot write %s\n", r->logits_path);
         return 1;
     }
-    for (i = 0; i < r->n_prompt; i++) put_token_text(model, r->prompt[i]);
+    for (i = 0; i < r->n_prompt && !ids; i++) put_token_text(model, r->prompt[i]);
 
     /* prefill: one chunked forward, or position by position when every row's logits are wanted */
     t0 = fw_ticks();
@@ -143,7 +191,8 @@ int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (
     t1 = fw_ticks();
     while (generated < r->max_tokens) {
         if (colibri_sample(session, &r->sampling, &rng, &token, &err)) return failed("sampling", &err);
-        put_token_text(model, token);
+        if (ids) printf(generated ? ",%ld" : "%ld", (long)token);
+        else put_token_text(model, token);
         generated++;
         if (hook) hook(generated - 1, context);
         if (r->stop_at_eos && token == colibri_model_hparams(model)->eos_token_id) break;
@@ -172,7 +221,18 @@ int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (
     report_line(report_fd, "meta_needed", meta_needed);
     report_line(report_fd, "arena_reserved", img->arena_bytes);
     report_line(report_fd, "arena_needed", arena_needed);
+    report_line(report_fd, "weights_flash", img->weights_bytes);
+    if (img->expert_budget && colibri_expert_cache_stats_get(session, &cache) == COLIBRI_OK) {
+        report_line(report_fd, "expert_budget", img->expert_budget);
+        report_line(report_fd, "expert_slots", (uint64_t)cache.slots);
+        report_line(report_fd, "expert_slot_bytes", cache.slot_bytes);
+        report_line(report_fd, "expert_hits", cache.hits);
+        report_line(report_fd, "expert_misses", cache.misses);
+        report_line(report_fd, "expert_bytes_read", cache.bytes_read);
+        report_line(report_fd, "expert_reads", cache.reads);
+    }
     if (report_fd >= 0) close(report_fd);
+    if (storage.fd >= 0) close(storage.fd);
     if (stack_used && stack_used() >= img->stack_bytes) {   /* the paint is gone to the very bottom */
         printf("colibri firmware: the stack budget of %lu bytes was exhausted: build with a larger stack\n",
                (unsigned long)img->stack_bytes);

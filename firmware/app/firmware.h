@@ -3,7 +3,9 @@
  * The image is the core + this app + one generated assembly file (firmware/plan) that holds
  * everything model-specific: the model (weights.bin and colibri_model.json, in flash), the
  * static RAM block (metadata + session arena, in .bss), the stack budget and the session
- * shape.  The C code never changes with the model, so its size, measured once per board,
+ * shape.  An image built with an expert budget streams its routed experts: flash holds only
+ * weights.bin's resident prefix, the arena holds the cache slots, and the experts are read
+ * from storage (here a semihosted host file standing in for an SD card) as tokens need them.  The C code never changes with the model, so its size, measured once per board,
  * plus the generated sizes is exactly what an image needs (colibri firmware plan). */
 #ifndef COLIBRI_FIRMWARE_H
 #define COLIBRI_FIRMWARE_H
@@ -20,8 +22,9 @@ typedef struct fw_image {
     uint32_t n_ctx, n_batch;        /* the session the RAM block was planned for */
     uint32_t meta_bytes;            /* colibri_model_meta_bytes, rounded up to 64 */
     uint32_t arena_bytes;           /* colibri_session_plan */
-    uint32_t weights_bytes, json_bytes;
+    uint32_t weights_bytes, json_bytes;   /* in flash: weights.bin, or its resident prefix */
     uint32_t stack_bytes;           /* the stack budget (__stack_size) */
+    uint32_t expert_budget;         /* bytes of expert cache slots in the arena; 0: experts in flash */
 } fw_image;
 extern const fw_image colibri_fw_image;
 extern const unsigned char colibri_fw_weights[];    /* 64-byte aligned, then the JSON */
@@ -37,18 +40,20 @@ typedef struct fw_request {
     uint64_t seed;
     const char *logits_path;        /* host file for every position's logits, (positions, vocab) f32 */
     const char *report_path;        /* host file for the report (memory, timing), key: value lines */
+    const char *experts_path;       /* streaming image: the model's weights.bin, read at extents' offsets */
 } fw_request;
 
 /* Called after each generated token: FreeRTOS uses it to show the rest of the system ran. */
 typedef void (*fw_token_hook)(int32_t index, void *context);
 
 /* Reads "ids=1:591:47 max_tokens=64 temperature=0 top_k=0 top_p=1 seed=0 ignore_eos
- * logits=FILE report=FILE" (any order; arguments naming the image itself are skipped).
+ * logits=FILE report=FILE experts=FILE" (any order; arguments naming the image itself are skipped).
  * Returns 0, or prints what is wrong and returns 1. */
 int fw_parse_args(int argc, char **argv, fw_request *request);
 
 /* Loads the linked model, runs the request, prints the prompt's and the generated text as
- * colibri-infer does, writes the report (stack_used: the caller's high-water mark, may be
+ * colibri-infer does (the generated ids, comma-separated, for a model without a vocabulary),
+ * writes the report (stack_used: the caller's high-water mark, may be
  * NULL).  Returns 0, or prints the failing step with the core's message and returns 1. */
 int fw_generate(const fw_request *request, fw_token_hook hook, void *context, size_t (*stack_used)(void));
 

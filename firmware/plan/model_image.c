@@ -4,7 +4,14 @@
  * arena and metadata layouts are the same on every target (c_core/src/util.h, slots), so
  * the sizes it computes here are exact for the board.
  *
- *   colibri-model-image MODEL_DIR N_CTX N_BATCH STACK_BYTES OUT.S */
+ *   colibri-model-image MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET OUT.S
+ *   colibri-model-image --plan MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET
+ *
+ * EXPERT_BUDGET 0: the whole weights.bin goes into flash.  Otherwise the image streams its
+ * routed experts: flash holds weights.bin's resident prefix only (interleaved layout,
+ * docs/FORMAT.md), the arena holds EXPERT_BUDGET bytes of cache slots, and the image reads the
+ * extents from storage at run time.  --plan prints the sizes (key: value lines) instead of
+ * writing the file: what `colibri firmware plan` reports is what the image gets. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,42 +36,100 @@ static long file_size(const char *path)
     return n;
 }
 
+/* Where the first routed-expert extent begins, after which weights.bin holds only extents:
+ * the bytes a streaming image links; and how many layers have routed experts.  0 and a
+ * message when the model has no such prefix. */
+static uint64_t resident_prefix(const colibri_model *model, const char *dir, uint64_t *moe_layers)
+{
+    colibri_tensor_info t;
+    uint64_t first = UINT64_MAX, resident_end = 0;
+    const char *last = "";
+    size_t n;
+    int32_t i;
+    *moe_layers = 0;
+    if (colibri_model_hparams(model)->expert_layout != COLIBRI_LAYOUT_INTERLEAVED) {
+        fprintf(stderr, "colibri-model-image: %s: streaming experts needs the interleaved layout "
+                        "(colibri convert --layout interleaved)\n", dir);
+        return 0;
+    }
+    for (i = 0; i < colibri_model_tensor_count(model); i++) {
+        if (colibri_model_tensor(model, i, &t) != COLIBRI_OK) return 0;
+        if (t.expert_stride) {
+            n = strlen(t.name);
+            *moe_layers += n > 11 && strcmp(t.name + n - 11, ".experts.w1") == 0;
+            if (t.file_offset < first) first = t.file_offset;
+        } else if (t.file_offset + t.file_size > resident_end) {
+            resident_end = t.file_offset + t.file_size;
+            last = t.name;
+        }
+    }
+    if (first == UINT64_MAX || resident_end > first) {
+        fprintf(stderr, "colibri-model-image: %s: tensor `%s` lies after the first expert extent, so weights.bin "
+                        "has no resident prefix: convert it again\n", dir, last);
+        return 0;
+    }
+    return first;
+}
+
 int main(int argc, char **argv)
 {
     char json_path[4096], weights_path[4096], *json;
+    const char *dir;
     long json_len, weights_len, n_ctx, n_batch, stack;
+    unsigned long long budget;
+    uint64_t slot_bytes = 0, min_budget = 0, flash_weights, moe_layers = 0, slots = 0;
     size_t meta, arena, ram;
     colibri_model *model;
     colibri_session_options so;
     colibri_error err;
     FILE *f, *out;
+    int plan_only = argc == 7 && strcmp(argv[1], "--plan") == 0;
 
-    if (argc != 6) {
-        fprintf(stderr, "usage: colibri-model-image MODEL_DIR N_CTX N_BATCH STACK_BYTES OUT.S\n");
+    if (plan_only) argv++;
+    else if (argc != 7) {
+        fprintf(stderr, "usage: colibri-model-image MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET OUT.S\n"
+                        "       colibri-model-image --plan MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET\n");
         return 2;
     }
-    if (strpbrk(argv[1], "\"\\\n")) {
-        fprintf(stderr, "colibri-model-image: %s: the path may not hold quotes, backslashes or newlines\n", argv[1]);
+    dir = argv[1];
+    if (strpbrk(dir, "\"\\\n")) {
+        fprintf(stderr, "colibri-model-image: %s: the path may not hold quotes, backslashes or newlines\n", dir);
         return 2;
     }
-    n_ctx = atol(argv[2]); n_batch = atol(argv[3]); stack = atol(argv[4]);
+    n_ctx = atol(argv[2]); n_batch = atol(argv[3]); stack = atol(argv[4]); budget = strtoull(argv[5], NULL, 10);
     if (stack < 1024 || stack % 8) {
         fprintf(stderr, "colibri-model-image: stack of %ld bytes: at least 1024, a multiple of 8\n", stack);
         return 2;
     }
-    snprintf(json_path, sizeof json_path, "%s/colibri_model.json", argv[1]);
-    snprintf(weights_path, sizeof weights_path, "%s/weights.bin", argv[1]);
+    snprintf(json_path, sizeof json_path, "%s/colibri_model.json", dir);
+    snprintf(weights_path, sizeof weights_path, "%s/weights.bin", dir);
+    weights_len = file_size(weights_path);
 
     /* the core validates the model and plans its metadata and session as the board will */
-    if (colibri_model_open(argv[1], COLIBRI_LOAD_VERIFY, &model, &err)) return fail(argv[1], &err);
+    if (colibri_model_open(dir, plan_only ? 0 : COLIBRI_LOAD_VERIFY, &model, &err)) return fail(dir, &err);
     memset(&so, 0, sizeof so);
     so.n_ctx = (int32_t)n_ctx;
     so.n_batch = (int32_t)n_batch;
+    if (colibri_expert_slots(model, &so, &slot_bytes, &min_budget, &err) != COLIBRI_OK) slot_bytes = min_budget = 0;
+    flash_weights = (uint64_t)weights_len;
+    if (budget) {
+        if (!slot_bytes) return fail("--expert-budget", &err);   /* no routed experts */
+        if (budget < min_budget) {
+            fprintf(stderr, "colibri-model-image: an expert budget of %llu bytes is below the minimum of %llu "
+                            "(top_k slots of %llu bytes)\n", budget, (unsigned long long)min_budget,
+                    (unsigned long long)slot_bytes);
+            return 1;
+        }
+        if (!(flash_weights = resident_prefix(model, dir, &moe_layers))) return 1;
+        so.expert_budget = budget;
+        slots = budget / slot_bytes;   /* the pool as the core sizes it: whole slots, at most one per expert */
+        if (slots > moe_layers * (uint64_t)colibri_model_hparams(model)->n_experts)
+            slots = moe_layers * (uint64_t)colibri_model_hparams(model)->n_experts;
+    }
     if (colibri_session_plan(model, &so, &arena, &err)) return fail("session", &err);
     colibri_model_close(model);
 
     json_len = file_size(json_path);
-    weights_len = file_size(weights_path);
     if (json_len <= 0 || weights_len < 0 || !(json = malloc((size_t)json_len)) || !(f = fopen(json_path, "rb"))) {
         fprintf(stderr, "colibri-model-image: cannot read %s\n", json_path);
         return 1;
@@ -76,26 +141,34 @@ int main(int argc, char **argv)
     meta = align64(meta);
     arena = align64(arena);
     ram = meta + arena;
-    if (ram > 0xFFFFFFFFu || (unsigned long)weights_len + (unsigned long)json_len > 0xFFFFFFFFu) {
-        fprintf(stderr, "colibri-model-image: %s needs more than 4 GiB\n", argv[1]);
+    if (ram > 0xFFFFFFFFu || flash_weights + (unsigned long)json_len > 0xFFFFFFFFu) {
+        fprintf(stderr, "colibri-model-image: %s needs more than 4 GiB\n", dir);
         return 1;
     }
 
-    if (!(out = fopen(argv[5], "w"))) { fprintf(stderr, "colibri-model-image: cannot write %s\n", argv[5]); return 1; }
+    if (plan_only) {
+        printf("metadata: %zu\narena: %zu\nmodel_flash: %zu\nweights_flash: %llu\nstreamed: %llu\n"
+               "expert_budget: %llu\nexpert_slot_bytes: %llu\nexpert_min_budget: %llu\nexpert_slots: %llu\n",
+               meta, arena, align64((size_t)flash_weights + (size_t)json_len), (unsigned long long)flash_weights,
+               (unsigned long long)((uint64_t)weights_len - flash_weights), budget, (unsigned long long)slot_bytes,
+               (unsigned long long)min_budget, (unsigned long long)slots);
+        return 0;
+    }
+    if (!(out = fopen(argv[6], "w"))) { fprintf(stderr, "colibri-model-image: cannot write %s\n", argv[6]); return 1; }
     fprintf(out,
-            "/* Generated by colibri-model-image from %s, n_ctx %ld, n_batch %ld. */\n"
+            "/* Generated by colibri-model-image from %s, n_ctx %ld, n_batch %ld, expert budget %llu. */\n"
             "    .section .rodata.colibri_fw_image, \"a\"\n"
             "    .balign 4\n"
             "    .global colibri_fw_image\n"
-            "colibri_fw_image:   /* fw_image: n_ctx, n_batch, meta, arena, weights, json, stack bytes */\n"
-            "    .4byte %ld, %ld, %zu, %zu, %ld, %ld, %ld\n"
-            "    .size colibri_fw_image, 28\n\n"
+            "colibri_fw_image:   /* fw_image: n_ctx, n_batch, meta, arena, weights, json, stack, expert budget */\n"
+            "    .4byte %ld, %ld, %zu, %zu, %llu, %ld, %ld, %llu\n"
+            "    .size colibri_fw_image, 32\n\n"
             "    .section .rodata.colibri_fw_model, \"a\"   /* flash: weights (64-aligned), then the JSON */\n"
             "    .balign 64\n"
             "    .global colibri_fw_model, colibri_fw_weights, colibri_fw_json\n"
             "colibri_fw_model:\n"
-            "colibri_fw_weights:\n"
-            "    .incbin \"%s\"\n"
+            "colibri_fw_weights:   /* weights.bin, or its resident prefix when the experts are streamed */\n"
+            "    .incbin \"%s\", 0, %llu\n"
             "colibri_fw_json:\n"
             "    .incbin \"%s\"\n"
             "    .balign 64\n"
@@ -108,7 +181,7 @@ int main(int argc, char **argv)
             "    .size colibri_fw_ram, %zu\n\n"
             "    .global __stack_size   /* read by picolibc's linker script */\n"
             "    .set __stack_size, %ld\n",
-            argv[1], n_ctx, n_batch, n_ctx, n_batch, meta, arena, weights_len, json_len, stack,
-            weights_path, json_path, ram, ram, stack);
+            dir, n_ctx, n_batch, budget, n_ctx, n_batch, meta, arena, (unsigned long long)flash_weights, json_len,
+            stack, budget, weights_path, (unsigned long long)flash_weights, json_path, ram, ram, stack);
     return fclose(out) != 0;
 }

@@ -321,7 +321,8 @@ typedef struct colibri_expert_cache_stats {
     uint64_t hits;              /* demanded experts found in a slot */
     uint64_t misses;            /* demanded experts read (or waited for, when a guess was still reading) */
     uint64_t prefetches;        /* speculative reads started for the next layer's guessed experts */
-    uint64_t prefetch_hits;     /* demanded experts a speculative read had brought (counted in hits too) */
+    uint64_t prefetch_hits;     /* demanded experts a speculative read brought: in hits when it had finished,
+                                   in misses when the forward pass still waited for it */
     uint64_t bytes_read;        /* from storage, demanded and speculative */
     uint64_t reads;             /* read calls */
     uint64_t io_wait_ns;        /* the forward pass waiting for reads (0 where the platform has no clock) */

@@ -54,3 +54,43 @@ void colibri_platform_pool_run(colibri_pool *pool, void (*fn)(void *context, int
 }
 
 void colibri_platform_pool_destroy(colibri_pool *pool) { (void)pool; }
+
+/* Expert streaming without threads: a read is performed when it is queued, by the image's read
+ * function (external flash, an SD card, a semihosted file), and the reader lives in the arena. */
+struct colibri_io {
+    colibri_read_fn read;
+    void *context;
+    colibri_io_read *reads;
+};
+COLIBRI_SLOT_CHECK(colibri_io, COLIBRI_IO_STATE_SLOT);
+
+colibri_status colibri_platform_io_create(const colibri_model *model, colibri_read_fn read, void *context, int direct,
+                                          colibri_io_read *reads, int32_t n_reads, void *state, colibri_io **out,
+                                          colibri_error *err)
+{
+    colibri_io *io = state;
+    (void)model; (void)direct; (void)n_reads;
+    *out = NULL;
+    if (!read)
+        return colibri_fail(err, COLIBRI_E_ARG, "expert streaming on bare metal: pass expert_read in the session options");
+    io->read = read;
+    io->context = context;
+    io->reads = reads;
+    *out = io;
+    return COLIBRI_OK;
+}
+
+int colibri_platform_io_async(const colibri_io *io) { (void)io; return 0; }
+
+void colibri_platform_io_submit(colibri_io *io, int32_t i, int urgent)
+{
+    colibri_io_read *r = &io->reads[i];
+    (void)urgent;
+    r->result = io->read(io->context, r->offset, r->dst, r->len);
+    r->state = COLIBRI_IO_DONE;
+}
+
+int64_t colibri_platform_io_wait(colibri_io *io, int32_t i) { return io->reads[i].result; }
+int colibri_platform_io_idle(colibri_io *io, int32_t i) { (void)io; (void)i; return 1; }
+int colibri_platform_io_cancel(colibri_io *io, int32_t i) { (void)io; (void)i; return 0; }
+void colibri_platform_io_destroy(colibri_io *io) { (void)io; }

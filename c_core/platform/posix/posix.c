@@ -57,17 +57,26 @@ const char *colibri_platform_kernels_request(void)
 }
 
 /* What a model opened from a directory owns besides its metadata block. */
+static void release_posix_model(colibri_model *m);
+
 typedef struct posix_model {
     char *json;
     void *weights;
     size_t weights_len;
+    char *weights_path;         /* for expert streaming's reads (expert_io.c) */
 } posix_model;
+
+const char *colibri_posix_weights_path(const colibri_model *m)
+{
+    return m->release == release_posix_model ? ((const posix_model *)m->platform)->weights_path : NULL;
+}
 
 static void release_posix_model(colibri_model *m)
 {
     posix_model *pm = (posix_model *)m->platform;
     if (pm->weights && pm->weights_len) munmap(pm->weights, pm->weights_len);
     free(pm->json);
+    free(pm->weights_path);
     free(pm);
     free(m);
 }
@@ -156,6 +165,11 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
     if (!st) st = path_join(path, sizeof path, dir, "weights.bin", err);
     if (!st) st = map_weights(path, &pm->weights, &pm->weights_len, err);
     if (!st) {
+        pm->weights_path = malloc(strlen(path) + 1);
+        if (pm->weights_path) memcpy(pm->weights_path, path, strlen(path) + 1);
+        else st = colibri_fail(err, COLIBRI_E_NOMEM, "out of memory");
+    }
+    if (!st) {
         meta = malloc(meta_bytes);   /* malloc aligns to 16 on every POSIX ABI we target */
         if (!meta) st = colibri_fail(err, COLIBRI_E_NOMEM, "cannot allocate %zu bytes of model metadata", meta_bytes);
     }
@@ -163,6 +177,7 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
     if (st) {
         if (pm->weights && pm->weights_len) munmap(pm->weights, pm->weights_len);
         free(pm->json);
+        free(pm->weights_path);
         free(pm);
         free(meta);
         return st;

@@ -75,6 +75,30 @@ void colibri_memory_totals_of(const colibri_arena *a, const colibri_model *m, co
     t->arena_used = a->used;
     t->kv_cache = group_bytes(a, ARENA_KV_CACHE);
     t->activations = group_bytes(a, ARENA_ACTIVATIONS);
+    t->expert_cache = group_bytes(a, ARENA_EXPERT_CACHE);
+}
+
+/* Which expert each slot holds, layer by layer ("*": pinned, "~": still reading). */
+static void slot_holdings(report *r, const colibri_memdump_header *h, int32_t n_layers)
+{
+    char n1[32], n2[32];
+    int32_t l, i, held = 0;
+    emit(r, "\nexpert cache: %d slots of %s B = %s B", h->slots.n_slots, grouped(n1, (size_t)h->slots.slot_bytes),
+         grouped(n2, (size_t)h->slots.slot_bytes * (size_t)h->slots.n_slots));
+    for (i = 0; i < h->slots.n_slots; i++) held += h->slots.state[i] != 0;
+    emit(r, ", %d holding an expert (* pinned, ~ reading)\n", held);
+    for (l = 0; l < n_layers; l++) {
+        int32_t first = 1;
+        for (i = 0; i < h->slots.n_slots; i++) {
+            int32_t owner = h->slots.owner[i];
+            if (h->slots.state[i] == 0 || owner / h->slots.n_experts != l) continue;
+            if (first) emit(r, "    layers.%d: experts", l);
+            emit(r, "%s %d%s%s", first ? "" : ",", owner % h->slots.n_experts, (h->slots.flags[i] & 1) ? "*" : "",
+                 h->slots.state[i] == 1 ? "~" : "");
+            first = 0;
+        }
+        if (!first) emit(r, "\n");
+    }
 }
 
 void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, const colibri_memdump_header *h,
@@ -93,7 +117,9 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
          m->architecture, hp->n_layers, hp->n_experts, hp->top_k, hp->hidden_size, hp->vocab_size);
     emit(&r, "session: n_ctx %d, n_batch %d, kernels %s\n\n", h->n_ctx, h->n_batch, h->kernels);
 
-    emit(&r, "weights (weights.bin, mapped read-only, used in place)  %s B  @%p\n", grouped(n1, weights), (const void *)m->weights);
+    emit(&r, "weights (weights.bin, mapped read-only, %s)  %s B  @%p\n",
+         h->slots.n_slots ? "the routed experts read into the expert cache, the rest used in place" : "used in place",
+         grouped(n1, weights), (const void *)m->weights);
     for (i = 0; i < m->n_tensors; i++) {
         const colibri_tensor *t = &m->tensors[i];
         char shape[64];
@@ -115,6 +141,7 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
         int32_t last = -1;
         const char *stem = g + 1 < ARENA_GROUP_COUNT ? "│   " : "    ";
         for (i = 0; i < a->n_records; i++) if (a->records[i].group == g) last = i;
+        if (g == ARENA_EXPERT_CACHE && last < 0) continue;   /* resident experts: no cache */
         emit(&r, "%s%s", g + 1 < ARENA_GROUP_COUNT ? "├── " : "└── ", colibri_arena_group_name(g));
         emit(&r, "  %s B\n", grouped(n1, group_bytes(a, g)));
         for (i = 0; i < a->n_records; i++) {
@@ -126,6 +153,7 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
         }
     }
     emit(&r, "    (alignment padding %s B)\n", grouped(n1, padding));
+    if (h->slots.n_slots) slot_holdings(&r, h, hp->n_layers);
     emit(&r, "\nmetadata (model tables, JSON tokens)  %s B  @%p\n", grouped(n1, m->meta_bytes), (const void *)m);
     emit(&r, "\ntotal: weights %s B + arena %s B + metadata %s B = %s B\n",
          grouped(n1, weights), grouped(n2, a->used), grouped(n3, m->meta_bytes),

@@ -12,6 +12,11 @@ typedef struct colibri_memdump_header {
     const char *kernels;        /* the kernel variant's name */
     int mapped;                 /* the platform mapped the arena (else it is a caller's buffer) */
     int hugepages;              /* huge pages back the mapping */
+    struct {                    /* expert streaming's slots (n_slots 0: resident) */
+        int32_t n_slots, n_experts;
+        uint64_t slot_bytes;
+        const int32_t *owner, *flags, *state;   /* (n_slots) layer * n_experts + expert, flags, state */
+    } slots;
 } colibri_memdump_header;
 
 /* The report into buf (cap bytes, NUL-terminated when cap > 0); *len (if any) gets its full length. */

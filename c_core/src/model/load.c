@@ -112,6 +112,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     m->n_tensors = (int32_t)n_tensors;
     m->weights = (const uint8_t *)weights;
     m->weights_len = weights_len;
+    m->experts_elsewhere = (flags & COLIBRI_LOAD_EXPERTS_ELSEWHERE) != 0;
     m->meta_bytes = lay.total;
 
     st = colibri_read_layer_kinds(&L, 0, m);
@@ -123,6 +124,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         colibri_tensor *t = &m->tensors[k];
         int64_t slot = 0;
         colibri_weight w;
+        int elsewhere;
         st = colibri_read_tensor(&L, entry, k, m, t, &slot);
         if (st) return st;
         if (seen[slot])
@@ -132,12 +134,18 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
             return colibri_fail(err, COLIBRI_E_ALIGN, "tensor `%s`: file_offset %llu is not a multiple of %d",
                                 t->name, (unsigned long long)t->file_offset, COLIBRI_ALIGNMENT);
         t->slot = (int32_t)slot;
-        if (t->file_offset > weights_len || t->span > weights_len - t->file_offset)   /* span: all its parts */
+        elsewhere = (flags & COLIBRI_LOAD_EXPERTS_ELSEWHERE) && colibri_slot_is_routed_expert(slot);
+        if (elsewhere) {   /* read through the session's reader, which checks each read's length */
+            if (t->file_offset + t->span < t->file_offset)
+                return colibri_fail(err, COLIBRI_E_BOUNDS, "tensor `%s`: bytes past 2^64", t->name);
+        } else if (t->file_offset > weights_len || t->span > weights_len - t->file_offset)   /* span: all its parts */
             return colibri_fail(err, COLIBRI_E_BOUNDS, "tensor `%s`: bytes [%llu, %llu) lie past the end of weights.bin (%zu bytes)",
                                 t->name, (unsigned long long)t->file_offset,
                                 (unsigned long long)(t->file_offset + t->span), weights_len);
-        w.data = m->weights + t->file_offset;
+        w.data = elsewhere ? m->weights : m->weights + t->file_offset;   /* elsewhere: a placeholder, never read */
         w.dtype = t->dtype;
+        if (colibri_slot_is_routed_expert(slot))
+            m->layers[(slot - T_GLOBAL) / L_KINDS].expert_offset[(slot - T_GLOBAL) % L_KINDS - L_EXPERT_FIRST] = t->file_offset;
         if (slot == G_TOK_EMBEDDINGS) m->tok_embeddings = w;
         else if (slot == G_NORM) m->norm = w;
         else if (slot == G_LM_HEAD) m->lm_head = w;
@@ -174,6 +182,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     if (st) return st;
     if (flags & COLIBRI_LOAD_VERIFY) {
         for (k = 0; k < n_tensors; k++) {
+            if (m->experts_elsewhere && colibri_slot_is_routed_expert(m->tensors[k].slot)) continue;   /* not here */
             st = colibri_verify_tensor(m, &m->tensors[k], err);
             if (st) return st;
         }
@@ -235,7 +244,7 @@ colibri_status colibri_expert_part(const colibri_model *model, int32_t layer, in
         return COLIBRI_E_ARG;
     lw = &model->layers[layer];
     if (!lw->w[kind].data) return COLIBRI_E_ARG;
-    *offset = (uint64_t)((const uint8_t *)colibri_expert_weight(lw, kind, expert).data - model->weights);
+    *offset = lw->expert_offset[kind - L_EXPERT_FIRST] + (uint64_t)expert * lw->expert_stride[kind - L_EXPERT_FIRST];
     *bytes = expert_part_bytes(&model->hp, kind, lw->w[kind].dtype);
     return COLIBRI_OK;
 }

@@ -45,6 +45,8 @@ typedef struct colibri_layer_weights {
     colibri_weight w[L_KINDS];  /* data NULL: the layer has no such tensor; routed experts: expert 0's part */
     size_t expert_stride[L_EXPERT_KINDS];   /* bytes from expert e's part to e + 1's: stacked, the part's
                                                size; interleaved, the extent's (all kinds alike) */
+    uint64_t expert_offset[L_EXPERT_KINDS]; /* where expert 0's part lies in weights.bin (an expert cache
+                                               reads from here; w[].data may not be in memory) */
     size_t extent_offset;       /* interleaved: expert e's extent is [extent_offset + e * extent_bytes, */
     size_t extent_bytes;        /*   + extent_bytes) of weights.bin, all its tensors' parts; stacked: 0, 0 */
     int32_t moe;                /* the MLP is the MoE block (else dense) */
@@ -53,7 +55,7 @@ typedef struct colibri_layer_weights {
     int32_t rope;               /* the layer rotates q and k (else NoPE) */
     int32_t conv;               /* a short-convolution block instead of attention */
 } colibri_layer_weights;
-#define COLIBRI_LAYER_SLOT 816     /* bytes per entry on every target (util.h) */
+#define COLIBRI_LAYER_SLOT 864     /* bytes per entry on every target (util.h) */
 
 typedef struct colibri_tensor {
     char name[COLIBRI_MAX_NAME];
@@ -76,6 +78,7 @@ struct colibri_model {
 
     const uint8_t *weights;         /* weights.bin, mapped or linked in */
     size_t weights_len;
+    int32_t experts_elsewhere;      /* COLIBRI_LOAD_EXPERTS_ELSEWHERE: `weights` lacks the routed experts */
 
     int32_t n_tensors;
     colibri_tensor *tensors;        /* (n_tensors), in file order of the JSON */
@@ -119,6 +122,7 @@ colibri_status colibri_expert_part(const colibri_model *model, int32_t layer, in
                                    uint64_t *offset, uint64_t *bytes);
 
 const char *colibri_dtype_name(colibri_dtype dtype);
+const char *colibri_layer_tensor_name(int kind);   /* "experts.w1", ... (L_KINDS) */
 
 uint32_t colibri_crc32(uint32_t crc, const void *data, size_t len);
 

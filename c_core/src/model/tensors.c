@@ -99,9 +99,20 @@ int colibri_slot_used(int64_t slot, const colibri_model *m)
     }
 }
 
+const char *colibri_layer_tensor_name(int kind)
+{
+    return kind >= 0 && kind < L_KINDS ? colibri_layer_tensor_names[kind] : "?";
+}
+
 int colibri_slot_optional(int64_t slot)
 {
     return slot == G_TOKEN_BYTES || slot == G_TOKEN_OFFSETS;
+}
+
+int colibri_slot_is_routed_expert(int64_t slot)
+{
+    int64_t kind = slot >= T_GLOBAL ? (slot - T_GLOBAL) % L_KINDS : -1;
+    return kind >= L_EXPERT_FIRST && kind < L_EXPERT_FIRST + L_EXPERT_KINDS;
 }
 
 /* Slot of a tensor name: global slots first, then layer * L_KINDS + kind; -1 unknown. */
@@ -293,8 +304,7 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
     t->expert_stride = 0;
     t->span = t->file_size;
     {   /* interleaved routed experts: E parts, expert e's at file_offset + e * expert_stride */
-        int kind = *slot >= T_GLOBAL ? (int)((*slot - T_GLOBAL) % L_KINDS) : -1;
-        int routed = kind >= L_EXPERT_FIRST && kind < L_EXPERT_FIRST + L_EXPERT_KINDS;
+        int routed = colibri_slot_is_routed_expert(*slot);
         int interleaved = routed && hp->expert_layout == COLIBRI_LAYOUT_INTERLEAVED;
         uint64_t part = t->file_size / (uint64_t)hp->n_experts;   /* exact: shape[0] is n_experts */
         if (!interleaved && json_object_get(L->text, L->tok, obj, "expert_stride") >= 0)
@@ -400,7 +410,7 @@ colibri_status colibri_check_experts(colibri_model *m, int32_t *index, colibri_e
             }
         }
         all = colibri_mul_u64(E, stride, &overflow);
-        if (overflow || base + all < base || base + all > m->weights_len)
+        if (overflow || base + all < base || (!m->experts_elsewhere && base + all > m->weights_len))
             return colibri_fail(err, COLIBRI_E_BOUNDS, "layer %d: expert %d's extent [%llu, %llu) lies past the end of "
                                 "weights.bin (%zu bytes)", l, hp->n_experts - 1,
                                 (unsigned long long)(base + (E - 1) * stride), (unsigned long long)(base + (E - 1) * stride + stride),

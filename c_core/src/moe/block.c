@@ -85,22 +85,70 @@ static void gather(const colibri_hparams *hp, const colibri_moe_buffers *b, cons
     }
 }
 
-/* Every hit expert in turn, each over its m kept tokens with all the threads. */
-static void run_experts(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
-                        const colibri_layer_weights *lw, const colibri_moe_buffers *b, const float *x, float *out,
-                        uint64_t *profile, uint64_t *clock)
+/* Where expert e's weights are: the mapped file, or the cache slot it was read into. */
+static void expert_weights(const colibri_layer_weights *lw, const colibri_moe_stream *stream, int32_t layer, int32_t e,
+                           colibri_expert_weights *w)
 {
-    int32_t d = hp->hidden_size, e;
+    int32_t k;
+    if (stream) { colibri_cache_weights(stream->cache, layer, e, w); return; }
+    for (k = 0; k < L_EXPERT_KINDS; k++)
+        w->w[k] = lw->w[L_EXPERT_FIRST + k].data ? colibri_expert_weight(lw, L_EXPERT_FIRST + k, e) : lw->w[L_EXPERT_FIRST + k];
+}
+
+static int32_t kept(const colibri_moe_buffers *b, int32_t e) { return b->dropped_from[e] - b->expert_start[e]; }
+
+/* Streaming: waits for expert e's reads, the wait timed as expert I/O instead of as `phase`. */
+static colibri_status wait_for(const colibri_moe_stream *stream, int32_t layer, int32_t e, uint64_t *profile,
+                               int32_t phase, uint64_t *clock, colibri_error *err)
+{
+    colibri_status st;
+    colibri_profile_add(profile, phase, clock);
+    st = colibri_cache_wait(stream->cache, layer, e, err);
+    *clock = colibri_profile_start(profile);
+    return st;
+}
+
+#define LOOKAHEAD 4     /* streaming: experts of the layer whose reads are queued ahead of the one computed */
+
+/* Every hit expert in turn, each over its m kept tokens with all the threads.  Streaming, the next
+ * few hit experts' reads are queued while one computes, as far as free slots allow. */
+static colibri_status run_experts(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
+                                  const colibri_layer_weights *lw, const colibri_moe_buffers *b, int32_t layer,
+                                  const colibri_moe_stream *stream, const float *x, float *out, uint64_t *profile,
+                                  uint64_t *clock, colibri_error *err)
+{
+    int32_t d = hp->hidden_size, e, ahead = 0, in_flight = 0;
     for (e = 0; e < hp->n_experts; e++) {
-        int32_t first = b->expert_start[e], m = b->dropped_from[e] - first;
+        int32_t first = b->expert_start[e], m = kept(b, e);
+        colibri_expert_weights w;
         if (m == 0) continue;
+        if (stream) {
+            colibri_status st;
+            if (ahead <= e) {
+                if (!colibri_cache_request(stream->cache, layer, e, 1))
+                    return colibri_fail(err, COLIBRI_E_NOMEM, "layer %d: no cache slot for expert %d", layer, e);
+                ahead = e + 1;
+            } else {
+                in_flight--;
+            }
+            for (; ahead < hp->n_experts && in_flight < LOOKAHEAD; ahead++) {
+                if (!kept(b, ahead)) continue;
+                if (!colibri_cache_request(stream->cache, layer, ahead, 0)) break;
+                in_flight++;
+            }
+            st = wait_for(stream, layer, e, profile, COLIBRI_PHASE_DISPATCH, clock, err);
+            if (st) return st;
+        }
         gather(hp, b, x, first, m, b->xe);                                            /* (m, dim) */
         colibri_profile_add(profile, COLIBRI_PHASE_DISPATCH, clock);
-        moe->expert->forward(k, hp, lw, e, b->xe, m, b->h1, b->h3, b->ye);           /* (m, dim) */
+        expert_weights(lw, stream, layer, e, &w);
+        moe->expert->forward(k, hp, &w, b->xe, m, b->h1, b->h3, b->ye);               /* (m, dim) */
+        if (stream) colibri_cache_release(stream->cache, layer, e);
         colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, clock);
         moe->aggregator->combine(out, b->ye, b->pair_token + first, b->pair_gate + first, m, d);
         colibri_profile_add(profile, COLIBRI_PHASE_AGGREGATION, clock);
     }
+    return COLIBRI_OK;
 }
 
 /* Decode: the hit experts shared among the threads, each expert whole on one thread, so the pool
@@ -114,43 +162,68 @@ typedef struct experts_job {
     const colibri_hparams *hp;
     const colibri_layer_weights *lw;
     const colibri_moe_buffers *b;   /* slot_expert (n_slots): the hit experts */
+    const colibri_moe_stream *stream;
     const float *x;                 /* (1, dim) */
     int32_t n_slots;
+    int32_t layer;
 } experts_job;
 
 static void experts_part(void *context, int32_t part, int32_t parts)
 {
     const experts_job *j = context;
     const colibri_moe_buffers *b = j->b;
-    int32_t d = j->hp->hidden_size, f = j->hp->intermediate_size, i;
-    for (i = j->n_slots * part / parts; i < j->n_slots * (part + 1) / parts; i++) {
-        int32_t e = b->slot_expert[i];
+    int32_t d = j->hp->hidden_size, f = j->hp->intermediate_size, p;
+    for (p = j->n_slots * part / parts; p < j->n_slots * (part + 1) / parts; p++) {
+        int32_t i = j->stream ? b->slot_order[p] : p, e = b->slot_expert[i];
         float *xe = b->xe + (size_t)i * d;   /* (1, dim) */
         colibri_compute alone = *j->k;
+        colibri_expert_weights w;
         alone.pool = NULL;
         alone.xq = j->k->xq ? j->k->xq + (size_t)i * j->k->xq_row_blocks : NULL;
         gather(j->hp, b, j->x, b->expert_start[e], 1, xe);
-        j->moe->expert->forward(&alone, j->hp, j->lw, e, xe, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
+        if (j->stream) b->slot_wait[i] = colibri_cache_await(j->stream->cache, j->layer, e);
+        expert_weights(j->lw, j->stream, j->layer, e, &w);
+        j->moe->expert->forward(&alone, j->hp, &w, xe, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
                                 b->ye + (size_t)i * d);
     }
 }
 
-static void run_decode_experts(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
-                               const colibri_layer_weights *lw, const colibri_moe_buffers *b, const float *x,
-                               float *out, uint64_t *profile, uint64_t *clock)
+static colibri_status run_decode_experts(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
+                                         const colibri_layer_weights *lw, const colibri_moe_buffers *b, int32_t layer,
+                                         const colibri_moe_stream *stream, const float *x, float *out,
+                                         uint64_t *profile, uint64_t *clock, colibri_error *err)
 {
     int32_t d = hp->hidden_size, slots = 0, e, i;
     experts_job job;
     for (e = 0; e < hp->n_experts; e++)
-        if (b->dropped_from[e] > b->expert_start[e]) b->slot_expert[slots++] = e;
-    job.moe = moe; job.k = k; job.hp = hp; job.lw = lw; job.b = b; job.x = x; job.n_slots = slots;
+        if (kept(b, e)) b->slot_expert[slots++] = e;
+    if (stream) {   /* requested already (colibri_moe_forward): the threads take those in a slot first */
+        int32_t n = 0, pass;
+        for (pass = 0; pass < 2; pass++)
+            for (i = 0; i < slots; i++)
+                if (colibri_cache_ready(stream->cache, layer, b->slot_expert[i]) == !pass) b->slot_order[n++] = i;
+    }
+    job.moe = moe; job.k = k; job.hp = hp; job.lw = lw; job.b = b; job.stream = stream; job.x = x;
+    job.n_slots = slots; job.layer = layer;
     colibri_platform_pool_run(k->pool, experts_part, &job, slots);
+    if (stream) {
+        uint64_t waited = 0;   /* the longest a thread waited: the forward pass waited at least that */
+        for (i = 0; i < slots; i++) {   /* a failed read shows here: what its thread computed is dropped */
+            colibri_status st = colibri_cache_wait(stream->cache, layer, b->slot_expert[i], err);
+            if (st) return st;
+            colibri_cache_release(stream->cache, layer, b->slot_expert[i]);
+            if (b->slot_wait[i] > waited) waited = b->slot_wait[i];
+        }
+        stream->cache->stats.io_wait_ns += waited;
+        if (profile) { profile[COLIBRI_PHASE_EXPERT_IO] += waited; *clock += waited; }
+    }
     colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, clock);
     for (i = 0; i < slots; i++) {
         int32_t first = b->expert_start[b->slot_expert[i]];
         moe->aggregator->combine(out, b->ye + (size_t)i * d, b->pair_token + first, b->pair_gate + first, 1, d);
     }
     colibri_profile_add(profile, COLIBRI_PHASE_AGGREGATION, clock);
+    return COLIBRI_OK;
 }
 
 /* out (n, dim) += g * shared expert (x (n, dim)), g = sigmoid(x @ shared_gate) or 1, after the
@@ -172,11 +245,14 @@ static void add_shared_expert(const colibri_compute *k, const colibri_hparams *h
     colibri_profile_add(profile, COLIBRI_PHASE_AGGREGATION, clock);
 }
 
-void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
-                         const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
-                         const float *x, int32_t n, float *out, uint64_t *profile)
+colibri_status colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
+                                   const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
+                                   const colibri_moe_stream *stream, const float *x, int32_t n, float *out,
+                                   uint64_t *profile, colibri_error *err)
 {
     uint64_t clock = colibri_profile_start(profile);
+    colibri_status st;
+    int32_t e;
 
     route(moe, k, hp, lw, b, r, x, n);
     colibri_profile_add(profile, COLIBRI_PHASE_ROUTER, &clock);
@@ -184,11 +260,22 @@ void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const
     group_by_expert(hp, b, n);
     keep_pairs(hp, b, r, n);
     memset(out, 0, (size_t)n * hp->hidden_size * sizeof(float));
+    /* streaming one token: its experts' reads first, then the guesses for the next layer behind them */
+    if (stream && n == 1) {
+        for (e = 0; e < hp->n_experts; e++)
+            if (kept(b, e) && !colibri_cache_request(stream->cache, r->layer, e, 1))
+                return colibri_fail(err, COLIBRI_E_NOMEM, "layer %d: no cache slot for expert %d", r->layer, e);
+        if (stream->guess_next) stream->guess_next(stream->context);
+    }
     colibri_profile_add(profile, COLIBRI_PHASE_DISPATCH, &clock);
 
     /* one token on threads, with rows of xe, h1, h3, ye for each of its top_k experts */
-    if (n == 1 && k->pool && hp->top_k <= b->n_batch) run_decode_experts(moe, k, hp, lw, b, x, out, profile, &clock);
-    else run_experts(moe, k, hp, lw, b, x, out, profile, &clock);
+    if (n == 1 && k->pool && hp->top_k <= b->n_batch)
+        st = run_decode_experts(moe, k, hp, lw, b, r->layer, stream, x, out, profile, &clock, err);
+    else
+        st = run_experts(moe, k, hp, lw, b, r->layer, stream, x, out, profile, &clock, err);
+    if (st) return st;
 
     if (hp->shared_intermediate_size) add_shared_expert(k, hp, lw, b, x, n, out, profile, &clock);
+    return COLIBRI_OK;
 }

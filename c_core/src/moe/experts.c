@@ -20,29 +20,29 @@ static void add_expert_bias(float *rows, colibri_weight bias, int32_t m, int32_t
             rows[(size_t)t * cols + i] += colibri_load_f32(bias.data, bias.dtype, (size_t)i);
 }
 
-static void expert_swiglu(const colibri_compute *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
-                          int32_t e, const float *x, int32_t m, float *h1, float *h3, float *y)
+#define PART(w, kind) ((w)->w[(kind) - L_EXPERT_FIRST])
+
+static void expert_swiglu(const colibri_compute *k, const colibri_hparams *hp, const colibri_expert_weights *w,
+                          const float *x, int32_t m, float *h1, float *h3, float *y)
 {
-    int32_t d = hp->hidden_size, f = hp->intermediate_size;
-    colibri_swiglu(k, hp->activation, colibri_expert_weight(lw, L_W1, e), colibri_expert_weight(lw, L_W3, e),
-                   colibri_expert_weight(lw, L_W2, e), d, f, x, m, h1, h3, y);
+    colibri_swiglu(k, hp->activation, PART(w, L_W1), PART(w, L_W3), PART(w, L_W2), hp->hidden_size,
+                   hp->intermediate_size, x, m, h1, h3, y);
 }
 
 /* gpt-oss: y = W2 @ ((clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)) + b2, with
  * g = min(gate, limit); gate and up with their biases. */
-static void expert_swiglu_clamped(const colibri_compute *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
-                                  int32_t e, const float *x, int32_t m, float *h1, float *h3, float *y)
+static void expert_swiglu_clamped(const colibri_compute *k, const colibri_hparams *hp, const colibri_expert_weights *w,
+                                  const float *x, int32_t m, float *h1, float *h3, float *y)
 {
     int32_t d = hp->hidden_size, f = hp->intermediate_size;
-    colibri_weight w1 = colibri_expert_weight(lw, L_W1, e), w3 = colibri_expert_weight(lw, L_W3, e);
-    colibri_weight w2 = colibri_expert_weight(lw, L_W2, e);   /* (f, d), (f, d), (d, f) */
+    colibri_weight w1 = PART(w, L_W1), w3 = PART(w, L_W3), w2 = PART(w, L_W2);   /* (f, d), (f, d), (d, f) */
     float limit = hp->swiglu_limit;
     size_t i, n = (size_t)m * f;
     colibri_matmul(k, h1, x, w1.data, w1.dtype, m, d, f);   /* (m, f) gate */
     colibri_matmul(k, h3, x, w3.data, w3.dtype, m, d, f);   /* (m, f) up */
     if (hp->expert_bias) {
-        add_expert_bias(h1, colibri_expert_weight(lw, L_B1, e), m, f);
-        add_expert_bias(h3, colibri_expert_weight(lw, L_B3, e), m, f);
+        add_expert_bias(h1, PART(w, L_B1), m, f);
+        add_expert_bias(h3, PART(w, L_B3), m, f);
     }
     for (i = 0; i < n; i++) {
         float g = h1[i] < limit ? h1[i] : limit;
@@ -50,7 +50,7 @@ static void expert_swiglu_clamped(const colibri_compute *k, const colibri_hparam
         h1[i] = (u + 1.0f) * (g / (1.0f + colibri_expf(-(g * hp->swiglu_alpha))));
     }
     colibri_matmul(k, y, h1, w2.data, w2.dtype, m, f, d);   /* (m, dim) */
-    if (hp->expert_bias) add_expert_bias(y, colibri_expert_weight(lw, L_B2, e), m, d);
+    if (hp->expert_bias) add_expert_bias(y, PART(w, L_B2), m, d);
 }
 
 const colibri_expert colibri_expert_swiglu = { "swiglu", expert_swiglu };

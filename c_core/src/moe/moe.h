@@ -10,6 +10,7 @@
 #ifndef COLIBRI_MOE_H
 #define COLIBRI_MOE_H
 
+#include "cache.h"
 #include "../model/model.h"
 #include "../ops/ops.h"
 
@@ -34,11 +35,11 @@ typedef struct colibri_router {
                   float *logits, int32_t n, float *scratch, int32_t *ids, float *gates);
 } colibri_router;
 
-/* Scratch an expert may use: h1, h3 (m, ffn). */
+/* One expert, its weights where they lie (the mapped file or a cache slot); scratch h1, h3 (m, ffn). */
 typedef struct colibri_expert {
     const char *name;
-    void (*forward)(const colibri_compute *k, const colibri_hparams *hp, const colibri_layer_weights *lw,
-                    int32_t expert, const float *x, int32_t m, float *h1, float *h3, float *y);
+    void (*forward)(const colibri_compute *k, const colibri_hparams *hp, const colibri_expert_weights *w,
+                    const float *x, int32_t m, float *h1, float *h3, float *y);
 } colibri_expert;
 
 typedef struct colibri_aggregator {
@@ -81,6 +82,8 @@ typedef struct colibri_moe_buffers {
     float *h3;              /* (n_batch, ffn) */
     float *ye;              /* (n_batch, dim) */
     int32_t *slot_expert;   /* (top_k) decode: the hit experts, in id order, that the threads share */
+    int32_t *slot_order;    /* (top_k) streaming: the slots in the order threads take them (those read first) */
+    uint64_t *slot_wait;    /* (top_k) streaming: ns each slot's thread waited for its expert's reads */
     int32_t n_batch;        /* rows of xe, h1, h3, ye: decode runs its top_k experts in parallel when top_k <= n_batch */
 } colibri_moe_buffers;
 
@@ -91,9 +94,19 @@ typedef struct colibri_moe {
 } colibri_moe;
 
 
-/* out (n, dim) = MoE(x (n, dim)) for one layer (block.c). */
-void colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
-                         const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
-                         const float *x, int32_t n, float *out, uint64_t *profile);
+/* Expert streaming, for the block: the cache its experts come from, and what to do once a token's
+ * reads for this layer are queued (guess the next layer's experts and queue theirs behind them). */
+typedef struct colibri_moe_stream {
+    colibri_expert_cache *cache;
+    void (*guess_next)(void *context);
+    void *context;
+} colibri_moe_stream;
+
+/* out (n, dim) = MoE(x (n, dim)) for one layer (block.c).  stream NULL: the experts are resident;
+ * else a failed read is the status, with out unfinished. */
+colibri_status colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
+                                   const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
+                                   const colibri_moe_stream *stream, const float *x, int32_t n, float *out,
+                                   uint64_t *profile, colibri_error *err);
 
 #endif

@@ -64,8 +64,38 @@ static void count_expert_load(colibri_session *s, int32_t layer)
     for (e = 0; e < E; e++) load[e] += (uint64_t)(s->moe_buf.dropped_from[e] - s->moe_buf.expert_start[e]);   /* kept pairs */
 }
 
-/* One chunk of at most n_batch tokens; logits (n, vocab) or NULL for the last row only. */
-static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, float *logits)
+/* Expert streaming, one token: the next MoE layer's likely experts, its router applied to the
+ * residual stream as it enters this layer's MoE block (normed as that layer will norm it), are
+ * read while this layer computes.  The residual stream changes little from layer to layer. */
+void colibri_guess_next_layer(void *context)
+{
+    colibri_session *s = context;
+    const colibri_model *m = s->model;
+    const colibri_hparams *hp = &m->hp;
+    const colibri_layer_weights *lw;
+    int32_t l = s->routing.layer + 1, E = hp->n_experts, K = hp->top_k, i, j, e;
+    while (l < hp->n_layers && !m->layers[l].moe) l++;
+    if (l >= hp->n_layers) return;
+    lw = &m->layers[l];
+    norm_row(s, s->guess_x, s->x, lw->w[L_FFN_NORM], lw->w[L_FFN_NORM_BIAS]);                     /* (dim) */
+    colibri_matmul(&s->compute, s->guess_logits, s->guess_x, lw->w[L_ROUTER].data, lw->w[L_ROUTER].dtype, 1,
+                   hp->hidden_size, E);                                                            /* (E) */
+    if (hp->router_logit_bias) colibri_add_bias(s->guess_logits, lw->w[L_ROUTER_BIAS], 1, E);
+    for (j = 0; j < K; j++) {   /* the K largest logits, by selection */
+        int32_t best = -1;
+        for (e = 0; e < E; e++) {
+            for (i = 0; i < j && s->guess_ids[i] != e; i++) {}
+            if (i == j && (best < 0 || s->guess_logits[e] > s->guess_logits[best])) best = e;
+        }
+        s->guess_ids[j] = best;
+    }
+    colibri_cache_guess(s->cache, l, s->guess_ids, K);
+}
+
+/* One chunk of at most n_batch tokens; logits (n, vocab) or NULL for the last row only.  Fails only
+ * on a read of a streamed expert, the chunk then unfinished. */
+static colibri_status forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, float *logits,
+                                    colibri_error *err)
 {
     const colibri_model *m = s->model;
     const colibri_hparams *hp = &m->hp;
@@ -96,7 +126,9 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
             s->routing.position = s->position;
             s->routing.layer = l;
             s->routing.dropped = s->expert_dropped + (size_t)l * hp->n_experts;
-            colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing, s->xn, n, s->block_out, s->profile);
+            colibri_status st = colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing,
+                                                    s->cache ? &s->stream : NULL, s->xn, n, s->block_out, s->profile, err);
+            if (st) return st;
             count_expert_load(s, l);
             clock = colibri_profile_start(s->profile);   /* the MoE block timed its own phases */
         } else {
@@ -126,6 +158,7 @@ static void forward_chunk(colibri_session *s, const int32_t *tokens, int32_t n, 
         if (hp->logits_divisor != 1.0f) divide(s->logits, (size_t)hp->vocab_size, hp->logits_divisor);
     }
     colibri_profile_add(s->profile, COLIBRI_PHASE_LM_HEAD, &clock);
+    return COLIBRI_OK;
 }
 
 colibri_status colibri_forward(colibri_session *s, const int32_t *tokens, size_t n, float *logits,
@@ -133,6 +166,7 @@ colibri_status colibri_forward(colibri_session *s, const int32_t *tokens, size_t
 {
     const colibri_hparams *hp;
     size_t i, done;
+    int32_t start;
     if (!s || (!tokens && n)) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: NULL argument");
     hp = &s->model->hp;
     if (n == 0) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: no tokens");
@@ -144,9 +178,15 @@ colibri_status colibri_forward(colibri_session *s, const int32_t *tokens, size_t
         if (tokens[i] < 0 || tokens[i] >= hp->vocab_size)
             return colibri_fail(err, COLIBRI_E_TOKEN, "token %zu is %d, outside [0, %d)", i, tokens[i], hp->vocab_size);
     }
+    start = s->position;
     for (done = 0; done < n; done += (size_t)s->n_batch) {
         int32_t chunk = (int32_t)(n - done < (size_t)s->n_batch ? n - done : (size_t)s->n_batch);
-        forward_chunk(s, tokens + done, chunk, logits ? logits + done * (size_t)hp->vocab_size : NULL);
+        colibri_status st = forward_chunk(s, tokens + done, chunk, logits ? logits + done * (size_t)hp->vocab_size : NULL, err);
+        if (st) {   /* a failed read: the call leaves the context as it found it */
+            s->position = start;
+            if (s->cache) colibri_cache_release_all(s->cache);
+            return st;
+        }
     }
     return COLIBRI_OK;
 }

@@ -16,6 +16,9 @@ void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
 void colibri_attention_latent(colibri_session *s, int32_t layer, int32_t pos0, int32_t n);
 void colibri_conv_block(colibri_session *s, int32_t layer, int32_t pos0, int32_t n);
 
+/* Expert streaming's guess of the next MoE layer's experts (colibri_moe_stream.guess_next). */
+void colibri_guess_next_layer(void *context);
+
 /* rows (n, cols) += bias (cols) */
 void colibri_add_bias(float *rows, colibri_weight bias, int32_t n, int32_t cols);
 

@@ -38,10 +38,18 @@ static size_t widest_block_input(const colibri_model *m)
     return widest;
 }
 
+/* Expert streaming's share of a session: n_slots 0 when the experts are resident. */
+typedef struct stream_plan {
+    int32_t n_slots;
+    uint64_t slot_bytes;
+    int32_t scope;              /* COLIBRI_CACHE_* */
+    int direct;
+} stream_plan;
+
 /* Carves every buffer of a session from `a`.  Run measuring (a->base == NULL) and then for
  * real: the same sequence, so the plan is exact. */
 static void carve_session(colibri_session *s, colibri_arena *a, const colibri_model *m,
-                          int32_t n_ctx, int32_t n_batch)
+                          int32_t n_ctx, int32_t n_batch, const stream_plan *sp)
 {
     const colibri_hparams *hp = &m->hp;
     size_t B = (size_t)n_batch, C = (size_t)n_ctx, D = (size_t)hp->hidden_size;
@@ -117,6 +125,15 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     s->logits = colibri_arena_carve(a, V * f, ARENA_OUTPUT, "logits", -1, "(vocab) f32");
     s->probs = colibri_arena_carve(a, V * f, ARENA_SAMPLING, "probs", -1, "(vocab) f32");
     s->candidates = colibri_arena_carve(a, V * sizeof(int32_t), ARENA_SAMPLING, "candidates", -1, "(vocab) i32");
+
+    if (sp->n_slots) {
+        s->moe_buf.slot_order = colibri_arena_carve(a, K * sizeof(int32_t), ARENA_EXPERT_CACHE, "slot_order", -1, "(top_k) i32");
+        s->moe_buf.slot_wait = colibri_arena_carve(a, K * sizeof(uint64_t), ARENA_EXPERT_CACHE, "slot_wait", -1, "(top_k) u64");
+        s->guess_x = colibri_arena_carve(a, D * f, ARENA_EXPERT_CACHE, "guess_in", -1, "(dim) f32");
+        s->guess_logits = colibri_arena_carve(a, E * f, ARENA_EXPERT_CACHE, "guess_logits", -1, "(n_experts) f32");
+        s->guess_ids = colibri_arena_carve(a, K * sizeof(int32_t), ARENA_EXPERT_CACHE, "guess_ids", -1, "(top_k) i32");
+        colibri_cache_carve(&s->cache, a, m, sp->scope, sp->direct, sp->n_slots, sp->slot_bytes);
+    }
 }
 
 /* A kernel variant asked for by name that this build lacks or this CPU cannot run. */
@@ -156,10 +173,30 @@ const char *colibri_kernel_variant(int32_t i, int *runs_here)
     return k ? k->name : NULL;
 }
 
+/* The slots a budget buys, or why it buys none. */
+static colibri_status resolve_stream(const colibri_model *m, const colibri_session_options *o, stream_plan *sp,
+                                     colibri_error *err)
+{
+    memset(sp, 0, sizeof *sp);
+    if (!o || !o->expert_budget) {
+        if (m->experts_elsewhere)
+            return colibri_fail(err, COLIBRI_E_ARG, "the model's routed experts are not in its weights "
+                                "(COLIBRI_LOAD_EXPERTS_ELSEWHERE): give the session an expert_budget");
+        return COLIBRI_OK;
+    }
+    if (o->expert_io & ~(uint32_t)(COLIBRI_EXPERT_IO_DIRECT | COLIBRI_EXPERT_IO_NO_PREFETCH))
+        return colibri_fail(err, COLIBRI_E_ARG, "expert_io = %u: use COLIBRI_EXPERT_IO_* flags", (unsigned)o->expert_io);
+    sp->scope = o->expert_cache;
+    sp->direct = (o->expert_io & COLIBRI_EXPERT_IO_DIRECT) != 0;
+    return colibri_cache_geometry(m, sp->scope, sp->direct, o->expert_budget, &sp->slot_bytes, NULL, &sp->n_slots, err);
+}
+
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
-                                      int32_t *n_ctx, int32_t *n_batch, colibri_error *err)
+                                      int32_t *n_ctx, int32_t *n_batch, stream_plan *sp, colibri_error *err)
 {
     const colibri_hparams *hp = &m->hp;
+    colibri_status st = resolve_stream(m, o, sp, err);
+    if (st) return st;
     *n_ctx = o && o->n_ctx ? o->n_ctx : (hp->max_position_embeddings < DEFAULT_CTX ? hp->max_position_embeddings : DEFAULT_CTX);
     *n_batch = o && o->n_batch ? o->n_batch : DEFAULT_BATCH;
     if (*n_ctx < 1 || *n_ctx > hp->max_position_embeddings)
@@ -185,7 +222,7 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
  * the buffers.  While measuring, the carves land in `scratch`; returns the session, or NULL then.
  * a->n_records counts the carves either way. */
 static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t n_ctx, int32_t n_batch,
-                               int32_t n_records, colibri_session *scratch)
+                               const stream_plan *sp, int32_t n_records, colibri_session *scratch)
 {
     colibri_session *s = colibri_arena_carve(a, COLIBRI_SESSION_SLOT, ARENA_SESSION, "session", -1, "struct");
     colibri_arena_record *records = colibri_arena_carve(a, (size_t)n_records * COLIBRI_RECORD_SLOT,
@@ -205,22 +242,22 @@ static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t
         s = scratch;
     }
     memset(s, 0, sizeof *s);
-    carve_session(s, a, m, n_ctx, n_batch);
+    carve_session(s, a, m, n_ctx, n_batch, sp);
     return s == scratch ? NULL : s;
 }
 
 /* The arena bytes and the record count of a session, measured twice: once to count the carves,
  * once with the table that records them. */
-static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_batch, size_t *bytes, int32_t *n_records,
-                              colibri_error *err)
+static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_batch, const stream_plan *sp,
+                              size_t *bytes, int32_t *n_records, colibri_error *err)
 {
     colibri_arena a;
     colibri_session scratch;
     memset(&a, 0, sizeof a);
-    layout(&a, m, n_ctx, n_batch, 0, &scratch);
+    layout(&a, m, n_ctx, n_batch, sp, 0, &scratch);
     *n_records = a.n_records;
     memset(&a, 0, sizeof a);
-    layout(&a, m, n_ctx, n_batch, *n_records, &scratch);
+    layout(&a, m, n_ctx, n_batch, sp, *n_records, &scratch);
     if (a.overflow)
         return colibri_fail(err, COLIBRI_E_NOMEM, "a session with n_ctx %d and n_batch %d needs more bytes than size_t counts",
                             n_ctx, n_batch);
@@ -232,11 +269,21 @@ colibri_status colibri_session_plan(const colibri_model *model, const colibri_se
                                     size_t *arena_bytes, colibri_error *err)
 {
     int32_t n_ctx, n_batch, n_records;
+    stream_plan sp;
     colibri_status st;
     if (!model || !arena_bytes) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_plan: NULL argument");
-    st = resolve_options(model, options, &n_ctx, &n_batch, err);
+    st = resolve_options(model, options, &n_ctx, &n_batch, &sp, err);
     if (st) return st;
-    return measure(model, n_ctx, n_batch, arena_bytes, &n_records, err);
+    return measure(model, n_ctx, n_batch, &sp, arena_bytes, &n_records, err);
+}
+
+colibri_status colibri_expert_slots(const colibri_model *model, const colibri_session_options *options,
+                                    uint64_t *slot_bytes, uint64_t *min_budget, colibri_error *err)
+{
+    if (!model || !slot_bytes || !min_budget) return colibri_fail(err, COLIBRI_E_ARG, "colibri_expert_slots: NULL argument");
+    return colibri_cache_geometry(model, options ? options->expert_cache : COLIBRI_CACHE_GLOBAL,
+                                  options && (options->expert_io & COLIBRI_EXPERT_IO_DIRECT), 0, slot_bytes, min_budget,
+                                  NULL, err);
 }
 
 static const colibri_expert *hp_expert(const colibri_hparams *hp)
@@ -256,13 +303,14 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     int hugepages = 0, owned = 0;
     int32_t threads;
     const colibri_kernels *kernels;
+    stream_plan sp;
     colibri_status st;
 
     if (!model || !out) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_create: NULL argument");
     *out = NULL;
-    st = resolve_options(model, options, &n_ctx, &n_batch, err);
+    st = resolve_options(model, options, &n_ctx, &n_batch, &sp, err);
     if (st) return st;
-    st = measure(model, n_ctx, n_batch, &need, &n_records, err);
+    st = measure(model, n_ctx, n_batch, &sp, &need, &n_records, err);
     if (st) return st;
     kernels = pick_kernels(options, err);
     if (!kernels) return err ? err->status : COLIBRI_E_ARG;
@@ -286,8 +334,8 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     memset(&a, 0, sizeof a);
     a.base = (uint8_t *)colibri_align_up((size_t)(uintptr_t)base, COLIBRI_ALIGNMENT);
     a.capacity = mapped - (size_t)(a.base - (uint8_t *)base);
-    s = layout(&a, model, n_ctx, n_batch, n_records, NULL);
-    if (!s || a.used > a.capacity || a.n_records != n_records) {   /* cannot happen: the plan above sized it */
+    s = layout(&a, model, n_ctx, n_batch, &sp, n_records, NULL);
+    if (!s || a.used > a.capacity || a.n_records != n_records || (sp.n_slots && !s->cache)) {   /* cannot happen: the plan above sized it */
         if (owned) colibri_platform_unmap_arena(base, mapped);
         return colibri_fail(err, COLIBRI_E_NOMEM, "arena layout exceeded its plan");
     }
@@ -317,6 +365,19 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->arena_hugepages = hugepages;
     s->arena_mapped = mapped;
     colibri_rope_tables_fill(s);
+    if (s->cache) {   /* the reader, and the pinned experts read now */
+        s->cache->profile = s->profile;
+        s->stream.cache = s->cache;
+        s->stream.guess_next = colibri_guess_next_layer;
+        s->stream.context = s;
+        st = colibri_cache_start(s->cache, options->expert_read, options->expert_read_context,
+                                 !(options->expert_io & COLIBRI_EXPERT_IO_NO_PREFETCH), options->expert_pins,
+                                 options->n_expert_pins, err);
+        if (st) {
+            colibri_session_destroy(s);
+            return st;
+        }
+    }
     *out = s;
     return COLIBRI_OK;
 }
@@ -325,6 +386,7 @@ void colibri_session_destroy(colibri_session *s)
 {
     colibri_arena arena;
     if (!s) return;
+    if (s->cache) colibri_cache_stop(s->cache);
     if (s->compute.pool) colibri_platform_pool_destroy(s->compute.pool);
     arena = s->arena;   /* the session lives in the arena: copy before releasing */
     colibri_arena_release(&arena);
@@ -355,6 +417,15 @@ colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, 
     header.kernels = s->compute.kernels->name;
     header.mapped = s->arena_owned;
     header.hugepages = s->arena_hugepages;
+    memset(&header.slots, 0, sizeof header.slots);
+    if (s->cache) {
+        header.slots.n_slots = s->cache->n_slots;
+        header.slots.slot_bytes = s->cache->slot_bytes;
+        header.slots.n_experts = s->cache->n_experts;
+        header.slots.owner = s->cache->slot_owner;
+        header.slots.flags = s->cache->slot_flags;
+        header.slots.state = s->cache->slot_state;
+    }
     colibri_memdump_report(&s->arena, s->model, &header, buf, cap, len);
     return COLIBRI_OK;
 }
@@ -370,4 +441,33 @@ colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params
     else st = colibri_sample_logits(s->logits, s->model->hp.vocab_size, s->probs, s->candidates, params, rng, token, err);
     colibri_profile_add(s->profile, COLIBRI_PHASE_SAMPLING, &clock);
     return st;
+}
+
+colibri_status colibri_expert_cache_stats_get(const colibri_session *s, colibri_expert_cache_stats *stats)
+{
+    if (!s || !stats || !s->cache) return COLIBRI_E_ARG;
+    *stats = s->cache->stats;
+    return COLIBRI_OK;
+}
+
+void colibri_expert_cache_stats_clear(colibri_session *s)
+{
+    colibri_expert_cache_stats *st;
+    if (!s || !s->cache) return;
+    st = &s->cache->stats;
+    st->hits = st->misses = st->prefetches = st->prefetch_hits = st->bytes_read = st->reads = st->io_wait_ns = 0;
+}
+
+colibri_status colibri_expert_cache_slot(const colibri_session *s, int32_t slot, int32_t *layer, int32_t *expert,
+                                         int *pinned)
+{
+    const colibri_expert_cache *c;
+    int32_t owner;
+    if (!s || !s->cache || !layer || !expert || !pinned || slot < 0 || slot >= s->cache->n_slots) return COLIBRI_E_ARG;
+    c = s->cache;
+    owner = c->slot_state[slot] == CACHE_EMPTY ? -1 : c->slot_owner[slot];
+    *layer = owner < 0 ? -1 : owner / c->n_experts;
+    *expert = owner < 0 ? -1 : owner % c->n_experts;
+    *pinned = (c->slot_flags[slot] & CACHE_PINNED) != 0;
+    return COLIBRI_OK;
 }

@@ -47,12 +47,18 @@ struct colibri_session {
     uint64_t profile_ns[COLIBRI_PHASE_COUNT];   /* the profiler's sums */
     uint64_t *profile;          /* profile_ns when profiling, else NULL: no clock is read */
     uint64_t *expert_load;      /* (n_layers, n_experts) tokens routed to each expert since the last clear */
+    /* expert streaming (expert_budget > 0), else NULL */
+    colibri_expert_cache *cache;
+    colibri_moe_stream stream;  /* the cache and the next layer's guess, for the MoE block */
+    float *guess_x;             /* (dim) the residual stream normed as the next MoE layer norms it */
+    float *guess_logits;        /* (n_experts) its router's logits */
+    int32_t *guess_ids;         /* (top_k) the experts guessed */
     /* output */
     float *logits;              /* (vocab) the last position's logits */
     /* sampling */
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 576   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 640   /* bytes reserved for the struct on every target (util.h) */
 
 #endif
