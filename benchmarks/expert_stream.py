@@ -397,7 +397,7 @@ if a["budget"]:
     opts = dict(expert_budget=a["budget"], expert_cache=a["cache"], direct_io=a["direct_io"], prefetch=a["prefetch"])
 s = model.session(ctx=a["ctx"], batch=128, **opts)
 if a.get("plan"):
-    print(json.dumps({"memory": s.memory(), "slots": list(model.expert_slots(**opts)) if a["budget"] else None,
+    print(json.dumps({"memory": s.memory(), "slots": list(model.expert_slots(**opts)),
                       "tensors": model.tensors()}))
     sys.exit(0)
 prompt = a["prompt"]
@@ -407,13 +407,15 @@ s.prefill(prompt)
 pp = time.perf_counter() - t
 token = s.sample()
 r1, c1, f1 = read_bytes(), stats(s), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-t = time.perf_counter()
-for tok in a["decode"]:
-    token = s.step(tok)
+t, done = time.perf_counter(), 0
+for tok in a["decode"]:                                # stopped after max_decode_s: a thrashing run's rate is steady
+    token = s.step(tok); done += 1
+    if time.perf_counter() - t > a["max_decode_s"]:
+        break
 tg = time.perf_counter() - t
 r2, c2, f2 = read_bytes(), stats(s), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-print(json.dumps({"pp": len(prompt) / pp, "tg": len(a["decode"]) / tg, "last": token, "read_prompt": r1 - r0,
-                  "read_decode": r2 - r1, "majflt_decode": f2 - f1, "memory": s.memory(),
+print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "last": token, "read_open": r0,
+                  "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1, "memory": s.memory(),
                   "cache": {k: c2[k] - c1[k] for k in COUNTERS} if c2 else {}}))
 """
 
@@ -440,13 +442,15 @@ llm.eval(prompt)
 pp = time.perf_counter() - t
 token = greedy()
 r1, f1 = read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-t = time.perf_counter()
+t, done = time.perf_counter(), 0
 for tok in a["decode"]:
-    llm.eval([tok]); token = greedy()
+    llm.eval([tok]); token = greedy(); done += 1
+    if time.perf_counter() - t > a["max_decode_s"]:
+        break
 tg = time.perf_counter() - t
 r2, f2 = read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-print(json.dumps({"pp": len(prompt) / pp, "tg": len(a["decode"]) / tg, "last": token, "read_prompt": r1 - r0,
-                  "read_decode": r2 - r1, "majflt_decode": f2 - f1}))
+print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "last": token, "read_open": r0,
+                  "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1}))
 """
 
 
@@ -510,11 +514,13 @@ def main():
     p.add_argument("--work", type=Path, default=HERE.parent / "build" / "bench-stream")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--budgets", default="25,50,75,100", help="percent of the routed experts' bytes")
+    p.add_argument("--budgets", default="25,50,75,100", help="percent of the routed experts that get a slot")
     p.add_argument("--cache", default="global", choices=["global", "per_layer"])
     p.add_argument("--buffered-io", action="store_true", help="pread through the page cache, not O_DIRECT")
     p.add_argument("--no-prefetch", action="store_true")
     p.add_argument("--decode", type=int, default=128, help="tokens decoded after the 128-token prompt")
+    p.add_argument("--max-decode-s", type=float, default=60.0,
+                   help="a run stops decoding after this long (thrashing runs: their rate is steady)")
     p.add_argument("--prepare", action="store_true", help="only build the model and record its routing")
     p.add_argument("--out", type=Path, default=HERE / "results" / "expert_stream.md")
     args = p.parse_args()
@@ -547,11 +553,12 @@ def main():
     parent = memory_cgroup_parent()
     overhead = max(run_worker(f"import numpy, {module}; print('{{}}')", {"threads": 1}, limit=1 << 40,
                               cgroup_parent=parent, tag=f"base-{module}")["cgroup_peak"] for module in ("colibri", "llama_cpp"))
+    slot_bytes, min_budget = plan0["slots"]
     budgets = {}
-    for pct in [float(b) for b in args.budgets.split(",")]:
-        budget = int(pct / 100 * expert_bytes)
+    for pct in [float(b) for b in args.budgets.split(",")]:   # pct of the experts get a slot
+        slots = round(pct / 100 * n_layers * n_experts)
+        budget = max(slots * slot_bytes, min_budget)
         plan = run_worker(WORKER_COLIBRI, {**base, "budget": budget, "plan": True}, tag="plan")
-        slot_bytes, min_budget = plan["slots"]
         budgets[pct] = {"budget": budget, "slots": budget // slot_bytes, "slot_bytes": slot_bytes,
                         "arena": plan["memory"]["arena_reserved"],
                         "limit": overhead + plan["memory"]["arena_reserved"] + other_bytes}
@@ -565,7 +572,7 @@ def main():
         f"reads (O_DIRECT, one at a time); memory overhead of the Python process {overhead / 2**20:.0f} MiB")
 
     files = [col / "weights.bin", gguf_file]
-    feed = {"prompt": prompt, "decode": decode, "ctx": ctx, "threads": args.threads}
+    feed = {"prompt": prompt, "decode": decode, "ctx": ctx, "threads": args.threads, "max_decode_s": args.max_decode_s}
     runners = {   # engine: (worker, its argument at a budget)
         "colibri": lambda b: (WORKER_COLIBRI, {**base, **feed, "budget": b}),
         "colibri mmap": lambda b: (WORKER_COLIBRI, {**base, **feed, "budget": 0}),
@@ -590,7 +597,7 @@ def main():
                 r["resident_after_drop"] = sum(left)
                 runs[pct, engine].append(r)
                 log(f"rep {rep + 1}/{args.reps} {pct:g}% {engine:12s} " + (r["failed"] if "failed" in r else
-                    f"tg {r['tg']:6.1f}  read {r['read_decode'] / len(decode) / 2**20:6.2f} MiB/token  "
+                    f"tg {r['tg']:6.1f}  read {r['read_decode'] / r['decoded'] / 2**20:6.2f} MiB/token ({r['decoded']} tokens)  "
                     f"peak {r['cgroup_peak'] / 2**20:.0f} MiB  others {r['other_cpu']:.2f} cores"
                     + (f"  hits {r['cache']['hits']} misses {r['cache']['misses']}" if r.get("cache") else "")))
 
@@ -639,13 +646,13 @@ def report(args, runs, budgets, demands, groups, calibration, m):
         demanded = [r["cache"]["hits"] + r["cache"]["misses"] for r in c]
         hit = med(r["cache"]["hits"] / d for r, d in zip(c, demanded) if d)
         by_reads = med(1 - r["cache"]["bytes_read"] / extent / d for r, d in zip(c, demanded) if d)
-        cache_read = med(r["cache"]["bytes_read"] / n for r in c)
+        cache_read = med(r["cache"]["bytes_read"] / r["decoded"] for r in c)
         bound = cache_read is not None and max(1 / tg_res, cache_read / m["disk"])
-        read_l = med(r["read_decode"] / n for r in l)
+        read_l = med(r["read_decode"] / r["decoded"] for r in l)
         lines.append(
             f"| {pct:g}% ({b['budget'] / mib:.0f} MiB, {b['slots']} slots) | {b['limit'] / mib:.0f} MiB | {fmt(tg, '.1f')} | "
             f"{fmt(tg and tg / tg_res, '.2f')} | {fmt(hit, '.1%')} ({fmt(by_reads, '.1%')}) | {b['min']:.1%} | {b['lru']:.1%} | "
-            f"{fmt(med(r['read_decode'] / n for r in c) and med(r['read_decode'] / n for r in c) / mib, '.2f')} MiB | "
+            f"{fmt(med(r['read_decode'] / r['decoded'] for r in c) and med(r['read_decode'] / r['decoded'] for r in c) / mib, '.2f')} MiB | "
             f"{fmt(tg and bound and (1 / tg) / bound, '.2f')} | {fmt(med(r['tg'] for r in l), '.1f') if l else 'killed'} | "
             f"{fmt(read_l and read_l / mib, '.2f')} MiB | {fmt(ratio(runs[pct, 'colibri'], runs[pct, 'llama.cpp']), '.2f')} | "
             f"{fmt(med(r['tg'] for r in mm), '.1f') if mm else 'killed'} |")
@@ -668,13 +675,15 @@ def report(args, runs, budgets, demands, groups, calibration, m):
                 continue
             detail = ""
             if ok[0].get("cache"):
-                detail = (f"cache read {med(r['cache']['bytes_read'] / n for r in ok) / mib:.2f} MiB/token in "
-                          f"{med(r['cache']['reads'] / n for r in ok):.1f} reads, prefetches {med(r['cache']['prefetches'] / n for r in ok):.1f}"
-                          f"/token ({med(r['cache']['prefetch_hits'] / n for r in ok):.1f} hit), I/O wait "
-                          f"{med(r['cache']['io_wait_ns'] / n for r in ok) / 1e6:.2f} ms/token; ")
+                detail = (f"cache read {med(r['cache']['bytes_read'] / r['decoded'] for r in ok) / mib:.2f} MiB/token in "
+                          f"{med(r['cache']['reads'] / r['decoded'] for r in ok):.1f} reads, prefetches {med(r['cache']['prefetches'] / r['decoded'] for r in ok):.1f}"
+                          f"/token ({med(r['cache']['prefetch_hits'] / r['decoded'] for r in ok):.1f} hit), I/O wait "
+                          f"{med(r['cache']['io_wait_ns'] / r['decoded'] for r in ok) / 1e6:.2f} ms/token; ")
             lines.append(f"- {pct:g}% {engine}: {detail}major faults {med(r['majflt_decode'] for r in ok):.0f}, peak "
-                         f"{med(r['cgroup_peak'] for r in ok) / mib:.0f} MiB, prompt read {med(r['read_prompt'] for r in ok) / mib:.0f} "
-                         f"MiB, last token {sorted({r['last'] for r in ok})}, runs {len(ok)} used of {len(runs[pct, engine])}"
+                         f"{med(r['cgroup_peak'] for r in ok) / mib:.0f} MiB, read while opening and warming "
+                         f"{med(r['read_open'] for r in ok) / mib:.0f} MiB, in the prompt {med(r['read_prompt'] for r in ok) / mib:.0f} "
+                         f"MiB, decoded {min(r['decoded'] for r in ok)}-{max(r['decoded'] for r in ok)} tokens, last token "
+                         f"{sorted({r['last'] for r in ok if r['decoded'] == n}) or '-'}, runs {len(ok)} used of {len(runs[pct, engine])}"
                          + (f", {killed} killed" if killed else ""))
     lines.append(f"- resident: last token colibri {sorted({r['last'] for r in res_c})}, llama.cpp {sorted({r['last'] for r in res_l})}")
     lines += routing_report(routing_statistics(demands, m["n_experts"]), groups, m["n_experts"], m["n_layers"], calibration)
