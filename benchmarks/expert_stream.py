@@ -5,29 +5,33 @@ replacement (MIN) and LRU on its exact demands, so the cache's hit rate can be j
 
     python benchmarks/expert_stream.py [--work DIR] [--reps 3] [--threads 2] [--budgets 25,50,75,100]
                                        [--cache global|per_layer] [--buffered-io] [--no-prefetch]
-                                       [--decode 128] [--out FILE]
+                                       [--decode 128] [--max-decode-s 60] [--engines ...] [--out FILE]
 
 One command does everything, caching what it made under --work (default build/bench-stream):
   1. bench-qwen3moe-skewed: bench-qwen3moe's checkpoint (benchmarks/vs_llamacpp.py: 64 experts, top-8,
-     hidden 1024, 24 layers, random weights) with routers constructed so that routing is skewed and
-     token-dependent, as a trained MoE's is (construct_routers); llama.cpp's converter makes the GGUF,
-     llama.cpp quantizes it to Q4_0 (pure), colibri imports that GGUF with the interleaved layout
-     (one extent per expert): both engines read the same weights;
-  2. the text: the GPL-3 (util-linux/Debian's /usr/share/common-licenses/GPL-3), its words as token ids
-     by frequency rank, so the token stream has real text's Zipf statistics and repetitions; a
-     128-token prompt, then --decode tokens fed one at a time (teacher forcing: each engine is given
-     the text's next token, so both decode the same tokens whatever they would sample);
+     hidden 1024, 24 layers, random weights) made to route like a trained MoE (construct_routers:
+     token embeddings at std 1, routers fitted on text so that routing follows the token, skewed and
+     temporally correlated); llama.cpp's converter makes the GGUF, llama.cpp quantizes it to Q4_0
+     (pure), colibri imports that GGUF with the interleaved layout (one extent per expert): both
+     engines read the same weights;
+  2. the text: the GPL-3 (/usr/share/common-licenses/GPL-3), its words as token ids by frequency
+     rank, so the token stream has real text's Zipf statistics and repetitions; a 128-token prompt,
+     then --decode tokens fed one at a time (each engine is given the text's next token, so both
+     decode the same tokens whatever they would sample);
   3. records which experts each decode token demands in each layer (resident colibri, expert_load
      diffed per step), prints the routing statistics and simulates MIN and LRU on those demands at
      every budget (benchmarks/expert_cache_sim.py says exactly what is simulated);
-  4. measures the disk (dd iflag=direct over weights.bin) and the memory limit of each budget: the
-     colibri session's arena (slots included) + the mapped non-expert weights + the Python process;
+  4. measures the disk (dd iflag=direct over weights.bin; one-expert O_DIRECT reads) and each
+     budget's memory limit: the colibri session's arena (its slots included) + the mapped
+     non-expert weights + the Python process.  A budget of P% gives P% of the routed experts a slot;
   5. runs, interleaved and each in a fresh process: colibri resident and llama.cpp with the files in
-     the page cache (no limit), then per budget colibri streaming and llama.cpp (mmap) in a memory
-     cgroup of that budget's limit, both files dropped from the page cache first (posix_fadvise
-     DONTNEED, checked with mincore); each run reports its /proc/self/io read_bytes;
-  6. prints one table (medians; ratios per interleaved pair) and writes it with the routing
-     statistics to --out.
+     the page cache (no limit), then per budget colibri streaming, colibri resident ("colibri mmap")
+     and llama.cpp (mmap) in a memory cgroup of that budget's limit, both files dropped from the page
+     cache before each run (posix_fadvise DONTNEED, checked with mincore); each run reports its
+     /proc/self/io read_bytes and stops decoding after --max-decode-s (a thrashing run's rate is
+     steady);
+  6. prints one table (medians of the quiet runs; ratios per interleaved pair), writes it with the
+     routing statistics to --out and every run's figures to --out with the suffix .json.
 """
 import argparse
 import collections
@@ -509,6 +513,12 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def tokens_per_s(rs):
+    """Median tokens/s; "-" when not run, "killed" when every run was."""
+    ok = quiet(rs)
+    return fmt(med(r["tg"] for r in ok), ".1f") if ok or not rs else "killed"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=HERE.parent / "build" / "bench-stream")
@@ -521,6 +531,8 @@ def main():
     p.add_argument("--decode", type=int, default=128, help="tokens decoded after the 128-token prompt")
     p.add_argument("--max-decode-s", type=float, default=60.0,
                    help="a run stops decoding after this long (thrashing runs: their rate is steady)")
+    p.add_argument("--engines", default="colibri,colibri mmap,llama.cpp",
+                   help="which of colibri (streaming), colibri mmap, llama.cpp to run")
     p.add_argument("--prepare", action="store_true", help="only build the model and record its routing")
     p.add_argument("--out", type=Path, default=HERE / "results" / "expert_stream.md")
     args = p.parse_args()
@@ -564,7 +576,8 @@ def main():
                         "limit": overhead + plan["memory"]["arena_reserved"] + other_bytes}
         budgets[pct].update(oracle_hit_rates(groups, budgets[pct]["slots"], n_experts, n_layers))
         log(f"budget {pct:g}%: {budget / 2**20:.0f} MiB, {budgets[pct]['slots']} slots of {slot_bytes} B, "
-            f"limit {budgets[pct]['limit'] / 2**20:.0f} MiB; MIN {budgets[pct]['min']:.1%}, LRU {budgets[pct]['lru']:.1%}")
+            f"limit {budgets[pct]['limit'] / 2**20:.0f} MiB; MIN {budgets[pct]['min']:.1%} (per layer "
+            f"{budgets[pct]['min_per_layer']:.1%}), LRU {budgets[pct]['lru']:.1%} ({budgets[pct]['lru_per_layer']:.1%})")
     disk = disk_bandwidth(col / "weights.bin")
     first = min(t["file_offset"] for t in tensors if "expert_stride" in t)
     disk_random = random_read_bandwidth(col / "weights.bin", first, expert_bytes, expert_bytes // (n_layers * n_experts))
@@ -578,17 +591,18 @@ def main():
         "colibri mmap": lambda b: (WORKER_COLIBRI, {**base, **feed, "budget": 0}),
         "llama.cpp": lambda b: (WORKER_LLAMA, {**feed, "path": str(gguf_file)}),
     }
+    engines = args.engines.split(",")
     runs = collections.defaultdict(list)
     for rep in range(args.reps):   # interleaved: every configuration once per repetition
         for f in files:
             vs.warm_page_cache(f)
-        for engine in ("colibri", "llama.cpp"):
+        for engine in [e for e in ("colibri", "llama.cpp") if e in engines]:
             code, arg = runners["colibri mmap" if engine == "colibri" else engine](0)
             r = run_worker(code, arg, tag=f"resident-{engine}")
             runs["resident", engine].append(r)
             log(f"rep {rep + 1}/{args.reps} resident {engine:12s} tg {r['tg']:6.1f}  others {r['other_cpu']:.2f} cores")
         for pct, b in budgets.items():
-            for engine in runners:
+            for engine in [e for e in runners if e in engines]:
                 left = [drop_page_cache(f) for f in files]
                 if any(left):
                     log(f"  page cache: {left} bytes of {[f.name for f in files]} still resident after the drop")
@@ -607,6 +621,9 @@ def main():
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)
+    args.out.with_suffix(".json").write_text(json.dumps({
+        "args": {k: str(v) for k, v in vars(args).items()}, "budgets": budgets, "disk": disk, "disk_random": disk_random,
+        "overhead": overhead, "runs": [{"config": list(key), "runs": rs} for key, rs in runs.items()]}, indent=1) + "\n")
 
 
 def quiet(rs):
@@ -634,14 +651,16 @@ def report(args, runs, budgets, demands, groups, calibration, m):
              f"+ {m['overhead'] / mib:.0f} MiB for the Python process; weights.bin and the GGUF are dropped from the page cache "
              f"before each (posix_fadvise DONTNEED, checked with mincore).  Resident: both files in the page cache, no limit; "
              f"llama.cpp without its repacked copy of the weights (use_extra_bufts off) everywhere, so that it reads the mapped file.", "",
-             "| budget | limit | colibri tok/s | ratio to resident | hit rate (1 - reads/demands) | MIN | LRU | read/token | "
-             "time/token / max(resident, read/disk) | llama.cpp tok/s | llama.cpp read/token | ratio to llama.cpp | colibri mmap tok/s |",
+             "| budget | limit | colibri tok/s | ratio to resident | hit rate (1 - reads/demands) | MIN | LRU | read/token (MiB) | "
+             "time/token / max(resident, read/disk) | llama.cpp tok/s | llama.cpp read/token (MiB) | ratio to llama.cpp | "
+             "colibri mmap tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    pool = "_per_layer" if args.cache == "per_layer" else ""
     ratio = lambda a, b: med(x["tg"] / y["tg"] for x, y in zip(a, b) if "failed" not in x and "failed" not in y)
-    lines.append(f"| resident | - | {tg_res:.1f} | 1 | - | - | - | - | - | {med(r['tg'] for r in res_l):.1f} | - | "
+    lines.append(f"| resident | - | {tg_res:.1f} | 1 | - | - | - | - | - | {tokens_per_s(runs['resident', 'llama.cpp'])} | - | "
                  f"{fmt(ratio(runs['resident', 'colibri'], runs['resident', 'llama.cpp']), '.2f')} | - |")
     for pct, b in budgets.items():
-        c, l, mm = (quiet(runs[pct, e]) for e in ("colibri", "llama.cpp", "colibri mmap"))
+        c, l = (quiet(runs[pct, e]) for e in ("colibri", "llama.cpp"))
         tg = med(r["tg"] for r in c)
         demanded = [r["cache"]["hits"] + r["cache"]["misses"] for r in c]
         hit = med(r["cache"]["hits"] / d for r, d in zip(c, demanded) if d)
@@ -651,11 +670,12 @@ def report(args, runs, budgets, demands, groups, calibration, m):
         read_l = med(r["read_decode"] / r["decoded"] for r in l)
         lines.append(
             f"| {pct:g}% ({b['budget'] / mib:.0f} MiB, {b['slots']} slots) | {b['limit'] / mib:.0f} MiB | {fmt(tg, '.1f')} | "
-            f"{fmt(tg and tg / tg_res, '.2f')} | {fmt(hit, '.1%')} ({fmt(by_reads, '.1%')}) | {b['min']:.1%} | {b['lru']:.1%} | "
-            f"{fmt(med(r['read_decode'] / r['decoded'] for r in c) and med(r['read_decode'] / r['decoded'] for r in c) / mib, '.2f')} MiB | "
-            f"{fmt(tg and bound and (1 / tg) / bound, '.2f')} | {fmt(med(r['tg'] for r in l), '.1f') if l else 'killed'} | "
-            f"{fmt(read_l and read_l / mib, '.2f')} MiB | {fmt(ratio(runs[pct, 'colibri'], runs[pct, 'llama.cpp']), '.2f')} | "
-            f"{fmt(med(r['tg'] for r in mm), '.1f') if mm else 'killed'} |")
+            f"{fmt(tg and tg / tg_res, '.2f')} | {fmt(hit, '.1%')} ({fmt(by_reads, '.1%')}) | {b['min' + pool]:.1%} | "
+            f"{b['lru' + pool]:.1%} | "
+            f"{fmt(med(r['read_decode'] / r['decoded'] for r in c) and med(r['read_decode'] / r['decoded'] for r in c) / mib, '.2f')} | "
+            f"{fmt(tg and bound and (1 / tg) / bound, '.2f')} | {tokens_per_s(runs[pct, 'llama.cpp'])} | "
+            f"{fmt(read_l and read_l / mib, '.2f')} | {fmt(ratio(runs[pct, 'colibri'], runs[pct, 'llama.cpp']), '.2f')} | "
+            f"{tokens_per_s(runs[pct, 'colibri mmap'])} |")
     lines += ["", "hit rate: colibri's hits / (hits + misses) over the decode tokens, a prefetched expert found in its slot "
               "counting as a hit; in parentheses 1 - experts read / experts demanded, prefetches included, which is what MIN "
               "bounds.  MIN, LRU: simulated on the exact demands of the same decode tokens (recorded from resident colibri; "
@@ -670,6 +690,8 @@ def report(args, runs, budgets, demands, groups, calibration, m):
         for engine in ("colibri", "colibri mmap", "llama.cpp"):
             ok = quiet(runs[pct, engine])
             killed = sum("failed" in r for r in runs[pct, engine])
+            if not runs[pct, engine]:
+                continue
             if not ok:
                 lines.append(f"- {pct:g}% {engine}: killed at the memory limit in every run")
                 continue
@@ -698,7 +720,7 @@ def routing_report(stats, groups, n_experts, n_layers, calibration):
              f"(uniform: {8 / n_experts:.1%}), the 16 most popular {mean('top16'):.0%} ({16 / n_experts:.0%}); popularity entropy "
              f"{mean('entropy'):.2f} bits (uniform: {math.log2(n_experts):.0f}); a token shares {mean('overlap'):.0%} of its experts "
              f"with the previous token (independent uniform routing: {k / n_experts:.1%}).  The routers were calibrated, layer by "
-             f"layer on another part of the text through the bf16 checkpoint, to MIN {CALIBRATION_MIN:.1%} at "
+             f"layer on another part of the text (float32 forward pass of the bf16 checkpoint), to MIN {CALIBRATION_MIN:.1%} at "
              f"{CALIBRATION_SLOTS} slots of {n_experts} a layer (JustVugg/colibri's OLMoE-1B-7B measurement).", "",
              "MIN and LRU on these demands, by cache size (share of all routed experts):", "",
              "| slots | share | MIN global | LRU global | MIN per layer | LRU per layer |", "|---|---|---|---|---|---|"]
