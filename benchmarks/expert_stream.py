@@ -458,9 +458,16 @@ print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "las
 """
 
 
+def user_ticks():
+    """CPU ticks the whole machine spent in user space (/proc/stat: user + nice): a neighbour's
+    computing, not the kernel's reads and reclaim that a streaming or thrashing run causes."""
+    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    return fields[0] + fields[1]
+
+
 def run_worker(code, arg, limit=None, cgroup_parent=None, tag="run"):
     """One run in a fresh process, in a memory cgroup of `limit` bytes when given.  Returns the
-    worker's JSON plus rss (peak, bytes), other_cpu (cores other processes used), and with a
+    worker's JSON plus rss (peak, bytes), other_cpu (cores other processes used in user space), and with a
     limit the cgroup's peak charge (page cache included) and whether it killed the run (oom)."""
     cmd = [sys.executable, "-c", code, json.dumps(arg)]
     group = None
@@ -470,7 +477,7 @@ def run_worker(code, arg, limit=None, cgroup_parent=None, tag="run"):
         (group / "memory.limit_in_bytes").write_text(str(int(limit)))
         cmd = ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *cmd]
     tick = os.sysconf("SC_CLK_TCK")
-    busy0, wall0 = vs.cpu_busy_ticks(), time.perf_counter()
+    busy0, wall0 = user_ticks(), time.perf_counter()
     try:
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd="/",
@@ -478,7 +485,7 @@ def run_worker(code, arg, limit=None, cgroup_parent=None, tag="run"):
             out = proc.stdout.read()
             _, status, usage = os.wait4(proc.pid, 0)
             code_ = os.waitstatus_to_exitcode(status)
-            busy1, wall = vs.cpu_busy_ticks(), time.perf_counter() - wall0
+            busy1, wall = user_ticks(), time.perf_counter() - wall0
             err.seek(0)
             stderr = err.read().decode(errors="replace")
         result = {}
@@ -491,7 +498,7 @@ def run_worker(code, arg, limit=None, cgroup_parent=None, tag="run"):
             raise SystemExit(f"{tag} failed ({code_}):\n{stderr[-3000:]}")
         result.update(json.loads(out.decode().strip().splitlines()[-1]))
         result["rss"] = usage.ru_maxrss * 1024
-        result["other_cpu"] = max(0.0, ((busy1 - busy0) / tick - usage.ru_utime - usage.ru_stime) / wall)
+        result["other_cpu"] = max(0.0, ((busy1 - busy0) / tick - usage.ru_utime) / wall)
         return result
     finally:
         if group is not None:
@@ -632,6 +639,12 @@ def quiet(rs):
     return [r for r in ok if r["other_cpu"] < QUIET_OTHER_CPU] or ok
 
 
+def pairs(a, b):
+    """The interleaved pairs (one repetition each) that both finished, the quiet ones when any are."""
+    ok = [(x, y) for x, y in zip(a, b) if "failed" not in x and "failed" not in y]
+    return [(x, y) for x, y in ok if max(x["other_cpu"], y["other_cpu"]) < QUIET_OTHER_CPU] or ok
+
+
 def report(args, runs, budgets, demands, groups, calibration, m):
     n, mib = m["decode"], 2**20
     res_c, res_l = quiet(runs["resident", "colibri"]), quiet(runs["resident", "llama.cpp"])
@@ -645,7 +658,7 @@ def report(args, runs, budgets, demands, groups, calibration, m):
              f"token-dependent routing (below).  Text: {TEXT}, a {m['prompt']}-token prompt then {n} tokens decoded one at a "
              f"time, each engine fed the text's next token.",
              f"{args.threads} threads, {args.reps} interleaved repetitions, each run a fresh process; medians of the quiet runs "
-             f"(other processes < {QUIET_OTHER_CPU:.0%} of a core; all when none was).  Streaming: {args.cache} cache, "
+             f"(other processes < {QUIET_OTHER_CPU:.0%} of a core in user space; all when none was).  Streaming: {args.cache} cache, "
              f"{'buffered pread' if args.buffered_io else 'O_DIRECT'}, prefetch {'off' if args.no_prefetch else 'on'}.  "
              f"Each budget's runs are in a memory cgroup of its limit: colibri's arena with the slots + the non-expert weights "
              f"+ {m['overhead'] / mib:.0f} MiB for the Python process; weights.bin and the GGUF are dropped from the page cache "
@@ -656,7 +669,9 @@ def report(args, runs, budgets, demands, groups, calibration, m):
              "colibri mmap tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     pool = "_per_layer" if args.cache == "per_layer" else ""
-    ratio = lambda a, b: med(x["tg"] / y["tg"] for x, y in zip(a, b) if "failed" not in x and "failed" not in y)
+    ratio = lambda a, b: med(x["tg"] / y["tg"] for x, y in pairs(a, b))
+    over_bound = lambda a, b: med((1 / x["tg"]) / max(1 / y["tg"], x["cache"]["bytes_read"] / x["decoded"] / m["disk"])
+                                  for x, y in pairs(a, b))
     lines.append(f"| resident | - | {tg_res:.1f} | 1 | - | - | - | - | - | {tokens_per_s(runs['resident', 'llama.cpp'])} | - | "
                  f"{fmt(ratio(runs['resident', 'colibri'], runs['resident', 'llama.cpp']), '.2f')} | - |")
     for pct, b in budgets.items():
@@ -665,15 +680,13 @@ def report(args, runs, budgets, demands, groups, calibration, m):
         demanded = [r["cache"]["hits"] + r["cache"]["misses"] for r in c]
         hit = med(r["cache"]["hits"] / d for r, d in zip(c, demanded) if d)
         by_reads = med(1 - r["cache"]["bytes_read"] / extent / d for r, d in zip(c, demanded) if d)
-        cache_read = med(r["cache"]["bytes_read"] / r["decoded"] for r in c)
-        bound = cache_read is not None and max(1 / tg_res, cache_read / m["disk"])
         read_l = med(r["read_decode"] / r["decoded"] for r in l)
         lines.append(
             f"| {pct:g}% ({b['budget'] / mib:.0f} MiB, {b['slots']} slots) | {b['limit'] / mib:.0f} MiB | {fmt(tg, '.1f')} | "
-            f"{fmt(tg and tg / tg_res, '.2f')} | {fmt(hit, '.1%')} ({fmt(by_reads, '.1%')}) | {b['min' + pool]:.1%} | "
+            f"{fmt(ratio(runs[pct, 'colibri'], runs['resident', 'colibri']), '.2f')} | {fmt(hit, '.1%')} ({fmt(by_reads, '.1%')}) | {b['min' + pool]:.1%} | "
             f"{b['lru' + pool]:.1%} | "
             f"{fmt(med(r['read_decode'] / r['decoded'] for r in c) and med(r['read_decode'] / r['decoded'] for r in c) / mib, '.2f')} | "
-            f"{fmt(tg and bound and (1 / tg) / bound, '.2f')} | {tokens_per_s(runs[pct, 'llama.cpp'])} | "
+            f"{fmt(over_bound(runs[pct, 'colibri'], runs['resident', 'colibri']), '.2f')} | {tokens_per_s(runs[pct, 'llama.cpp'])} | "
             f"{fmt(read_l and read_l / mib, '.2f')} | {fmt(ratio(runs[pct, 'colibri'], runs[pct, 'llama.cpp']), '.2f')} | "
             f"{tokens_per_s(runs[pct, 'colibri mmap'])} |")
     lines += ["", "hit rate: colibri's hits / (hits + misses) over the decode tokens, a prefetched expert found in its slot "
@@ -682,7 +695,8 @@ def report(args, runs, budgets, demands, groups, calibration, m):
               f"benchmarks/expert_cache_sim.py), the same number of slots in one {args.cache.replace('_', '-')} pool, the "
               "prompt warming the cache.  read/token: /proc/self/io read_bytes over the decode (expert reads, and the page "
               "faults of whatever is mapped).  time/token / max(...): colibri's time per token over max(resident time per "
-              "token, its cache's bytes read per token / the dd bandwidth).  ratio to llama.cpp: per interleaved pair.  "
+              "token, its cache's bytes read per token / the dd bandwidth).  Ratios and that quotient: medians over the "
+              "interleaved pairs (the same repetition's resident run, or llama.cpp's run).  "
               "colibri mmap: colibri resident (weights.bin mapped whole) under the same limit.", "",
               "Per configuration (medians): the cache's reads, prefetches, I/O wait; major page faults in the decode; the "
               "cgroup's peak charge (page cache included); the last greedy token (the same everywhere when the logits are):", ""]
