@@ -9,7 +9,7 @@ COLIBRI_SLOT_CHECK(colibri_cache_layer, COLIBRI_CACHE_LAYER_SLOT);
 COLIBRI_SLOT_CHECK(colibri_io_read, COLIBRI_IO_READ_SLOT);
 
 #define BLOCK 4096u             /* direct I/O's unit: offsets, lengths and buffers */
-#define AGING_TOKENS 16         /* demand counts halve after this many tokens' worth of demands */
+#define AGING_TOKENS 64         /* demand counts halve after this many tokens' worth of demands */
 #define LOOKAHEAD 4             /* prefill: experts of the layer requested ahead of the one computed */
 
 /* ---- geometry ---- */
@@ -140,6 +140,7 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
     c->slot_owner = owner; c->slot_state = state; c->slot_flags = flags; c->slot_used = used;
     c->slot_shift = shift; c->where = where; c->uses = uses; c->verified = verified; c->reads = reads;
     c->io_state = io_state;
+    c->demands_per_token = (float)layers_moe * (float)hp->top_k;
     c->aging_period = (uint64_t)AGING_TOKENS * (uint64_t)layers_moe * (uint64_t)hp->top_k;
     c->stats.slots = n_slots;
     c->stats.slot_bytes = slot_bytes;
@@ -321,21 +322,38 @@ static int reads_done(colibri_expert_cache *c, int32_t slot)
 
 /* ---- the policy ---- */
 
+/* When the expert in slot i will be demanded next, in layers from now (the read is for `layer`): its
+ * layer comes round in `dist` layers, and a token demands it with probability p = its demands per
+ * token, so after dist + n_layers * (1/p - 1) on average.  Never demanded: never. */
+static float next_use(const colibri_expert_cache *c, int32_t i, int32_t layer)
+{
+    int32_t owner = c->slot_owner[i], dist = (owner / c->n_experts - layer + c->n_layers) % c->n_layers;
+    float per_token = (float)c->uses[owner] * c->demands_per_token / c->recent_demands;
+    if (c->uses[owner] == 0) return 1e30f;
+    if (per_token > 1.0f) per_token = 1.0f;
+    return (float)(dist ? dist : c->n_layers) + (float)c->n_layers * (1.0f / per_token - 1.0f);
+}
+
 /* The slot a read for `layer` may take: an empty one, else the ready, unbusy, unpinned one whose
- * expert was demanded least (least recently on ties); -1 when every slot is busy, pinned or loading. */
+ * expert will be demanded last (an estimate of Belady's choice), the least recent on ties; -1 when
+ * every slot is busy, pinned or loading. */
 static int32_t victim(colibri_expert_cache *c, int32_t layer)
 {
     const colibri_cache_layer *cl = &c->layers[layer];
     int32_t i, best = -1;
+    float best_next = 0.0f;
     for (i = cl->first_slot; i < cl->first_slot + cl->n_slots; i++) {
+        float next;
         if (c->slot_state[i] == CACHE_EMPTY) return i;
         if (c->slot_state[i] == CACHE_LOADING && !(c->slot_flags[i] & CACHE_BUSY) && reads_done(c, i))
             settle(c, i, NULL);   /* a finished guess: ready, or empty if its read failed */
         if (c->slot_state[i] == CACHE_EMPTY) return i;
         if (c->slot_state[i] != CACHE_READY || (c->slot_flags[i] & (CACHE_PINNED | CACHE_BUSY))) continue;
-        if (best < 0 || c->uses[c->slot_owner[i]] < c->uses[c->slot_owner[best]] ||
-            (c->uses[c->slot_owner[i]] == c->uses[c->slot_owner[best]] && c->slot_used[i] < c->slot_used[best]))
+        next = next_use(c, i, layer);
+        if (best < 0 || next > best_next || (next == best_next && c->slot_used[i] < c->slot_used[best])) {
             best = i;
+            best_next = next;
+        }
     }
     return best;
 }
@@ -372,9 +390,11 @@ static void evict(colibri_expert_cache *c, int32_t slot)
 static void count_demand(colibri_expert_cache *c, int32_t owner)
 {
     c->uses[owner]++;
+    c->recent_demands += 1.0f;
     if (++c->clock % c->aging_period == 0) {
         int32_t i;
         for (i = 0; i < c->n_layers * c->n_experts; i++) c->uses[i] >>= 1;
+        c->recent_demands *= 0.5f;
     }
 }
 

@@ -5,9 +5,10 @@
  *             reads (wait), computes from the slots (weights), then lets them go (release)
  *   guess     before the block computes, the next MoE layer's likely experts are read speculatively
  *             (guess): into slots nothing demands, never more than leaves one layer's top_k free
- *   keep      a slot's expert stays until a read needs its slot: the victim is the least frequently
- *             demanded (counts halved every few tokens, so the past fades), the least recent on ties;
- *             pinned experts are read once at creation and never leave
+ *   keep      a slot's expert stays until a read needs its slot: the victim is the one whose next
+ *             demand is estimated farthest off (its layer's distance in the layer cycle, and how often
+ *             a token demands it: counts halved every 64 tokens, so the past fades), the least recent
+ *             on ties; pinned experts are read once at creation and never leave
  *
  * One slot holds one expert of one layer: its tensors' parts (w1, w3, w2 and any biases) side by
  * side, one read for the interleaved layout, one per tensor for the stacked one.  With direct I/O
@@ -68,6 +69,8 @@ typedef struct colibri_expert_cache {
     colibri_io *io;
     uint64_t clock;                 /* demands so far */
     uint64_t aging_period;
+    float recent_demands;           /* demands, halved with the counts: the window `uses` counts over */
+    float demands_per_token;        /* MoE layers * top_k */
     colibri_expert_cache_stats stats;
     uint64_t *profile;              /* the session's phase sums, or NULL */
 } colibri_expert_cache;
