@@ -253,8 +253,9 @@ static colibri_status settle(colibri_expert_cache *c, int32_t slot, colibri_erro
     int32_t owner = c->slot_owner[slot], layer = owner / c->n_experts, e = owner % c->n_experts, r, bad = -1;
     const colibri_cache_layer *cl = &c->layers[layer];
     int64_t bad_result = 0;
-    uint64_t clock = colibri_platform_now_ns();
+    uint64_t clock;
     if (c->slot_state[slot] != CACHE_LOADING) return COLIBRI_OK;
+    clock = colibri_platform_now_ns();
     for (r = 0; r < cl->n_reads; r++) {
         const colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS + r];
         int64_t got = colibri_platform_io_wait(c->io, (int32_t)((size_t)slot * L_EXPERT_KINDS + r));

@@ -57,6 +57,10 @@ extern const colibri_expert colibri_expert_swiglu;
 extern const colibri_expert colibri_expert_swiglu_clamped;
 extern const colibri_aggregator colibri_aggregator_weighted;
 
+/* Index of the largest v[i] over i < n not yet in taken[0..n_taken), lowest index on ties; -1 when
+ * all are taken: the routers' top-k, one pick at a time. */
+int32_t colibri_best_untaken(const float *v, int32_t n, const int32_t *taken, int32_t n_taken);
+
 /* The router a session of this model uses in routing mode `mode` (COLIBRI_ROUTING_*, validated):
  * capacity routing keeps the model's router, the block drops the pairs over capacity. */
 const colibri_router *colibri_router_for(const colibri_hparams *hp, int32_t mode);

@@ -14,9 +14,7 @@
 
 #include "moe.h"
 
-/* Index of the largest v[i] over i < n not yet in taken[0..n_taken), lowest index on ties;
- * -1 when all are taken. */
-static int32_t best_untaken(const float *v, int32_t n, const int32_t *taken, int32_t n_taken)
+int32_t colibri_best_untaken(const float *v, int32_t n, const int32_t *taken, int32_t n_taken)
 {
     int32_t best = -1, i, p;
     for (i = 0; i < n; i++) {
@@ -56,9 +54,9 @@ static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *l
         if (G > 1) {   /* rank the groups; the topk_groups best are marked +inf, the rest leave the running */
             for (g = 0; g < G; g++) {
                 const float *cg = choice + (size_t)g * per_group;
-                int32_t first = best_untaken(cg, per_group, NULL, 0);
+                int32_t first = colibri_best_untaken(cg, per_group, NULL, 0);
                 group_value[g] = cg[first];
-                if (hp->group_score == COLIBRI_GROUP_TOP2_SUM) group_value[g] += cg[best_untaken(cg, per_group, &first, 1)];
+                if (hp->group_score == COLIBRI_GROUP_TOP2_SUM) group_value[g] += cg[colibri_best_untaken(cg, per_group, &first, 1)];
             }
             for (j = 0; j < hp->topk_groups; j++) {
                 int32_t best = -1;
@@ -70,7 +68,7 @@ static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *l
                 if (group_value[g] != HUGE_VALF)
                     for (i = 0; i < per_group; i++) choice[(size_t)g * per_group + i] = -HUGE_VALF;
         }
-        for (j = 0; j < K; j++) id[j] = best_untaken(choice, E, id, j);
+        for (j = 0; j < K; j++) id[j] = colibri_best_untaken(choice, E, id, j);
 
         /* weigh: the scores again (without the selection bias), or a softmax over the chosen logits */
         if (hp->router_weights == COLIBRI_WEIGHTS_SIGMOID_SELECTED) {

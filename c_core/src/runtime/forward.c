@@ -73,7 +73,7 @@ void colibri_guess_next_layer(void *context)
     const colibri_model *m = s->model;
     const colibri_hparams *hp = &m->hp;
     const colibri_layer_weights *lw;
-    int32_t l = s->routing.layer + 1, E = hp->n_experts, K = hp->top_k, i, j, e;
+    int32_t l = s->routing.layer + 1, E = hp->n_experts, K = hp->top_k, j;
     while (l < hp->n_layers && !m->layers[l].moe) l++;
     if (l >= hp->n_layers) return;
     lw = &m->layers[l];
@@ -81,14 +81,7 @@ void colibri_guess_next_layer(void *context)
     colibri_matmul(&s->compute, s->guess_logits, s->guess_x, lw->w[L_ROUTER].data, lw->w[L_ROUTER].dtype, 1,
                    hp->hidden_size, E);                                                            /* (E) */
     if (hp->router_logit_bias) colibri_add_bias(s->guess_logits, lw->w[L_ROUTER_BIAS], 1, E);
-    for (j = 0; j < K; j++) {   /* the K largest logits, by selection */
-        int32_t best = -1;
-        for (e = 0; e < E; e++) {
-            for (i = 0; i < j && s->guess_ids[i] != e; i++) {}
-            if (i == j && (best < 0 || s->guess_logits[e] > s->guess_logits[best])) best = e;
-        }
-        s->guess_ids[j] = best;
-    }
+    for (j = 0; j < K; j++) s->guess_ids[j] = colibri_best_untaken(s->guess_logits, E, s->guess_ids, j);   /* top K */
     colibri_cache_guess(s->cache, l, s->guess_ids, K);
 }
 
