@@ -17,6 +17,14 @@ same as the resident run's:
     colibri memdump --model out/model --expert-budget 2G                # the slot pool in the report
     colibri stats --model out/model --text some.txt --save-load load.json
     colibri generate --model out/model --expert-budget 50% --pin load.json --pin-share 0.5
+
+Experts on another machine (docs/DEVICES.md): a server computes the experts placed there; an
+orchestrator places each edge's hottest experts local under its budget, by measured load:
+
+    colibri serve-experts --model out/model --listen 127.0.0.1:50051
+    colibri orchestrate --listen 127.0.0.1:50061 --state orchestrator.json
+    colibri generate --model out/model --expert-budget 25% --remote 127.0.0.1:50051 \
+        --orchestrator 127.0.0.1:50061 --edge-name kiosk-3 --verbose
 """
 import argparse
 import json
@@ -29,13 +37,15 @@ from pathlib import Path
 from colibri.demo import MODEL_DIR as BUNDLED_MODEL
 
 
-def _model(path, verify=False):
+def _model(path, verify=False, experts_elsewhere=False):
     import colibri
 
     if path is None:
         path = BUNDLED_MODEL
         if not (path / "colibri_model.json").exists():
             raise SystemExit(f"colibri: the bundled model is missing from {path}; give one with --model")
+    if experts_elsewhere:
+        return colibri.Model(path, verify=verify, experts_elsewhere=True)
     return colibri.Model(path, verify=verify)
 
 
@@ -242,11 +252,18 @@ def generate_on_target(model, ids, args):
 
 
 def cmd_generate(args):
-    model = _model(args.model)
+    model = _model(args.model, experts_elsewhere=args.remote is not None and args.experts_elsewhere)
     ids = _prompt_ids(model, args)
     if args.target != "native":
+        if args.remote is not None:
+            raise SystemExit("colibri generate: --remote runs natively only")
         return generate_on_target(model, ids, args)
-    session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, **_stream_options(model, args))
+    if args.remote is not None:
+        edge = _edge(model, args)
+        session = edge.session
+    else:
+        edge = None
+        session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, **_stream_options(model, args))
     tok = model.tokenizer if args.tokens is None else None
     out = sys.stdout
     if tok is not None:
@@ -255,9 +272,9 @@ def cmd_generate(args):
 
     generated, printed = [], ""
     start = time.perf_counter()
-    for token in session.stream(ids, max_tokens=args.max_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                stop_at_eos=not args.ignore_eos):
+    for token in (edge or session).stream(ids, max_tokens=args.max_tokens, temperature=args.temperature,
+                                          top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                          stop_at_eos=not args.ignore_eos):
         generated.append(token)
         if tok is None:
             out.write(("," if len(generated) > 1 else "") + str(token))
@@ -275,7 +292,73 @@ def cmd_generate(args):
               f"{(len(ids) + len(generated)) / elapsed:.1f} tok/s overall]", file=sys.stderr)
         if session.expert_budget:
             print(_cache_counters(session.expert_cache_stats()), file=sys.stderr)
+        for line in edge.counters() if edge else ():
+            print(line, file=sys.stderr)
+    if edge:
+        edge.close()
     return 0
+
+
+def _edge(model, args):
+    """colibri.remote.Edge from generate's --remote arguments (the edge and cloud group)."""
+    from colibri.remote.edge import Edge
+
+    if args.placement_load is not None and args.placement != "auto":
+        raise SystemExit("colibri generate: --placement-load chooses the first placement of --placement auto")
+    stream = _stream_options(model, args)
+    try:
+        return Edge(model, args.remote, placement=args.placement, load=args.placement_load,
+                    orchestrator=args.orchestrator, name=args.edge_name,
+                    expert_budget=stream.pop("expert_budget", None),
+                    experts_elsewhere=args.experts_elsewhere, fetch_mbit=args.fetch_mbit, token=args.token,
+                    tls_ca=args.tls_ca, deadline_ms=args.device_deadline_ms,
+                    device_threshold_ms=args.device_threshold_ms, strict=args.strict,
+                    ctx=args.ctx, batch=args.batch, threads=args.threads, **stream)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"colibri generate: {e}")
+
+
+def edge_arguments(p):
+    """generate's edge and cloud options: experts computed on an expert server (docs/DEVICES.md)."""
+    import os
+
+    e = p.add_argument_group("edge and cloud", "experts computed by a `colibri serve-experts` server, placed by "
+                             "measured load; the text is the local run's when both compute with the same kernels")
+    e.add_argument("--remote", metavar="HOST:PORT", help="the expert server: experts placed there are computed there")
+    e.add_argument("--placement", default="auto", metavar="FILE|auto",
+                   help="a placement JSON file, or auto (default): the budget's hottest experts of --placement-load "
+                        "local, else the first budget's share of each layer's experts")
+    e.add_argument("--placement-load", metavar="LOAD.json",
+                   help="the expert load (colibri stats --save-load) --placement auto starts from")
+    e.add_argument("--orchestrator", metavar="HOST:PORT",
+                   help="send heartbeats there and run the placements it pushes (colibri orchestrate)")
+    e.add_argument("--edge-name", metavar="N", help="this edge's name at the orchestrator (default: the host name)")
+    e.add_argument("--experts-elsewhere", action="store_true",
+                   help="the model directory lacks the routed experts: local ones are fetched from the server "
+                        "(needs --expert-budget)")
+    e.add_argument("--fetch-mbit", type=float, metavar="M", help="at most M Mbit/s of expert fetches (default: no cap)")
+    e.add_argument("--device-threshold-ms", type=float, default=5.0, metavar="T",
+                   help="a device whose P90 latency passes T ms is bypassed: its experts run here (default 5)")
+    e.add_argument("--device-deadline-ms", type=float, default=1000, metavar="D",
+                   help="a remote call not answered in D ms fails (and falls back; default 1000)")
+    e.add_argument("--strict", action="store_true", help="a failed or slow device call fails the run instead")
+    e.add_argument("--token", default=os.environ.get("COLIBRI_TOKEN"),
+                   help="the shared token of the server and the orchestrator (default: $COLIBRI_TOKEN)")
+    e.add_argument("--tls-ca", metavar="PEM", help="the CA of their TLS certificates (needed off loopback)")
+
+
+def cmd_orchestrate(args):
+    from colibri.remote import orchestrator
+
+    return orchestrator.run(args)
+
+
+def orchestrate_parser(sub):
+    from colibri.remote import orchestrator
+
+    o = sub.add_parser("orchestrate", help="place experts across edges by their measured load (heartbeats)")
+    orchestrator.add_arguments(o)
+    o.set_defaults(func=cmd_orchestrate)
 
 
 def _expert_table(load):
@@ -511,6 +594,7 @@ def build_parser():
     g.add_argument("--target", default="native", choices=_checkout_names(targets, "TARGETS"),
                    help="run the core built for this target, under QEMU (needs a source checkout)")
     streaming_arguments(g)
+    edge_arguments(g)
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("memdump", help="the memory a model and context need, before any token")
@@ -563,6 +647,7 @@ def build_parser():
     st.add_argument("--save-load", metavar="LOAD.json",
                     help="write the tokens routed to each expert on the text, as JSON (for generate --pin)")
     st.set_defaults(func=cmd_stats)
+    orchestrate_parser(sub)
     return p
 
 

@@ -1,0 +1,454 @@
+"""The edge: a session whose routed experts run here or on a server, placed by measured load.
+
+    edge = colibri.remote.Edge("out/model", remote="gpu-box:50051", expert_budget=512 << 20,
+                               orchestrator="orchestrator:50061", name="kiosk-3")
+    for token in edge.stream(ids, max_tokens=64):
+        ...
+
+The session gets one device besides the cpu: a RemoteDriver ("remote") computing on the server
+that `colibri serve-experts` runs.  The placement says which experts are local (cpu) and which are
+remote.  Local experts come through the session's expert cache when there is an `expert_budget`:
+read from the edge's own weights.bin, or, for a model directory without its routed experts
+(experts_elsewhere=True), fetched from the server (FetchExpert, at most `fetch_mbit` Mbit/s).
+
+The first placement (placement="auto"): the `budget` hottest experts of a `colibri stats
+--save-load` file when one is given (`load`), else the first budget // n_moe_layers experts of
+each MoE layer.  Without a measurement no expert is known to be hotter than another, and an even
+share per layer makes every layer equally likely to need the network; the orchestrator soon
+replaces it by measured load.  A budget is budget_bytes // expert_bytes experts: the cache's slots
+when streaming, every routed expert when resident.
+
+Generation runs token by token.  Between two tokens (never during a forward pass) the loop hands a
+heartbeat to a background thread every `heartbeat_tokens` tokens or `heartbeat_s` seconds, and
+applies a placement the orchestrator pushed (Session.set_placement): a token is computed wholly
+under one placement, so none is lost or repeated, and with the same kernels on both sides the
+tokens are those of an all-local run.
+"""
+import hashlib
+import ipaddress
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HEARTBEAT_LIMIT = 200      # bytes on the wire: the message and gRPC's 5-byte frame header
+GRPC_FRAME = 5
+REMOTE = "remote"
+
+
+def moe_layers(model):
+    """The layers with routed experts."""
+    import re
+
+    return sorted({int(m.group(1)) for t in model.tensors() if (m := re.match(r"layers\.(\d+)\.experts\.", t["name"]))})
+
+
+def model_hash(model):
+    """SHA-256 of the model's colibri_model.json (the wire protocol's model_hash)."""
+    return hashlib.sha256((Path(model.path) / "colibri_model.json").read_bytes()).digest()
+
+
+def expert_bytes(model):
+    """Bytes of one expert: a slot of the expert cache."""
+    return model.expert_slots()[0]
+
+
+def initial_local(model, slots, load=None):
+    """The expert ids (layer * n_experts + expert) placement="auto" keeps local: the `slots`
+    most loaded of `load` ((n_layers, n_experts), from colibri stats --save-load; ties to the
+    lower id), else the first slots // n_moe_layers experts of each MoE layer (the first layers one
+    more while slots remain)."""
+    n_experts = model.config["num_experts"]
+    layers = moe_layers(model)
+    candidates = [layer * n_experts + e for layer in layers for e in range(n_experts)]
+    if load is not None:
+        flat = np.asarray(load).reshape(-1)
+        return sorted(sorted(candidates, key=lambda i: (-flat[i], i))[:slots])
+    share, extra = divmod(min(slots, len(candidates)), max(len(layers), 1))
+    return sorted(layer * n_experts + e for j, layer in enumerate(layers) for e in range(share + (j < extra)))
+
+
+def placement_table(model, local, remote_device=1, holds=None):
+    """uint8 (n_layers, n_experts): the remote device everywhere it holds a routed expert, the cpu
+    (0) for the `local` ids, the dense layers and what it does not hold."""
+    cfg = model.config
+    table = np.zeros((cfg["num_layers"], cfg["num_experts"]), dtype=np.uint8)
+    table[moe_layers(model)] = remote_device
+    if holds is not None:
+        table[~np.asarray(holds, dtype=bool)] = 0
+    flat = table.reshape(-1)
+    local = np.asarray(sorted(local), dtype=np.int64)
+    flat[local[(local >= 0) & (local < flat.size)]] = 0
+    return table
+
+
+def check_target(target, tls_ca):
+    """Off loopback a connection needs TLS (the token would travel in the clear): ValueError."""
+    host = target.rpartition(":")[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and tls_ca is None:
+        raise ValueError(f"{target} is not loopback: give the CA of its TLS certificate (tls_ca / --tls-ca)")
+
+
+def heartbeat_message(edge, hash8, seq, p90_us, hit_permille, version, budget_bytes, slot_bytes, pending,
+                      limit=HEARTBEAT_LIMIT):
+    """(HeartbeatRequest, ids, counts): the message, and the load pairs it carries (int64 arrays),
+    the hottest of `pending` (int64 flat per-expert tokens not yet reported) while the serialized
+    message plus gRPC's frame header stays under `limit` bytes."""
+    from colibri.remote import colibri_remote_pb2 as pb
+
+    msg = pb.HeartbeatRequest(edge=edge, model_hash=hash8, seq=seq, device_p90_us=p90_us,
+                              cache_hit_permille=hit_permille, placement_version=version, budget_bytes=budget_bytes)
+    if "expert_bytes" in pb.HeartbeatRequest.DESCRIPTOR.fields_by_name:
+        msg.expert_bytes = slot_bytes
+    ids, counts = [], []
+    if len(msg.SerializeToString()) + GRPC_FRAME >= limit:
+        raise ValueError(f"a heartbeat without loads is {len(msg.SerializeToString()) + GRPC_FRAME} bytes: "
+                         f"the edge's name is too long")
+    for i in np.argsort(-pending, kind="stable"):
+        if pending[i] <= 0:
+            break
+        n = int(min(pending[i], 2**32 - 1))
+        msg.load_delta.extend((int(i), n))
+        if len(msg.SerializeToString()) + GRPC_FRAME >= limit:
+            del msg.load_delta[-2:]
+            break
+        ids.append(int(i))
+        counts.append(n)
+    return msg, np.array(ids, dtype=np.int64), np.array(counts, dtype=np.int64)
+
+
+class Heartbeats:
+    """The background thread that sends heartbeats: submit() hands it a message (none while one is
+    on its way), take_reply() returns the newest reply not yet taken.  Failures are counted; the
+    loop goes on without the orchestrator."""
+
+    def __init__(self, target, *, token=None, tls_ca=None, timeout_s=2.0):
+        import grpc
+
+        from colibri.remote import colibri_remote_pb2_grpc as pbg
+
+        check_target(target, tls_ca)
+        if tls_ca is None:
+            self.channel = grpc.insecure_channel(target)
+        else:
+            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(Path(tls_ca).read_bytes()))
+        self.stub = pbg.OrchestratorStub(self.channel)
+        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.timeout_s = timeout_s
+        self.cv = threading.Condition()
+        self.message = self.reply = None
+        self.busy = self.closed = False
+        self.sent = self.failed = 0
+        self.last_error = None
+        self.thread = threading.Thread(target=self._run, name="colibri-heartbeat", daemon=True)
+        self.thread.start()
+
+    def submit(self, message):
+        with self.cv:
+            if self.busy or self.closed:
+                return False
+            self.message, self.busy = message, True
+            self.cv.notify_all()
+            return True
+
+    def take_reply(self):
+        with self.cv:
+            reply, self.reply = self.reply, None
+            return reply
+
+    def wait(self, timeout=None):
+        """Until the message on its way is answered (or failed)."""
+        with self.cv:
+            return self.cv.wait_for(lambda: not self.busy, timeout)
+
+    def _run(self):
+        import grpc
+
+        while True:
+            with self.cv:
+                self.cv.wait_for(lambda: self.message is not None or self.closed)
+                if self.closed:
+                    return
+                message, self.message = self.message, None
+            reply = None
+            try:
+                reply = self.stub.Heartbeat(message, timeout=self.timeout_s, metadata=self.metadata)
+            except grpc.RpcError as e:
+                error = f"{e.code().name}: {e.details()}"
+            with self.cv:
+                if reply is None:
+                    self.failed += 1
+                    self.last_error = error
+                else:
+                    self.sent += 1
+                    self.reply = reply
+                self.busy = False
+                self.cv.notify_all()
+
+    def close(self):
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+        self.thread.join(timeout=self.timeout_s + 1)
+        self.channel.close()
+
+
+class ExpertFetcher:
+    """A session's expert_read for a model directory without its routed experts: each read is
+    served from its expert's bytes, fetched from the server by the driver (FetchExpert, the parts
+    colibri.remote.expert_layout names, in its order) at most `mbit` Mbit/s on average; the last
+    `keep` experts are kept for the reads that follow (a stacked layout reads each expert in
+    several parts)."""
+
+    def __init__(self, model, driver, mbit=None, keep=4):
+        from colibri.remote import expert_layout
+
+        self.parts = []   # (offset, size, step, layer, where the part starts in the expert's bytes)
+        for layer, parts in expert_layout(model).items():
+            at = 0
+            for offset, size, step in parts:
+                self.parts.append((offset, size, step, layer, at))
+                at += size
+        self.n_experts, self.driver, self.keep = model.config["num_experts"], driver, keep
+        self.bytes_per_s = mbit * 1e6 / 8 if mbit else None
+        self.cache = {}
+        self.fetches = self.bytes = 0
+        self.started = None
+
+    def __call__(self, offset, dst):
+        n = len(dst)
+        for start, size, step, layer, at in self.parts:
+            expert, within = divmod(offset - start, step)
+            if 0 <= expert < self.n_experts and within + n <= size:
+                data = self._expert(layer, int(expert))
+                dst[:] = data[at + within:at + within + n]
+                return n
+        raise ValueError(f"a read of {n} bytes at {offset} of weights.bin is not within one routed expert")
+
+    def _expert(self, layer, expert):
+        key = (layer, expert)
+        if key in self.cache:
+            return self.cache[key]
+        data = self.driver.fetch_expert(layer, expert)
+        self.fetches += 1
+        self.bytes += len(data)
+        if self.bytes_per_s:   # at most bytes_per_s on average since the first fetch
+            if self.started is None:
+                self.started = time.perf_counter()
+            ahead = self.bytes / self.bytes_per_s - (time.perf_counter() - self.started)
+            if ahead > 0:
+                time.sleep(ahead)
+        if len(self.cache) >= self.keep:
+            self.cache.pop(next(iter(self.cache)))
+        self.cache[key] = data
+        return data
+
+
+class Edge:
+    """A session with a remote device and its placement, kept by an orchestrator when given one.
+
+    ``model``: a model directory or colibri.Model; ``remote``: the expert server's HOST:PORT;
+    ``placement``: "auto" (the module's doc says which), a placement JSON file or text, or a
+    (n_layers, n_experts) uint8 table; ``load``: a colibri stats --save-load file or array for
+    "auto"; ``orchestrator``: its HOST:PORT or None; ``name``: the edge's name (default: the host
+    name); ``expert_budget``: bytes of expert cache (None: resident); ``experts_elsewhere``: the
+    model directory lacks the routed experts, fetched from the server at most ``fetch_mbit``
+    Mbit/s; ``deadline_ms``, ``device_threshold_ms``, ``strict``: the driver's deadline and the
+    session's fallback threshold and strictness; other keywords go to Model.session."""
+
+    def __init__(self, model, remote, *, placement="auto", load=None, orchestrator=None, name=None,
+                 expert_budget=None, experts_elsewhere=False, fetch_mbit=None, token=None, tls_ca=None,
+                 deadline_ms=1000, device_threshold_ms=5.0, strict=False, heartbeat_tokens=16, heartbeat_s=1.0,
+                 driver=None, **session_options):
+        import colibri
+        from colibri.remote.driver import RemoteDriver
+
+        if not isinstance(model, colibri.Model):
+            model = colibri.Model(model, experts_elsewhere=experts_elsewhere)
+        self.model = model
+        cfg = model.config
+        self.n_experts = cfg["num_experts"]
+        self.name = name or socket.gethostname().encode()[:32].decode(errors="ignore") or "edge"
+        if len(self.name.encode()) > 32:
+            raise ValueError(f"an edge's name is at most 32 bytes: {self.name!r}")
+        if remote is not None:
+            check_target(remote, tls_ca)
+        self.driver = driver if driver is not None else RemoteDriver(
+            remote, model, name=REMOTE, token=token, tls_ca=tls_ca, deadline_ms=deadline_ms)
+        self.fetcher = None
+        stream = dict(expert_budget=expert_budget or 0)
+        if experts_elsewhere:
+            if not expert_budget:
+                raise ValueError("a model without its experts streams them: give an expert_budget")
+            self.fetcher = ExpertFetcher(model, self.driver, fetch_mbit)
+            stream["expert_read"] = self.fetcher
+        self.expert_bytes = expert_bytes(model)
+        routed = len(moe_layers(model)) * self.n_experts
+        self.slots = min(expert_budget // self.expert_bytes, routed) if expert_budget else routed
+        self.budget_bytes = expert_budget or routed * self.expert_bytes
+
+        holds = getattr(self.driver, "holds", None)
+        self.holds = holds(cfg["num_layers"], self.n_experts) if holds is not None else None
+        if isinstance(placement, str) and placement == "auto":
+            if isinstance(load, (str, Path)):
+                from colibri.cli import read_load
+
+                load = read_load(load, model)
+            placement = placement_table(model, initial_local(model, self.slots, load), holds=self.holds)
+        self.session = model.session(devices=[self.driver], placement=placement,
+                                     device_threshold_ms=device_threshold_ms, strict=strict,
+                                     **stream, **session_options)
+        self.remote_device = self.session.devices.index(self.driver.name)
+
+        self.hash8 = model_hash(model)[:8]
+        self.version = 0                 # the orchestrator's placement version this edge runs (0: its own)
+        self.applied = []                # (tokens generated so far, version) of each placement applied
+        self.generated = 0
+        self.heartbeat_tokens, self.heartbeat_s = heartbeat_tokens, heartbeat_s
+        self.seq = 0
+        self.pending = np.zeros(cfg["num_layers"] * self.n_experts, dtype=np.int64)
+        self.last_load = self.session.expert_load().reshape(-1)
+        self.last_cache = self._cache_counts()
+        self.last_beat_at, self.last_beat_token = time.monotonic(), 0
+        self.last_message_bytes = 0
+        self.heartbeats = None
+        if orchestrator is not None:
+            self.heartbeats = Heartbeats(orchestrator, token=token, tls_ca=tls_ca)
+
+    # ---- the placement --------------------------------------------------------------------------
+
+    def local_experts(self):
+        """Sorted ids (layer * n_experts + expert) of the routed experts placed on the cpu."""
+        table = self.session.placement
+        routed = np.zeros(table.shape, dtype=bool)
+        routed[moe_layers(self.model)] = True
+        return [int(i) for i in np.flatnonzero((table == 0) & routed)]
+
+    def set_local(self, local):
+        """Places the `local` ids on the cpu and every other routed expert the server holds on it
+        (call between tokens)."""
+        self.session.set_placement(placement_table(self.model, local, self.remote_device, self.holds))
+
+    # ---- heartbeats -----------------------------------------------------------------------------
+
+    def _cache_counts(self):
+        if not self.session.expert_budget:
+            return (0, 0)
+        s = self.session.expert_cache_stats()
+        return (s["hits"], s["misses"])
+
+    def build_heartbeat(self):
+        """The next HeartbeatRequest, from the counters since the last one (between tokens)."""
+        load = self.session.expert_load().reshape(-1)
+        self.pending += load - self.last_load
+        self.last_load = load
+        hits, misses = self._cache_counts()
+        d_hits, d_misses = hits - self.last_cache[0], misses - self.last_cache[1]
+        self.last_cache = (hits, misses)
+        permille = 1000 * d_hits // (d_hits + d_misses) if d_hits + d_misses else 0
+        p90_us = [int(d["p90_ns"] // 1000) for d in self.session.device_stats()]
+        self.seq += 1
+        msg, ids, counts = heartbeat_message(self.name, self.hash8, self.seq, p90_us, permille, self.version,
+                                             self.budget_bytes, self.expert_bytes, self.pending)
+        self.pending[ids] -= counts   # what did not fit waits for the next heartbeat
+        self.last_message_bytes = len(msg.SerializeToString()) + GRPC_FRAME
+        return msg
+
+    def apply_reply(self, reply):
+        """Applies a pushed placement (call between tokens); True when the placement changed."""
+        if reply is None or reply.placement_version in (0, self.version):
+            return False
+        self.set_local(reply.local)
+        self.version = reply.placement_version
+        self.applied.append((self.generated, self.version))
+        return True
+
+    def between_tokens(self):
+        """What the generate loop does between two tokens: apply a pushed placement, and hand a
+        heartbeat to the background thread when one is due."""
+        if self.heartbeats is None:
+            return
+        self.apply_reply(self.heartbeats.take_reply())
+        due = (self.generated - self.last_beat_token >= self.heartbeat_tokens
+               or time.monotonic() - self.last_beat_at >= self.heartbeat_s)
+        if due and not self.heartbeats.busy:
+            self.heartbeats.submit(self.build_heartbeat())
+            self.last_beat_at, self.last_beat_token = time.monotonic(), self.generated
+
+    def heartbeat(self, timeout=5.0):
+        """A heartbeat now, waiting for its reply, and the placement it pushes applied (between
+        tokens).  True when the placement changed."""
+        if self.heartbeats is None:
+            raise ValueError("this edge has no orchestrator")
+        self.heartbeats.wait(timeout)
+        self.apply_reply(self.heartbeats.take_reply())
+        if not self.heartbeats.submit(self.build_heartbeat()):
+            raise RuntimeError("a heartbeat is still on its way")
+        self.last_beat_at, self.last_beat_token = time.monotonic(), self.generated
+        if not self.heartbeats.wait(timeout):
+            raise TimeoutError(f"the orchestrator did not answer in {timeout} s")
+        return self.apply_reply(self.heartbeats.take_reply())
+
+    # ---- generation -----------------------------------------------------------------------------
+
+    def stream(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True):
+        """Session.stream's tokens, with the placement kept between tokens."""
+        s = self.session
+        if seed is not None:
+            s.seed(seed)
+        eos = self.model.config["eos_token_id"]
+        self.between_tokens()
+        s.prefill(prompt)
+        if max_tokens <= 0:
+            return
+        token = s.sample(temperature, top_k, top_p)
+        for i in range(max_tokens):
+            self.generated += 1
+            yield token
+            if (stop_at_eos and token == eos) or i + 1 == max_tokens or s.position >= s.n_ctx:
+                return
+            self.between_tokens()
+            token = s.step(token, temperature, top_k, top_p)
+
+    def generate(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True):
+        return list(self.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos))
+
+    def counters(self):
+        """Lines of the devices' counters (and the heartbeats'), for --verbose."""
+        lines = [device_line(d) for d in self.session.device_stats()]
+        if self.heartbeats is not None:
+            h = self.heartbeats
+            lines.append(f"[orchestrator: {h.sent} heartbeats answered, {h.failed} failed"
+                         f"{f' (last: {h.last_error})' if h.last_error else ''}; placement version {self.version}, "
+                         f"{len(self.applied)} applied; last heartbeat {self.last_message_bytes} B on the wire]")
+        if self.fetcher is not None:
+            lines.append(f"[experts fetched: {self.fetcher.fetches}, {self.fetcher.bytes / 1e6:.2f} MB]")
+        return lines
+
+    def close(self):
+        if self.heartbeats is not None:
+            self.heartbeats.close()
+            self.heartbeats = None
+        close = getattr(self.driver, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def device_line(d):
+    """One device's counters: calls, fallbacks, errors, P90."""
+    state = ", bypassed now" if d["bypassed_now"] else ""
+    return (f"[device {d['name']}: {d['calls']} calls, {d['experts']} experts, {d['rows']} rows; "
+            f"{d['fallbacks']} fallbacks, {d['errors']} errors, {d['slow']} slow, {d['probes']} probes{state}; "
+            f"P90 {d['p90_ns'] / 1e6:.2f} ms of {d['samples']} (threshold {d['threshold_ns'] / 1e6:.1f} ms)]")

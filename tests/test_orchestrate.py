@@ -1,0 +1,224 @@
+"""The orchestrator and the edge (colibri.remote.orchestrator, colibri.remote.edge), on loopback:
+heartbeats fit in 200 bytes on the wire, placements keep each edge's hottest experts under its
+budget without flapping, the state survives a restart, and placements applied between tokens
+leave the tokens those of an all-local run."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc")
+pb = pytest.importorskip("colibri.remote.colibri_remote_pb2")
+pbg = pytest.importorskip("colibri.remote.colibri_remote_pb2_grpc")
+
+from colibri.remote.edge import GRPC_FRAME, heartbeat_message   # noqa: E402
+from colibri.remote.orchestrator import MARGIN, MIN_GAIN, Orchestrator, place, serve   # noqa: E402
+
+N_IDS = 32   # 2 layers of 16 experts
+EXPERT_BYTES = 1 << 20
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def skewed(order, total=1000):
+    """int64 (N_IDS) tokens routed: total // 2**rank to the ids in `order`, hottest first (each
+    rank past the next by more than the hysteresis margin)."""
+    out = np.zeros(N_IDS, dtype=np.int64)
+    out[np.asarray(order)] = total // 2 ** np.arange(len(order))
+    return out
+
+
+class SimEdge:
+    """An edge's heartbeats without a model: loads from a distribution, the pending counts and
+    the 200-byte limit as colibri.remote.edge sends them."""
+
+    def __init__(self, stub, name, slots):
+        self.stub, self.name, self.slots = stub, name, slots
+        self.seq = self.version = 0
+        self.pending = np.zeros(N_IDS, dtype=np.int64)
+        self.local = None
+        self.sizes = []
+
+    def beat(self, routed):
+        self.pending += routed
+        self.seq += 1
+        msg, ids, counts = heartbeat_message(self.name, b"\x01" * 8, self.seq, [12, 3400], 875, self.version,
+                                             self.slots * EXPERT_BYTES, EXPERT_BYTES, self.pending)
+        self.pending[ids] -= counts
+        self.sizes.append(len(msg.SerializeToString()) + GRPC_FRAME)
+        reply = self.stub.Heartbeat(msg, timeout=5)
+        if reply.placement_version not in (0, self.version):
+            self.version, self.local = reply.placement_version, sorted(reply.local)
+        return reply
+
+
+@pytest.fixture
+def orchestrator(tmp_path):
+    orch = Orchestrator(tmp_path / "state.json", warmup=2, interval=0)
+    server, port = serve(orch, "127.0.0.1:0")
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield orch, pbg.OrchestratorStub(channel)
+    channel.close()
+    server.stop(0)
+
+
+# ---- the message --------------------------------------------------------------------------------
+
+def test_a_heartbeat_stays_under_200_bytes_on_the_wire():
+    """The largest fields there can be (a 32-byte name, 8 devices at a minute of P90, every
+    counter near its top, every expert of a big model routed) still fit: the loads carried are
+    the hottest, and what is left waits for the next heartbeat."""
+    pending = np.arange(60 * 128, dtype=np.int64) * 1000 + 1
+    msg, ids, counts = heartbeat_message("e" * 32, b"\xff" * 8, 2**32 - 1, [60_000_000] * 8, 1000, 2**32 - 1,
+                                         2**40, 2**26, pending)
+    wire = len(msg.SerializeToString()) + GRPC_FRAME
+    assert wire < 200 and len(ids) >= 4
+    assert ids.tolist() == sorted(range(pending.size), key=lambda i: -pending[i])[:len(ids)]
+    assert list(msg.load_delta) == [x for pair in zip(ids.tolist(), counts.tolist()) for x in pair]
+    # a typical one: two devices, a short name, a small model's deltas
+    msg, ids, _ = heartbeat_message("kiosk-3", b"\x01" * 8, 17, [40, 2100], 912, 3, 512 << 20, 3 << 20,
+                                    skewed(range(N_IDS), 1 << 20))
+    assert len(msg.SerializeToString()) + GRPC_FRAME < 200 and len(ids) >= 16
+
+
+def test_a_name_too_long_for_the_message_is_refused():
+    with pytest.raises(ValueError, match="too long"):
+        heartbeat_message("e" * 180, b"\x01" * 8, 1, [1, 1], 0, 0, 1, 1, np.zeros(4, dtype=np.int64))
+
+
+# ---- placements ---------------------------------------------------------------------------------
+
+def test_place_promotes_only_past_the_margin():
+    assert place({1: 10, 2: 5, 3: 1}, set(), 2) == {1, 2}
+    assert place({1: 10, 2: 5, 3: 6}, {1, 2}, 2) == {1, 2}                          # 6 < 5 * 1.25 + 1
+    assert place({1: 10, 2: 5, 3: 8}, {1, 2}, 2) == {1, 3}
+    assert place({1: 10, 2: 5, 3: 8}, {1, 2, 3}, 1) == {1}                          # a budget cut: the coldest go
+    assert place({1: 0.0, 2: 3}, {7}, 3) == {2, 7}                                  # room: what routed anything
+
+
+def test_two_edges_keep_their_hottest_experts_under_their_budgets(orchestrator):
+    orch, stub = orchestrator
+    rng = np.random.default_rng(0)
+    a, b = SimEdge(stub, "edge-a", 4), SimEdge(stub, "edge-b", 10)
+    order_a, order_b = rng.permutation(N_IDS), rng.permutation(N_IDS)
+    for _ in range(12):
+        for edge, order in ((a, order_a), (b, order_b)):
+            edge.beat(skewed(order))
+            assert edge.local is None or len(edge.local) <= edge.slots
+    assert a.local == sorted(order_a[:4]) and b.local == sorted(order_b[:10])
+    assert max(a.sizes + b.sizes) < 200
+    settled = a.version, b.version
+    for _ in range(6):   # the same load: nothing moves
+        a.beat(skewed(order_a))
+        b.beat(skewed(order_b))
+    assert (a.version, b.version) == settled
+
+    # edge a's load moves to other experts: they come in (each passing the margin), b stays
+    new_a = rng.permutation(N_IDS)
+    for _ in range(60):
+        a.beat(skewed(new_a))
+        b.beat(skewed(order_b))
+        assert len(a.local) <= 4
+    assert a.local == sorted(new_a[:4]) and a.version > settled[0] and b.version == settled[1]
+    state = orch.snapshot()
+    for edge in (a, b):   # the hysteresis bound holds between every remote and every local expert
+        load = {int(i): x for i, x in state[edge.name]["load"].items()}
+        remote = [x for i, x in load.items() if i not in edge.local]
+        assert max(remote, default=0) <= min(load.get(i, 0) for i in edge.local) * (1 + MARGIN) + MIN_GAIN
+
+
+def test_near_equal_experts_do_not_flap(orchestrator):
+    """Two experts whose loads alternate just around each other: the first placement stays."""
+    _, stub = orchestrator
+    edge = SimEdge(stub, "edge-c", 1)
+    for i in range(20):
+        routed = np.zeros(N_IDS, dtype=np.int64)
+        routed[[3, 9]] = (10, 11) if i % 2 else (11, 10)
+        edge.beat(routed)
+    assert edge.version == 1 and edge.local in ([3], [9])
+
+
+def test_an_edge_that_restarts_gets_its_placement_again(orchestrator):
+    _, stub = orchestrator
+    edge = SimEdge(stub, "edge-d", 2)
+    for _ in range(3):
+        edge.beat(skewed([5, 6, 7]))
+    version, local = edge.version, edge.local
+    assert version == 1 and local == [5, 6]
+    again = SimEdge(stub, "edge-d", 2)   # a new process: version 0, seq from 1
+    reply = again.beat(skewed([5, 6, 7]))
+    assert reply.placement_version == version and sorted(reply.local) == local
+    reply = again.beat(skewed([5, 6, 7]))
+    assert reply.placement_version == version and not reply.local   # it runs it now: no list
+
+
+def test_a_token_is_required_when_set(tmp_path):
+    orch = Orchestrator(tmp_path / "state.json")
+    server, port = serve(orch, "127.0.0.1:0", token="s3cret")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pbg.OrchestratorStub(channel)
+            msg = pb.HeartbeatRequest(edge="e", model_hash=b"\x01" * 8, seq=1)
+            for metadata in ([], [("authorization", "Bearer wrong")]):
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.Heartbeat(msg, timeout=5, metadata=metadata)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stub.Heartbeat(msg, timeout=5, metadata=[("authorization", "Bearer s3cret")])
+    finally:
+        server.stop(0)
+    with pytest.raises(ValueError, match="not loopback"):
+        serve(orch, "0.0.0.0:0", token="s3cret")   # no TLS
+
+
+# ---- the state across restarts ------------------------------------------------------------------
+
+def test_a_restarted_orchestrator_keeps_versions_and_loads(tmp_path):
+    """`colibri orchestrate` stopped (SIGTERM) and started again on the same state file: the
+    version does not go back, the loads are kept, the next change is the next version."""
+    state, port = tmp_path / "state.json", free_port()
+
+    def start():
+        p = subprocess.Popen([sys.executable, "-m", "colibri", "orchestrate", "--listen", f"127.0.0.1:{port}",
+                              "--state", str(state), "--interval", "0", "--warmup", "1"],
+                             stderr=subprocess.PIPE, text=True)
+        assert "listening" in p.stderr.readline()
+        return p
+
+    def stop(p):
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+
+    p = start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            edge = SimEdge(pbg.OrchestratorStub(channel), "edge-e", 2)
+            edge.beat(skewed([1, 2, 3]))
+            edge.beat(skewed([4, 5, 6], 5000))
+            assert edge.version == 2 and edge.local == [4, 5]
+    finally:
+        stop(p)
+    before = Orchestrator(state).snapshot()["edge-e"]
+    assert before["placement_version"] == 2 and before["seq"] == 2 and before["local"] == [4, 5]
+
+    p = start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            edge.stub = pbg.OrchestratorStub(channel)
+            reply = edge.beat(np.zeros(N_IDS, dtype=np.int64))
+            assert reply.placement_version == 2 and not reply.local   # resumed: nothing new for it
+            edge.beat(skewed([7, 8], 50000))
+            assert edge.version == 3 and edge.local == [7, 8]
+    finally:
+        stop(p)
+    after = Orchestrator(state).snapshot()["edge-e"]
+    assert after["placement_version"] == 3
+    assert after["load"]["4"] >= before["load"]["4"] * 0.5 ** (2 / 8) * 0.999   # kept, decayed two heartbeats
