@@ -5,6 +5,9 @@ cdef extern from "colibri/colibri.h" nogil:
     ctypedef enum colibri_status:
         COLIBRI_OK
         COLIBRI_E_TENSOR
+        COLIBRI_E_DEVICE
+
+    enum: COLIBRI_ERROR_MESSAGE_SIZE
 
     ctypedef struct colibri_error:
         colibri_status status
@@ -78,6 +81,29 @@ cdef extern from "colibri/colibri.h" nogil:
     enum: COLIBRI_KERNELS_AUTO
     enum: COLIBRI_KERNELS_REFERENCE
 
+    ctypedef int64_t (*colibri_read_fn)(void *context, uint64_t offset, void *dst, size_t len)
+    ctypedef struct colibri_device_task:
+        int32_t layer
+        int32_t n_experts
+        const int32_t *experts
+        const int32_t *rows
+        const float *gates
+        const float *x
+        float *y
+        int32_t n_rows
+        int32_t hidden_size
+        uint64_t latency_ns
+
+    ctypedef struct colibri_device_driver:
+        const char *name
+        void *context
+        uint32_t dtypes
+        uint64_t threshold_ns
+        colibri_status (*init)(void *context, const colibri_model *model, uint8_t *holds, colibri_error *err)
+        colibri_status (*compute)(void *context, const colibri_device_task *task, colibri_error *err)
+        colibri_status (*sync)(void *context, colibri_device_task *task, colibri_error *err)
+        void (*release)(void *context)
+
     ctypedef struct colibri_session_options:
         int32_t kernels
         const char *kernel_variant
@@ -96,7 +122,16 @@ cdef extern from "colibri/colibri.h" nogil:
         uint32_t expert_io
         const int32_t *expert_pins
         int32_t n_expert_pins
+        colibri_read_fn expert_read
+        void *expert_read_context
+        const colibri_device_driver *const *devices
+        int32_t n_devices
+        const uint8_t *placement
+        uint64_t device_threshold_ns
+        uint64_t device_probe_ns
+        int32_t device_strict
 
+    enum: COLIBRI_LOAD_EXPERTS_ELSEWHERE
     enum: COLIBRI_CACHE_GLOBAL
     enum: COLIBRI_CACHE_PER_LAYER
     enum: COLIBRI_EXPERT_IO_DIRECT
@@ -164,3 +199,41 @@ cdef extern from "colibri/colibri.h" nogil:
         size_t expert_cache
 
     colibri_status colibri_memory(const colibri_session *session, colibri_memory_totals *totals)
+
+
+cdef extern from "colibri/device.h" nogil:
+    enum: COLIBRI_MAX_DEVICES
+    enum: COLIBRI_LATENCY_RING
+
+
+    colibri_status colibri_experts_compute(colibri_session *session, colibri_device_task *task, colibri_error *err)
+    int32_t colibri_device_count(const colibri_session *session)
+    const char *colibri_device_name(const colibri_session *session, int32_t device)
+    int32_t colibri_device_find(const colibri_session *session, const char *name)
+    colibri_status colibri_place(colibri_session *session, int32_t layer, int32_t expert, int32_t device,
+                                 colibri_error *err)
+    colibri_status colibri_placement_set(colibri_session *session, const uint8_t *placement, colibri_error *err)
+    void colibri_placement_get(const colibri_session *session, uint8_t *placement)
+    colibri_status colibri_placement_scratch_bytes(const colibri_session *session, const char *json, size_t len,
+                                                   size_t *scratch_bytes, colibri_error *err)
+    colibri_status colibri_placement_parse(colibri_session *session, const char *json, size_t len, void *scratch,
+                                           size_t scratch_bytes, colibri_error *err)
+
+    ctypedef struct colibri_device_stats:
+        uint64_t calls
+        uint64_t experts
+        uint64_t rows
+        uint64_t errors
+        uint64_t slow
+        uint64_t fallbacks
+        uint64_t probes
+        uint64_t bypassed
+        uint64_t p90_ns
+        uint64_t last_ns
+        uint64_t threshold_ns
+        int32_t samples
+        int32_t bypassed_now
+
+    colibri_status colibri_device_stats_get(const colibri_session *session, int32_t device,
+                                            colibri_device_stats *stats)
+    void colibri_device_stats_clear(colibri_session *session)

@@ -1,14 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Thin bindings to the C core: argument checks, memoryviews, nogil, status -> exception."""
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int32_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 cimport colibri._colibri as c
 
 import operator
 import os
+import time
 
 import numpy as np
 
@@ -112,6 +113,116 @@ cdef object _expert_options(c.colibri_session_options *opts, expert_budget, str 
     return arr
 
 
+# ---- devices: Python drivers behind the core's driver table (colibri/device.h) ----
+
+cdef void _set_error(c.colibri_error *err, exc) noexcept:
+    """A Python exception as a driver's error message (the core adds which device and layer)."""
+    if err is NULL:
+        return
+    cdef bytes text = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[:c.COLIBRI_ERROR_MESSAGE_SIZE - 1]
+    memcpy(err.message, <const char *>text, len(text))
+    err.message[len(text)] = 0
+    err.status = c.COLIBRI_E_DEVICE
+
+
+cdef class _Driver:
+    """Holds a Python driver object and the C table that calls it."""
+    cdef c.colibri_device_driver table
+    cdef readonly object obj
+    cdef bytes name
+    cdef int32_t n_layers, n_experts
+
+    def __cinit__(self, obj, int32_t n_layers, int32_t n_experts):
+        for attr in ("name", "compute", "sync"):
+            if not hasattr(obj, attr):
+                raise TypeError(f"a device driver needs name, compute and sync: {obj!r} has no {attr}")
+        name = obj.name
+        if not isinstance(name, str) or not 1 <= len(name.encode()) <= 15 or name == "cpu" or "\0" in name:
+            raise ValueError(f"a driver's name is 1 to 15 characters and not 'cpu', not {name!r}")
+        threshold_ms = getattr(obj, "threshold_ms", None)
+        if threshold_ms is not None and not 0 < threshold_ms < 1e9:
+            raise ValueError(f"driver {name}: threshold_ms must be > 0, not {threshold_ms!r}")
+        self.obj = obj
+        self.name = name.encode()
+        self.n_layers = n_layers
+        self.n_experts = n_experts
+        memset(&self.table, 0, sizeof(self.table))
+        self.table.name = self.name
+        self.table.context = <void *>self
+        self.table.threshold_ns = 0 if threshold_ms is None else <uint64_t>(threshold_ms * 1e6)
+        self.table.init = _driver_init
+        self.table.compute = _driver_compute
+        self.table.sync = _driver_sync
+
+
+cdef c.colibri_status _driver_init(void *context, const c.colibri_model *model, uint8_t *holds,
+                                   c.colibri_error *err) noexcept with gil:
+    cdef _Driver d = <_Driver>context
+    cdef uint8_t[:, ::1] table
+    try:
+        if not hasattr(d.obj, "holds"):
+            return c.COLIBRI_OK
+        held = d.obj.holds(d.n_layers, d.n_experts)
+        if held is None:
+            return c.COLIBRI_OK
+        arr = np.ascontiguousarray(held, dtype=bool).astype(np.uint8)
+        if arr.shape != (d.n_layers, d.n_experts):
+            raise ValueError(f"holds() returned shape {arr.shape}, not ({d.n_layers}, {d.n_experts})")
+        table = arr
+        memcpy(holds, &table[0, 0], <size_t>(d.n_layers * d.n_experts))
+        return c.COLIBRI_OK
+    except BaseException as exc:
+        _set_error(err, exc)
+        return c.COLIBRI_E_DEVICE
+
+
+cdef c.colibri_status _driver_compute(void *context, const c.colibri_device_task *t,
+                                      c.colibri_error *err) noexcept with gil:
+    cdef _Driver d = <_Driver>context
+    try:
+        experts = np.asarray(<int32_t[:t.n_experts]><int32_t *>t.experts)
+        rows = np.asarray(<int32_t[:t.n_experts + 1]><int32_t *>t.rows)
+        gates = np.asarray(<float[:t.n_rows]><float *>t.gates)
+        x = np.asarray(<float[:t.n_rows, :t.hidden_size]><float *>t.x)
+        for view in (experts, rows, gates, x):   # the core's buffers: read them, copy what outlives the call
+            view.flags.writeable = False
+        d.obj.compute(t.layer, experts, rows, gates, x)
+        return c.COLIBRI_OK
+    except BaseException as exc:
+        _set_error(err, exc)
+        return c.COLIBRI_E_DEVICE
+
+
+cdef c.colibri_status _driver_sync(void *context, c.colibri_device_task *t, c.colibri_error *err) noexcept with gil:
+    cdef _Driver d = <_Driver>context
+    try:
+        y = np.asarray(<float[:t.n_rows, :t.hidden_size]>t.y)
+        latency = d.obj.sync(y)
+        if latency is not None:
+            if not 0 <= latency < 1e6:
+                raise ValueError(f"sync() returned a latency of {latency!r} s")
+            t.latency_ns = max(<uint64_t>(latency * 1e9), 1)
+        return c.COLIBRI_OK
+    except BaseException as exc:
+        _set_error(err, exc)
+        return c.COLIBRI_E_DEVICE
+
+
+cdef class _Reader:
+    """A Python callable read(offset, dst) -> bytes read, as the core's colibri_read_fn."""
+    cdef readonly object read
+
+
+cdef int64_t _reader_read(void *context, uint64_t offset, void *dst, size_t n) noexcept with gil:
+    cdef _Reader r = <_Reader>context
+    try:
+        got = r.read(offset, memoryview(<uint8_t[:n]><uint8_t *>dst) if n else memoryview(b""))
+        got = operator.index(got)
+        return got if 0 <= got <= n else -5
+    except BaseException:
+        return -5   # EIO: the core names the expert and the bytes
+
+
 cdef class Model:
     """A colibri model directory (colibri_model.json + weights.bin), validated and mapped.
 
@@ -121,12 +232,15 @@ cdef class Model:
     cdef readonly str path
     cdef readonly int threads
 
-    def __cinit__(self, path, *, bint verify=False, int threads=0):
+    def __cinit__(self, path, *, bint verify=False, int threads=0, bint experts_elsewhere=False):
         """``threads``: how many threads its sessions share big matmuls with (0: $COLIBRI_THREADS,
-        else the machine's cores); the results are the same for any count."""
+        else the machine's cores); the results are the same for any count.  ``experts_elsewhere``:
+        weights.bin holds only what precedes the routed experts (an interleaved file cut there);
+        sessions then stream the experts through an ``expert_read`` callable."""
         cdef c.colibri_error err
         cdef c.colibri_status st
-        cdef unsigned flags = c.COLIBRI_LOAD_VERIFY if verify else 0
+        cdef unsigned flags = (c.COLIBRI_LOAD_VERIFY if verify else 0) | \
+            (c.COLIBRI_LOAD_EXPERTS_ELSEWHERE if experts_elsewhere else 0)
         self.path = os.fspath(path)
         if threads < 0:
             raise ValueError(f"threads must be >= 0, not {threads}")
@@ -243,13 +357,18 @@ cdef class Model:
         return need
 
     def session(self, int ctx=0, int batch=0, str kernels="auto", *, expert_budget=0, str expert_cache="global",
-                bint direct_io=False, bint prefetch=True, pins=None, bint verify=False, **routing):
+                bint direct_io=False, bint prefetch=True, pins=None, bint verify=False, expert_read=None,
+                devices=(), placement=None, device_threshold_ms=5.0, device_probe_ms=250.0, bint strict=False,
+                **routing):
         """A new session: a KV cache for ``ctx`` positions (0: the model's maximum, at most 4096),
         prefill computed ``batch`` tokens at a time (0: 64), with the fastest kernels this CPU runs
         (``kernels="auto"``) or the plain C reference (``"reference"``).  ``expert_budget`` (expert
-        streaming) and ``routing`` (research routers, off by default): see Session."""
+        streaming), ``devices`` (drivers beside the cpu) and ``routing`` (research routers, off by
+        default): see Session."""
         return Session(self, ctx, batch, kernels, expert_budget=expert_budget, expert_cache=expert_cache,
-                       direct_io=direct_io, prefetch=prefetch, pins=pins, verify=verify, **routing)
+                       direct_io=direct_io, prefetch=prefetch, pins=pins, verify=verify, expert_read=expert_read,
+                       devices=devices, placement=placement, device_threshold_ms=device_threshold_ms,
+                       device_probe_ms=device_probe_ms, strict=strict, **routing)
 
 
 _ROUTINGS = {"model": 0, "noisy": 1, "hash": 2, "capacity": 3}   # COLIBRI_ROUTING_*
@@ -267,12 +386,16 @@ cdef class Session:
     cdef bint _busy
     cdef int32_t _vocab
     cdef object _pins
+    cdef object _drivers          # the _Driver tables the core calls, alive as long as the session
+    cdef object _reader
+    cdef const c.colibri_device_driver **_driver_table
     cdef readonly uint64_t expert_budget
 
     def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto", str routing="model",
                   float noise=1.0, noise_seed=0, float capacity_factor=1.0, bint profile=False, threads=None, *,
                   expert_budget=0, str expert_cache="global", bint direct_io=False, bint prefetch=True, pins=None,
-                  bint verify=False):
+                  bint verify=False, expert_read=None, devices=(), placement=None, device_threshold_ms=5.0,
+                  device_probe_ms=250.0, bint strict=False):
         """``routing``: "model" (the model's own router), or a research router that changes the
         model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
         ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
@@ -287,7 +410,19 @@ cdef class Session:
         read past the page cache (O_DIRECT); ``prefetch``: guess the next layer's experts and read
         them ahead; ``pins``: (layer, expert) pairs read at creation and never evicted (a sequence
         of pairs or an (n, 2) integer array), at most the slots less one layer's top_k; ``verify``:
-        check each expert's extent against its CRC-32 when first read (interleaved files)."""
+        check each expert's extent against its CRC-32 when first read (interleaved files);
+        ``expert_read``: where experts are read from, a callable ``read(offset, dst) -> bytes read``
+        filling the writable memoryview ``dst`` from weights.bin's bytes at ``offset`` (called from
+        the I/O thread; an exception is an I/O error), instead of the model's own weights.bin.
+
+        Devices (docs/DEVICES.md): ``devices`` are driver objects (``name``, ``compute(layer,
+        experts, rows, gates, x)``, ``sync(y) -> latency seconds or None``, optionally ``holds(
+        n_layers, n_experts)`` and ``threshold_ms``), devices 1, 2, ... after the cpu;
+        ``placement``: None (all on the cpu), a placement file's path or JSON text, or an
+        (n_layers, n_experts) array of device indices.  A device whose P90 latency of its last 32
+        calls passes ``device_threshold_ms`` (or its own ``threshold_ms``), or whose call fails, is
+        bypassed: its experts run on the cpu (the same bits) and it is probed again after
+        ``device_probe_ms``, doubling while it stays slow.  ``strict``: fail instead."""
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
@@ -314,15 +449,197 @@ cdef class Session:
         self._pins = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins, verify)
         self.expert_budget = opts.expert_budget
         self.model = model
-        self._vocab = c.colibri_model_hparams(model._model).vocab_size
-        with nogil:
+        cdef const c.colibri_hparams *hp = c.colibri_model_hparams(model._model)
+        self._vocab = hp.vocab_size
+        cdef _Reader reader
+        if expert_read is not None:
+            if not callable(expert_read):
+                raise TypeError(f"expert_read must be a callable read(offset, dst) -> int, not {expert_read!r}")
+            reader = _Reader.__new__(_Reader)
+            reader.read = expert_read
+            self._reader = reader
+            opts.expert_read = _reader_read
+            opts.expert_read_context = <void *>reader
+        self._drivers = [_Driver(d, hp.n_layers, hp.n_experts) for d in devices]
+        if len(self._drivers) >= c.COLIBRI_MAX_DEVICES:
+            raise ValueError(f"at most {c.COLIBRI_MAX_DEVICES - 1} devices beside the cpu, not {len(self._drivers)}")
+        if not 0 < device_threshold_ms < 1e9 or not 0 < device_probe_ms < 1e12:
+            raise ValueError("device_threshold_ms and device_probe_ms must be > 0")
+        cdef _Driver drv
+        if self._drivers:
+            self._driver_table = <const c.colibri_device_driver **>malloc(len(self._drivers) * sizeof(void *))
+            if self._driver_table is NULL:
+                raise MemoryError()
+            for i, drv in enumerate(self._drivers):
+                self._driver_table[i] = &drv.table
+            opts.devices = self._driver_table
+            opts.n_devices = len(self._drivers)
+        opts.device_threshold_ns = <uint64_t>(device_threshold_ms * 1e6)
+        opts.device_probe_ns = <uint64_t>(device_probe_ms * 1e6)
+        opts.device_strict = strict
+        cdef uint8_t[:, ::1] table
+        table_arr = None
+        if placement is not None and not isinstance(placement, (str, os.PathLike)):
+            table_arr = self._placement_array(placement, hp.n_layers, hp.n_experts)
+            if not self._drivers:
+                raise ValueError("a placement needs devices: pass the drivers it names")
+            table = table_arr
+            opts.placement = &table[0, 0]
+        with nogil:   # a Python driver's init takes the GIL back
             st = c.colibri_session_create(model._model, &opts, &self._session, &err)
         if st != c.COLIBRI_OK:
             raise_error(&err)
+        if placement is not None and table_arr is None:
+            self.load_placement(placement)
 
     def __dealloc__(self):
         if self._session is not NULL:
             c.colibri_session_destroy(self._session)
+        free(self._driver_table)
+
+    @staticmethod
+    def _placement_array(placement, int32_t n_layers, int32_t n_experts):
+        arr = np.asarray(placement)
+        if arr.shape != (n_layers, n_experts):
+            raise ValueError(f"a placement is an (n_layers, n_experts) = ({n_layers}, {n_experts}) array of device "
+                             f"indices, not shape {arr.shape}")
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"placement device indices must be integers, not {arr.dtype}")
+        if arr.size and (arr.min() < 0 or arr.max() >= c.COLIBRI_MAX_DEVICES):
+            raise ValueError(f"placement device indices must lie in [0, {c.COLIBRI_MAX_DEVICES})")
+        return np.ascontiguousarray(arr, dtype=np.uint8)
+
+    # ---- devices ----
+
+    @property
+    def devices(self):
+        """Device names, in index order: "cpu" first, then the drivers."""
+        return [c.colibri_device_name(self._session, i).decode()
+                for i in range(c.colibri_device_count(self._session))]
+
+    @property
+    def placement(self):
+        """(n_layers, n_experts) uint8: each routed expert's device index (a copy)."""
+        cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self.model._model)
+        out = np.zeros((hp.n_layers, hp.n_experts), dtype=np.uint8)
+        cdef uint8_t[:, ::1] view = out
+        if out.size:
+            c.colibri_placement_get(self._session, &view[0, 0])
+        return out
+
+    def set_placement(self, placement):
+        """Binds every expert at once (an (n_layers, n_experts) array of device indices), from the
+        next forward on: call it between tokens.  Nothing changes on error."""
+        cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self.model._model)
+        arr = self._placement_array(placement, hp.n_layers, hp.n_experts)
+        cdef uint8_t[:, ::1] view = arr
+        cdef c.colibri_error err
+        self._enter()
+        try:
+            st = c.colibri_placement_set(self._session, &view[0, 0], &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def place(self, int layer, int expert, device):
+        """Binds expert (layer, expert) to ``device`` (a name or an index); -1: every layer or expert."""
+        cdef c.colibri_error err
+        cdef int32_t index
+        if isinstance(device, str):
+            name = device.encode()
+            index = c.colibri_device_find(self._session, name)
+            if index < 0:
+                raise ValueError(f"no device {device!r} in this session (devices: {', '.join(self.devices)})")
+        else:
+            index = operator.index(device)
+        self._enter()
+        try:
+            st = c.colibri_place(self._session, layer, expert, index, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def load_placement(self, placement):
+        """Applies a placement file (docs/DEVICES.md): a path, or the JSON text itself."""
+        if isinstance(placement, os.PathLike) or (isinstance(placement, str) and not placement.lstrip().startswith("{")):
+            with open(placement, "rb") as f:
+                text = f.read()
+        else:
+            text = placement.encode() if isinstance(placement, str) else bytes(placement)
+        cdef const char *json = text
+        cdef size_t need = 0
+        cdef c.colibri_error err
+        st = c.colibri_placement_scratch_bytes(self._session, json, len(text), &need, &err)
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+        scratch = np.empty(need // 4 + 1, dtype=np.uint32)
+        cdef uint32_t[::1] buf = scratch
+        self._enter()
+        try:
+            st = c.colibri_placement_parse(self._session, json, len(text), &buf[0], need, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def device_stats(self):
+        """Per device, in index order: calls, experts, rows, errors, slow, fallbacks, probes,
+        bypassed (times it went bypassed), p90_ns, last_ns, threshold_ns, samples (latencies in its
+        ring), bypassed_now.  The cpu's fallbacks are the expert computations it took in."""
+        cdef c.colibri_device_stats st
+        out = []
+        for i, name in enumerate(self.devices):
+            c.colibri_device_stats_get(self._session, i, &st)
+            out.append({"name": name, "calls": st.calls, "experts": st.experts, "rows": st.rows,
+                        "errors": st.errors, "slow": st.slow, "fallbacks": st.fallbacks, "probes": st.probes,
+                        "bypassed": st.bypassed, "p90_ns": st.p90_ns, "last_ns": st.last_ns,
+                        "threshold_ns": st.threshold_ns, "samples": st.samples, "bypassed_now": bool(st.bypassed_now)})
+        return out
+
+    def device_stats_clear(self):
+        """Zeroes the counters (the latency rings and bypass states stay)."""
+        c.colibri_device_stats_clear(self._session)
+
+    def compute_experts(self, int layer, experts, rows, x):
+        """The cpu driver: y (n_rows, hidden) float32 = each expert's FFN of its rows of ``x``
+        (n_rows, hidden) float32, with this session's kernels: bit for bit what a forward pass
+        computes.  ``experts``: ascending ids; ``rows``: n_experts + 1 offsets into x's rows.
+        colibri.Error (COLIBRI_E_ARG) names what is out of range."""
+        cdef int32_t[::1] ids = np.ascontiguousarray(experts, dtype=np.int32)
+        cdef int32_t[::1] offsets = np.ascontiguousarray(rows, dtype=np.int32)
+        xa = np.ascontiguousarray(x, dtype=np.float32)
+        if xa.ndim != 2:
+            raise ValueError(f"x must be (n_rows, hidden_size), not shape {xa.shape}")
+        if ids.shape[0] < 1 or offsets.shape[0] != ids.shape[0] + 1:
+            raise ValueError(f"{ids.shape[0]} experts need {ids.shape[0] + 1} row offsets, not {offsets.shape[0]}")
+        if xa.shape[0] < 1:
+            raise ValueError("x has no rows")
+        out = np.empty_like(xa)
+        cdef float[:, ::1] xv = xa
+        cdef float[:, ::1] yv = out
+        cdef c.colibri_device_task t
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        memset(&t, 0, sizeof(t))
+        t.layer = layer
+        t.n_experts = ids.shape[0]
+        t.experts = &ids[0]
+        t.rows = &offsets[0]
+        t.x = &xv[0, 0]
+        t.y = &yv[0, 0]
+        t.n_rows = xa.shape[0]
+        t.hidden_size = xa.shape[1]
+        self._enter()
+        try:
+            with nogil:
+                st = c.colibri_experts_compute(self._session, &t, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+        return out
 
     cdef _enter(self):
         if self._busy:

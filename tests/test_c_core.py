@@ -27,6 +27,7 @@ def test_decoding_allocates_nothing():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "allocator calls during 64 resident decode steps: 0 (position 72)" in r.stdout
     assert "allocator calls during 64 streamed decode steps: 0 (position 72)" in r.stdout
+    assert "allocator calls during 64 device decode steps: 0 (position 72)" in r.stdout
 
 
 @pytest.mark.parametrize("ctx,batch", [(256, 0), (17, 5), (1, 1)])

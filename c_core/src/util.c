@@ -116,6 +116,7 @@ static const struct { const char *name, *text; } statuses[] = {
     STATUS(COLIBRI_E_NOMEM, "out of memory"),
     STATUS(COLIBRI_E_CONTEXT, "context full"),
     STATUS(COLIBRI_E_TOKEN, "token id out of range"),
+    STATUS(COLIBRI_E_DEVICE, "a device failed to compute"),
 };
 #undef STATUS
 COLIBRI_TABLE_CHECK(statuses, COLIBRI_STATUS_COUNT);

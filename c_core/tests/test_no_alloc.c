@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "colibri/colibri.h"
+#include "colibri/device.h"
 
 extern void *__libc_malloc(size_t size);
 extern void *__libc_calloc(size_t n, size_t size);
@@ -81,6 +82,37 @@ int main(int argc, char **argv)
            (unsigned long long)stats.prefetches);
     if (stats.reads == 0 || stats.prefetches == 0) return 1;   /* the path under test ran */
     colibri_session_destroy(session);
+
+    /* and with every expert on a registered device (another session's cpu driver, renamed): the
+     * placement, the gathering, the calls and the latency rings allocate nothing */
+    {
+        colibri_session *computer;
+        colibri_device_driver driver;
+        const colibri_device_driver *drivers[1];
+        colibri_device_stats ds;
+        uint8_t placement[64 * 64];
+        const colibri_hparams *hp = colibri_model_hparams(model);
+        memset(&so, 0, sizeof so);
+        so.n_ctx = 16;
+        if (colibri_session_create(model, &so, &computer, &err)) { fprintf(stderr, "%s\n", err.message); return 1; }
+        colibri_cpu_driver(computer, &driver);
+        driver.name = "other";
+        drivers[0] = &driver;
+        if ((size_t)hp->n_layers * hp->n_experts > sizeof placement) return 1;
+        memset(placement, 1, sizeof placement);
+        so.n_ctx = 128;
+        so.devices = drivers;
+        so.n_devices = 1;
+        so.placement = placement;
+        if (colibri_session_create(model, &so, &session, &err)) { fprintf(stderr, "%s\n", err.message); return 1; }
+        if (decode_counting(session, "device") != 0) return 1;
+        colibri_device_stats_get(session, 1, &ds);
+        printf("device: %llu calls, %llu experts in those steps\n", (unsigned long long)ds.calls,
+               (unsigned long long)ds.experts);
+        if (ds.calls == 0) return 1;
+        colibri_session_destroy(session);
+        colibri_session_destroy(computer);
+    }
     colibri_model_close(model);
     return 0;
 }

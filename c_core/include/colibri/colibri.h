@@ -52,6 +52,7 @@ typedef enum colibri_dtype {
 
 typedef struct colibri_model colibri_model;
 typedef struct colibri_session colibri_session;
+typedef struct colibri_device_driver colibri_device_driver;   /* colibri/device.h */
 
 /* The hyper-parameters of a loaded model, as validated. */
 typedef struct colibri_hparams {
@@ -253,6 +254,13 @@ typedef struct colibri_session_options {
     const int32_t *expert_pins; /* (n_expert_pins, 2) (layer, expert) pairs read at session creation and
                                    never evicted; at most the slots less one layer's top_k */
     int32_t n_expert_pins;
+    /* Devices (colibri/device.h): drivers beyond the built-in cpu (device 0), devices 1 .. n_devices */
+    const colibri_device_driver *const *devices;
+    int32_t n_devices;          /* at most COLIBRI_MAX_DEVICES - 1 */
+    const uint8_t *placement;   /* (n_layers, n_experts) device of each expert; NULL: all on the cpu */
+    uint64_t device_threshold_ns;   /* a device whose P90 passes it is bypassed; 0: 5 ms */
+    uint64_t device_probe_ns;   /* the first back-off before a bypassed device is tried again; 0: 250 ms */
+    int32_t device_strict;      /* nonzero: a failed or slow device call fails the forward, no fallback */
 } colibri_session_options;
 
 enum { COLIBRI_CACHE_GLOBAL = 0, COLIBRI_CACHE_PER_LAYER = 1 };

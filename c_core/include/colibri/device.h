@@ -51,7 +51,7 @@ typedef struct colibri_device_task {
                                    round trip); 0: the core times compute() to sync's return */
 } colibri_device_task;
 
-typedef struct colibri_device_driver {
+struct colibri_device_driver {   /* typedef'd in colibri.h */
     const char *name;           /* unique in the session, 1 to 15 characters */
     void *context;
     uint32_t dtypes;            /* bit 1u << dtype for each weight dtype it computes; 0: every dtype */
@@ -65,10 +65,11 @@ typedef struct colibri_device_driver {
     colibri_status (*sync)(void *context, colibri_device_task *task, colibri_error *err);
     /* At session destruction (optional). */
     void (*release)(void *context);
-} colibri_device_driver;
+};
 
-/* The driver of device 0: `cpu`, computing with `session`'s kernels and threads (a host can register
- * it in another session, e.g. a server computing for others; context is `session`). */
+/* The driver of device 0: `cpu`, computing with `session`'s kernels and threads, synchronously
+ * (context is `session`).  To register it in another session give it another name first: `cpu`
+ * is always device 0's. */
 void colibri_cpu_driver(colibri_session *session, colibri_device_driver *driver);
 
 /* The cpu driver's computation, synchronous: task->y (n_rows, hidden) = each expert's FFN of its
@@ -95,9 +96,14 @@ void colibri_placement_get(const colibri_session *session, uint8_t *placement);
 /* A placement file (docs/DEVICES.md) applied to the session:
  *   {"format": "colibri-placement", "version": 1, "default": "cpu",
  *    "experts": [{"device": "remote", "layer": 3, "experts": [0, 5, 7]}, ...]}
- * "layer" may be "all"; "experts" may be "all".  Devices are named; a name the session lacks, an
- * index out of range, a duplicate entry or any other field is COLIBRI_E_VALUE with its place. */
-colibri_status colibri_placement_parse(colibri_session *session, const char *json, size_t len, colibri_error *err);
+ * "layer" may be "all"; "experts" may be "all"; later entries override earlier ones.  Devices are
+ * named; a name the session lacks, an index out of range, an unknown field is COLIBRI_E_VALUE (or
+ * _TYPE, _MISSING, _JSON) naming its place, and nothing changes.  The parse works in `scratch`
+ * (4-byte aligned, placement_scratch_bytes long): no allocation. */
+colibri_status colibri_placement_scratch_bytes(const colibri_session *session, const char *json, size_t len,
+                                               size_t *scratch_bytes, colibri_error *err);
+colibri_status colibri_placement_parse(colibri_session *session, const char *json, size_t len, void *scratch,
+                                       size_t scratch_bytes, colibri_error *err);
 
 /* ---- what the devices did ---------------------------------------------- */
 

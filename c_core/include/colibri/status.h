@@ -31,6 +31,7 @@ typedef enum colibri_status {
     COLIBRI_E_NOMEM,        /* the arena (or the model's metadata block) cannot be had */
     COLIBRI_E_CONTEXT,      /* the session's context is full */
     COLIBRI_E_TOKEN,        /* a token id outside [0, vocab) */
+    COLIBRI_E_DEVICE,       /* a device failed to compute (strict mode, or nothing to fall back to) */
     COLIBRI_STATUS_COUNT
 } colibri_status;
 

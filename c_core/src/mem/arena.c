@@ -16,7 +16,7 @@ void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
 static const char *const group_names[] = {
     [ARENA_SESSION] = "session", [ARENA_ACTIVATIONS] = "activations", [ARENA_KV_CACHE] = "kv cache",
     [ARENA_ROPE] = "rope tables", [ARENA_ROUTER] = "router", [ARENA_EXPERTS] = "experts",
-    [ARENA_EXPERT_CACHE] = "expert cache", [ARENA_OUTPUT] = "output",
+    [ARENA_EXPERT_CACHE] = "expert cache", [ARENA_DEVICES] = "devices", [ARENA_OUTPUT] = "output",
     [ARENA_SAMPLING] = "sampling",
 };
 COLIBRI_TABLE_CHECK(group_names, ARENA_GROUP_COUNT);

@@ -141,7 +141,7 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
         int32_t last = -1;
         const char *stem = g + 1 < ARENA_GROUP_COUNT ? "│   " : "    ";
         for (i = 0; i < a->n_records; i++) if (a->records[i].group == g) last = i;
-        if (g == ARENA_EXPERT_CACHE && last < 0) continue;   /* resident experts: no cache */
+        if ((g == ARENA_EXPERT_CACHE || g == ARENA_DEVICES) && last < 0) continue;   /* resident experts, no drivers */
         emit(&r, "%s%s", g + 1 < ARENA_GROUP_COUNT ? "├── " : "└── ", colibri_arena_group_name(g));
         emit(&r, "  %s B\n", grouped(n1, group_bytes(a, g)));
         for (i = 0; i < a->n_records; i++) {

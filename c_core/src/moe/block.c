@@ -9,7 +9,12 @@
  *   shared    out += the shared expert of every token, after the routed sum
  *
  * Decode (one token) with a thread pool shares the hit experts among the threads instead of
- * splitting each matmul, for the same bits. */
+ * splitting each matmul, for the same bits.
+ *
+ * Devices (colibri/device.h): the hit experts bound to a driver are gathered device by device and
+ * their calls started before the local experts run; each device's outputs are collected (sync) when
+ * the id-ordered sum reaches its first expert, so the sum adds in the same order either way.  A
+ * failed call's experts are computed here instead. */
 #include <string.h>
 
 #include "moe.h"
@@ -97,6 +102,132 @@ static void expert_weights(const colibri_layer_weights *lw, const colibri_moe_st
 
 static int32_t kept(const colibri_moe_buffers *b, int32_t e) { return b->dropped_from[e] - b->expert_start[e]; }
 
+/* Pairs expert e computes here, on the cpu, in this chunk: 0 when none or when a device runs it. */
+static int32_t local(const colibri_moe_buffers *b, const colibri_devices *dev, int32_t e)
+{
+    return dev && dev->run_on[e] ? 0 : kept(b, e);
+}
+
+colibri_status colibri_moe_expert_rows(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
+                                       const colibri_layer_weights *lw, const colibri_moe_buffers *b,
+                                       const colibri_moe_stream *stream, int32_t layer, int32_t e, const float *x,
+                                       int32_t m, float *y, colibri_error *err)
+{
+    colibri_expert_weights w;
+    if (stream) {
+        colibri_status st;
+        if (!colibri_cache_request(stream->cache, layer, e, 1))
+            return colibri_fail(err, COLIBRI_E_NOMEM, "layer %d: no cache slot for expert %d", layer, e);
+        st = colibri_cache_wait(stream->cache, layer, e, err);
+        if (st) return st;
+    }
+    expert_weights(lw, stream, layer, e, &w);
+    moe->expert->forward(k, hp, &w, x, m, b->h1, b->h3, y);   /* (m, dim) */
+    if (stream) colibri_cache_release(stream->cache, layer, e);
+    return COLIBRI_OK;
+}
+
+/* Strict: a driver's failure (its message in err) as the forward's status. */
+static colibri_status device_failed(colibri_error *err, const colibri_device_state *s, int32_t layer, const char *what)
+{
+    char detail[COLIBRI_ERROR_MESSAGE_SIZE] = "";
+    if (err) memcpy(detail, err->message, sizeof detail);
+    detail[sizeof detail - 1] = '\0';
+    return colibri_fail(err, COLIBRI_E_DEVICE, "device %s failed to %s layer %d (strict, no fallback): %s", s->driver->name,
+                        what, layer, detail);
+}
+
+/* Which device runs each hit expert, then each device's experts gathered into its rows of dev->x
+ * and its call started.  Strict: a bypassed device or a failed start is the status. */
+static colibri_status start_devices(const colibri_hparams *hp, const colibri_moe_buffers *b, colibri_devices *dev,
+                                    int32_t layer, const float *x, colibri_error *err)
+{
+    int32_t E = hp->n_experts, d = hp->hidden_size, row = 0, e, i;
+    uint64_t now = colibri_devices_now(dev);
+    colibri_status st;
+    memset(dev->run_on, 0, (size_t)E);
+    for (e = 0; e < E; e++) {
+        int32_t on;
+        if (!kept(b, e)) continue;
+        st = colibri_device_pick(dev, layer, e, now, &on, err);
+        if (st) return st;
+        dev->run_on[e] = (uint8_t)on;
+        if (!on) { dev->dev[0].stats.experts++; dev->dev[0].stats.rows += (uint64_t)kept(b, e); }
+    }
+    for (i = 1; i < dev->n; i++) {
+        colibri_device_state *s = &dev->dev[i];
+        colibri_device_task *t = &s->task;
+        int32_t n = 0, first = row;
+        for (e = 0; e < E; e++) {
+            int32_t m = kept(b, e);
+            if (!m || dev->run_on[e] != i) continue;
+            gather(hp, b, x, b->expert_start[e], m, dev->x + (size_t)row * d);   /* (m, dim) */
+            memcpy(dev->gates + row, b->pair_gate + b->expert_start[e], (size_t)m * sizeof(float));
+            dev->first_row[e] = row;
+            s->task_experts[n] = e;
+            s->task_rows[n++] = row - first;
+            row += m;
+        }
+        if (!n) continue;
+        s->task_rows[n] = row - first;
+        t->layer = layer; t->n_experts = n; t->experts = s->task_experts; t->rows = s->task_rows;
+        t->gates = dev->gates + first; t->x = dev->x + (size_t)first * d; t->y = dev->y + (size_t)first * d;
+        t->n_rows = row - first; t->hidden_size = d; t->latency_ns = 0;
+        s->pending = 1;
+        s->stats.calls++;
+        s->started_ns = colibri_devices_now(dev);
+        s->failed = s->driver->compute(s->driver->context, t, err) != COLIBRI_OK;
+        if (s->failed && dev->strict) return device_failed(err, s, layer, "start");
+    }
+    return COLIBRI_OK;
+}
+
+/* Device i's outputs for this chunk in dev->y: its call synced and recorded, or, when it failed, its
+ * experts computed here from the rows it was given (the same inputs: the same bits). */
+static colibri_status collect(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
+                              const colibri_layer_weights *lw, const colibri_moe_buffers *b,
+                              const colibri_moe_stream *stream, colibri_devices *dev, int32_t i, colibri_error *err)
+{
+    colibri_device_state *s = &dev->dev[i];
+    colibri_device_task *t = &s->task;
+    colibri_status st = COLIBRI_E_DEVICE;
+    uint64_t now;
+    int32_t d = hp->hidden_size, j;
+    if (!s->pending) return COLIBRI_OK;
+    s->pending = 0;
+    if (!s->failed) st = s->driver->sync(s->driver->context, t, err);
+    now = colibri_devices_now(dev);
+    colibri_device_record(dev, i, t->latency_ns ? t->latency_ns : now - s->started_ns, st != COLIBRI_OK, now);
+    if (st == COLIBRI_OK) {
+        s->stats.experts += (uint64_t)t->n_experts;
+        s->stats.rows += (uint64_t)t->n_rows;
+        return COLIBRI_OK;
+    }
+    if (dev->strict) return device_failed(err, s, t->layer, "compute");
+    for (j = 0; j < t->n_experts; j++) {
+        int32_t r = t->rows[j], m = t->rows[j + 1] - r;
+        st = colibri_moe_expert_rows(moe, k, hp, lw, b, stream, t->layer, t->experts[j], t->x + (size_t)r * d, m,
+                                     t->y + (size_t)r * d, err);
+        if (st) return st;
+        s->stats.fallbacks++;
+        dev->dev[0].stats.fallbacks++;
+        dev->dev[0].stats.experts++;
+        dev->dev[0].stats.rows += (uint64_t)m;
+    }
+    return COLIBRI_OK;
+}
+
+/* After an error: every started call synced, its outputs dropped, so none outlives the chunk. */
+static void drain(colibri_devices *dev)
+{
+    int32_t i;
+    for (i = 1; i < dev->n; i++) {
+        colibri_device_state *s = &dev->dev[i];
+        if (s->pending && !s->failed) s->driver->sync(s->driver->context, &s->task, NULL);
+        s->pending = 0;
+    }
+}
+
 /* Streaming: waits for expert e's reads, the wait timed as expert I/O instead of as `phase`. */
 static colibri_status wait_for(const colibri_moe_stream *stream, int32_t layer, int32_t e, uint64_t *profile,
                                int32_t phase, uint64_t *clock, colibri_error *err)
@@ -114,14 +245,23 @@ static colibri_status wait_for(const colibri_moe_stream *stream, int32_t layer, 
  * few hit experts' reads are queued while one computes, as far as free slots allow. */
 static colibri_status run_experts(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
                                   const colibri_layer_weights *lw, const colibri_moe_buffers *b, int32_t layer,
-                                  const colibri_moe_stream *stream, const float *x, float *out, uint64_t *profile,
-                                  uint64_t *clock, colibri_error *err)
+                                  const colibri_moe_stream *stream, colibri_devices *dev, const float *x, float *out,
+                                  uint64_t *profile, uint64_t *clock, colibri_error *err)
 {
     int32_t d = hp->hidden_size, e, ahead = 0, in_flight = 0;
     for (e = 0; e < hp->n_experts; e++) {
         int32_t first = b->expert_start[e], m = kept(b, e);
         colibri_expert_weights w;
         if (m == 0) continue;
+        if (!local(b, dev, e)) {   /* a device's: its outputs, in this expert's place in the sum */
+            colibri_status st = collect(moe, k, hp, lw, b, stream, dev, dev->run_on[e], err);
+            if (st) return st;
+            colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, clock);
+            moe->aggregator->combine(out, dev->y + (size_t)dev->first_row[e] * d, b->pair_token + first,
+                                     b->pair_gate + first, m, d);
+            colibri_profile_add(profile, COLIBRI_PHASE_AGGREGATION, clock);
+            continue;
+        }
         if (stream) {
             colibri_status st;
             if (ahead <= e) {
@@ -132,7 +272,7 @@ static colibri_status run_experts(const colibri_moe *moe, const colibri_compute 
                 in_flight--;
             }
             for (; ahead < hp->n_experts && in_flight < LOOKAHEAD; ahead++) {
-                if (!kept(b, ahead)) continue;
+                if (!local(b, dev, ahead)) continue;
                 if (!colibri_cache_request(stream->cache, layer, ahead, 0)) break;
                 in_flight++;
             }
@@ -190,13 +330,13 @@ static void experts_part(void *context, int32_t part, int32_t parts)
 
 static colibri_status run_decode_experts(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
                                          const colibri_layer_weights *lw, const colibri_moe_buffers *b, int32_t layer,
-                                         const colibri_moe_stream *stream, const float *x, float *out,
-                                         uint64_t *profile, uint64_t *clock, colibri_error *err)
+                                         const colibri_moe_stream *stream, colibri_devices *dev, const float *x,
+                                         float *out, uint64_t *profile, uint64_t *clock, colibri_error *err)
 {
     int32_t d = hp->hidden_size, slots = 0, e, i;
     experts_job job;
     for (e = 0; e < hp->n_experts; e++)
-        if (kept(b, e)) b->slot_expert[slots++] = e;
+        if (local(b, dev, e)) b->slot_expert[slots++] = e;
     if (stream) {   /* requested already (colibri_moe_forward): the threads take those in a slot first */
         int32_t n = 0, pass;
         for (pass = 0; pass < 2; pass++)
@@ -217,10 +357,16 @@ static colibri_status run_decode_experts(const colibri_moe *moe, const colibri_c
         stream->cache->stats.io_wait_ns += waited;
         if (profile) { profile[COLIBRI_PHASE_EXPERT_IO] += waited; *clock += waited; }
     }
+    for (i = 1; dev && i < dev->n; i++) {
+        colibri_status st = collect(moe, k, hp, lw, b, stream, dev, i, err);
+        if (st) return st;
+    }
     colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, clock);
-    for (i = 0; i < slots; i++) {
-        int32_t first = b->expert_start[b->slot_expert[i]];
-        moe->aggregator->combine(out, b->ye + (size_t)i * d, b->pair_token + first, b->pair_gate + first, 1, d);
+    for (e = 0, i = 0; e < hp->n_experts; e++) {   /* in id order: the slots' and the devices' outputs */
+        int32_t first = b->expert_start[e];
+        if (!kept(b, e)) continue;
+        if (local(b, dev, e)) moe->aggregator->combine(out, b->ye + (size_t)i++ * d, b->pair_token + first, b->pair_gate + first, 1, d);
+        else moe->aggregator->combine(out, dev->y + (size_t)dev->first_row[e] * d, b->pair_token + first, b->pair_gate + first, 1, d);
     }
     colibri_profile_add(profile, COLIBRI_PHASE_AGGREGATION, clock);
     return COLIBRI_OK;
@@ -247,8 +393,8 @@ static void add_shared_expert(const colibri_compute *k, const colibri_hparams *h
 
 colibri_status colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
                                    const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
-                                   const colibri_moe_stream *stream, const float *x, int32_t n, float *out,
-                                   uint64_t *profile, colibri_error *err)
+                                   const colibri_moe_stream *stream, colibri_devices *dev, const float *x, int32_t n,
+                                   float *out, uint64_t *profile, colibri_error *err)
 {
     uint64_t clock = colibri_profile_start(profile);
     colibri_status st;
@@ -260,21 +406,31 @@ colibri_status colibri_moe_forward(const colibri_moe *moe, const colibri_compute
     group_by_expert(hp, b, n);
     keep_pairs(hp, b, r, n);
     memset(out, 0, (size_t)n * hp->hidden_size * sizeof(float));
+    /* the devices' calls first, so they compute while the local experts do */
+    if (dev && (st = start_devices(hp, b, dev, r->layer, x, err)) != COLIBRI_OK) {
+        drain(dev);
+        return st;
+    }
     /* streaming one token: its experts' reads first, then the guesses for the next layer behind them */
     if (stream && n == 1) {
         for (e = 0; e < hp->n_experts; e++)
-            if (kept(b, e) && !colibri_cache_request(stream->cache, r->layer, e, 1))
+            if (local(b, dev, e) && !colibri_cache_request(stream->cache, r->layer, e, 1)) {
+                if (dev) drain(dev);
                 return colibri_fail(err, COLIBRI_E_NOMEM, "layer %d: no cache slot for expert %d", r->layer, e);
+            }
         if (stream->guess_next) stream->guess_next(stream->context);
     }
     colibri_profile_add(profile, COLIBRI_PHASE_DISPATCH, &clock);
 
     /* one token on threads, with rows of xe, h1, h3, ye for each of its top_k experts */
     if (n == 1 && k->pool && hp->top_k <= b->n_batch)
-        st = run_decode_experts(moe, k, hp, lw, b, r->layer, stream, x, out, profile, &clock, err);
+        st = run_decode_experts(moe, k, hp, lw, b, r->layer, stream, dev, x, out, profile, &clock, err);
     else
-        st = run_experts(moe, k, hp, lw, b, r->layer, stream, x, out, profile, &clock, err);
-    if (st) return st;
+        st = run_experts(moe, k, hp, lw, b, r->layer, stream, dev, x, out, profile, &clock, err);
+    if (st) {
+        if (dev) drain(dev);
+        return st;
+    }
 
     if (hp->shared_intermediate_size) add_shared_expert(k, hp, lw, b, x, n, out, profile, &clock);
     return COLIBRI_OK;

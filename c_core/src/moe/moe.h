@@ -11,6 +11,7 @@
 #define COLIBRI_MOE_H
 
 #include "cache.h"
+#include "devices.h"
 #include "../model/model.h"
 #include "../ops/ops.h"
 
@@ -107,10 +108,18 @@ typedef struct colibri_moe_stream {
 } colibri_moe_stream;
 
 /* out (n, dim) = MoE(x (n, dim)) for one layer (block.c).  stream NULL: the experts are resident;
- * else a failed read is the status, with out unfinished. */
+ * dev NULL: no drivers, every expert computes here.  A failed read (or, strict, a failed device) is
+ * the status, with out unfinished. */
 colibri_status colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
                                    const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
-                                   const colibri_moe_stream *stream, const float *x, int32_t n, float *out,
-                                   uint64_t *profile, colibri_error *err);
+                                   const colibri_moe_stream *stream, colibri_devices *dev, const float *x, int32_t n,
+                                   float *out, uint64_t *profile, colibri_error *err);
+
+/* y (m, dim) = expert e's FFN of x (m, dim) on the cpu, m <= b->n_batch, its weights through the
+ * cache when streaming: what a device's failed call falls back to, and the cpu driver's compute. */
+colibri_status colibri_moe_expert_rows(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
+                                       const colibri_layer_weights *lw, const colibri_moe_buffers *b,
+                                       const colibri_moe_stream *stream, int32_t layer, int32_t e, const float *x,
+                                       int32_t m, float *y, colibri_error *err);
 
 #endif

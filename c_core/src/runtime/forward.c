@@ -120,7 +120,8 @@ static colibri_status forward_chunk(colibri_session *s, const int32_t *tokens, i
             s->routing.layer = l;
             s->routing.dropped = s->expert_dropped + (size_t)l * hp->n_experts;
             colibri_status st = colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing,
-                                                    s->cache ? &s->stream : NULL, s->xn, n, s->block_out, s->profile, err);
+                                                    s->cache ? &s->stream : NULL, s->devices, s->xn, n, s->block_out,
+                                                    s->profile, err);
             if (st) return st;
             count_expert_load(s, l);
             clock = colibri_profile_start(s->profile);   /* the MoE block timed its own phases */

@@ -44,6 +44,7 @@ typedef struct stream_plan {
     uint64_t slot_bytes;
     int32_t scope;              /* COLIBRI_CACHE_* */
     int direct;
+    int32_t n_drivers;          /* devices beyond the cpu (colibri/device.h) */
 } stream_plan;
 
 /* Carves every buffer of a session from `a`.  Run measuring (a->base == NULL) and then for
@@ -134,6 +135,7 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
         s->guess_ids = colibri_arena_carve(a, K * sizeof(int32_t), ARENA_EXPERT_CACHE, "guess_ids", -1, "(top_k) i32");
         colibri_cache_carve(&s->cache, a, m, sp->scope, sp->direct, sp->n_slots, sp->slot_bytes);
     }
+    if (sp->n_drivers) colibri_devices_carve(&s->devices, a, m, sp->n_drivers, n_batch);
 }
 
 /* A kernel variant asked for by name that this build lacks or this CPU cannot run. */
@@ -178,6 +180,14 @@ static colibri_status resolve_stream(const colibri_model *m, const colibri_sessi
                                      colibri_error *err)
 {
     memset(sp, 0, sizeof *sp);
+    if (o && (o->n_devices < 0 || o->n_devices >= COLIBRI_MAX_DEVICES || (o->n_devices && !o->devices)))
+        return colibri_fail(err, COLIBRI_E_ARG, "n_devices = %d: at most %d drivers beside the cpu, in `devices`",
+                            o->n_devices, COLIBRI_MAX_DEVICES - 1);
+    if (o && o->placement && !o->n_devices)
+        return colibri_fail(err, COLIBRI_E_ARG, "a placement without devices: register the drivers it names");
+    if (o && o->n_devices && !m->hp.n_experts)
+        return colibri_fail(err, COLIBRI_E_ARG, "devices compute routed experts: this model has none");
+    sp->n_drivers = o ? o->n_devices : 0;
     if (!o || !o->expert_budget) {
         if (m->experts_elsewhere)
             return colibri_fail(err, COLIBRI_E_ARG, "the model's routed experts are not in its weights "
@@ -335,7 +345,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     a.base = (uint8_t *)colibri_align_up((size_t)(uintptr_t)base, COLIBRI_ALIGNMENT);
     a.capacity = mapped - (size_t)(a.base - (uint8_t *)base);
     s = layout(&a, model, n_ctx, n_batch, &sp, n_records, NULL);
-    if (!s || a.used > a.capacity || a.n_records != n_records || (sp.n_slots && !s->cache)) {   /* cannot happen: the plan above sized it */
+    if (!s || a.used > a.capacity || a.n_records != n_records || (sp.n_slots && !s->cache) || (sp.n_drivers && !s->devices)) {   /* cannot happen: the plan above sized it */
         if (owned) colibri_platform_unmap_arena(base, mapped);
         return colibri_fail(err, COLIBRI_E_NOMEM, "arena layout exceeded its plan");
     }
@@ -377,6 +387,10 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
             return st;
         }
     }
+    if (s->devices && (st = colibri_devices_start(s->devices, model, options, err)) != COLIBRI_OK) {
+        colibri_session_destroy(s);
+        return st;
+    }
     *out = s;
     return COLIBRI_OK;
 }
@@ -385,6 +399,7 @@ void colibri_session_destroy(colibri_session *s)
 {
     colibri_arena arena;
     if (!s) return;
+    if (s->devices) colibri_devices_stop(s->devices);
     if (s->cache) colibri_cache_stop(s->cache);
     if (s->compute.pool) colibri_platform_pool_destroy(s->compute.pool);
     arena = s->arena;   /* the session lives in the arena: copy before releasing */

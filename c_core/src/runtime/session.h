@@ -53,6 +53,7 @@ struct colibri_session {
     float *guess_x;             /* (dim) the residual stream normed as the next MoE layer norms it */
     float *guess_logits;        /* (n_experts) its router's logits */
     int32_t *guess_ids;         /* (top_k) the experts guessed */
+    colibri_devices *devices;   /* drivers registered (n_devices > 0), else NULL */
     /* output */
     float *logits;              /* (vocab) the last position's logits */
     /* sampling */
