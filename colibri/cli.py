@@ -1,4 +1,4 @@
-"""The `colibri` command: convert, validate, generate, memdump, firmware, profile, stats.
+"""The `colibri` command: convert, validate, generate, memdump, firmware, profile, stats, serve-experts.
 
     colibri generate --prompt "ROMEO:"                     # the bundled Shakespeare model
     colibri convert path/to/hf-mixtral out/model [--dtype f16]
@@ -8,6 +8,7 @@
     colibri firmware run --board mps2-an386 --prompt "ROMEO:"   # the bundled model on a board, under QEMU
     colibri profile show profile.json                      # written by colibri-infer --profile
     colibri stats --model out/model --text some.txt        # per-expert load and loss on a text
+    colibri serve-experts --model out/model --listen 127.0.0.1:50051   # experts for other machines (gRPC)
 
 Expert streaming reads the routed experts from storage into a cache of SIZE bytes in the arena
 (bytes, K/M/G binary units, or a percentage of what every routed expert takes); the text is the
@@ -515,6 +516,15 @@ def cmd_memdump(args):
     return 0
 
 
+def cmd_serve_experts(args):
+    try:
+        from colibri.remote import server
+    except ImportError as e:
+        raise SystemExit(f"colibri serve-experts needs grpcio and protobuf: pip install 'colibri-moe[remote]' ({e})")
+    args.model = _model(args.model).path
+    return server.main(args)
+
+
 def _checkout_names(module, name):
     """targets.TARGETS or firmware.BOARDS, for argparse's choices; None without a source checkout
     (any name then: the command says why it cannot build)."""
@@ -647,6 +657,29 @@ def build_parser():
     st.add_argument("--save-load", metavar="LOAD.json",
                     help="write the tokens routed to each expert on the text, as JSON (for generate --pin)")
     st.set_defaults(func=cmd_stats)
+
+    se = sub.add_parser("serve-experts", help="compute a model's experts for other machines, over gRPC "
+                        "(docs/DEVICES.md); needs the remote extra")
+    se.add_argument("--model", help="colibri model directory (default: the bundled model)")
+    se.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT",
+                    help="address to serve on (default 127.0.0.1:50051, loopback only; port 0: any free port); "
+                         "another host needs --token and TLS, or --insecure")
+    tok = se.add_mutually_exclusive_group()
+    tok.add_argument("--token", help="shared secret the callers send as \"authorization: Bearer TOKEN\" "
+                                     "(visible to other local users in the process list: prefer --token-file)")
+    tok.add_argument("--token-file", metavar="FILE", help="read the token from FILE")
+    se.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    se.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    se.add_argument("--insecure", action="store_true", help="allow a non-loopback address without a token and TLS")
+    se.add_argument("--kernels", default="auto", help="kernel variant: auto (default), reference (strict: "
+                    "the same bits as an edge computing with the reference kernels), or one of colibri's variants")
+    se.add_argument("--threads", type=int, default=0, help="compute threads (default: $COLIBRI_THREADS, else the cores)")
+    se.add_argument("--batch", type=int, default=64, help="the largest prefill chunk of the edges served (default 64): "
+                    "a call carries at most batch * top_k rows")
+    se.add_argument("--max-message", type=float, metavar="MB",
+                    help="bound on one message's MiB (default: what the largest call needs)")
+    se.add_argument("--no-fetch", action="store_true", help="do not serve the experts' weights (FetchExpert)")
+    se.set_defaults(func=cmd_serve_experts)
     orchestrate_parser(sub)
     return p
 

@@ -1,0 +1,41 @@
+"""Experts computed and fetched by another machine, over gRPC (colibri_remote.proto; docs/DEVICES.md).
+
+    colibri serve-experts --model out/model --listen 127.0.0.1:50051          # the machine with the experts
+
+    from colibri.remote.driver import RemoteDriver                             # the edge
+    drv = RemoteDriver("127.0.0.1:50051", model)
+    s = model.session(devices=[drv], placement=table)   # table[layer, expert] = 1: computed there
+
+Needs the "remote" extra (grpcio, protobuf): pip install colibri-moe[remote].
+"""
+import hashlib
+from pathlib import Path
+
+
+def model_hash(model_dir):
+    """32 bytes: the SHA-256 of the model's colibri_model.json, the name every request carries."""
+    return hashlib.sha256((Path(model_dir) / "colibri_model.json").read_bytes()).digest()
+
+
+
+def expert_layout(model):
+    """{layer: [(offset, size, step), ...]} for every layer with routed experts: expert e's bytes
+    are the parts (offset + e * step, size) of weights.bin in this order, the order FetchExpert
+    serves them.  Interleaved: one part, the expert's extent, padding included (step = size =
+    expert_stride).  Stacked: its slice of each of the layer's expert tensors, in the tensor
+    table's order (step = size = file_size / n_experts)."""
+    n_experts = model.config["num_experts"]
+    layers = {}
+    for t in model.tensors():
+        name = t["name"].split(".")
+        if len(name) == 4 and name[0] == "layers" and name[2] == "experts":
+            layers.setdefault(int(name[1]), []).append(t)
+    layout = {}
+    for layer, tensors in sorted(layers.items()):
+        if "expert_stride" in tensors[0]:
+            stride = tensors[0]["expert_stride"]
+            layout[layer] = [(min(t["file_offset"] for t in tensors), stride, stride)]
+        else:
+            layout[layer] = [(t["file_offset"], t["file_size"] // n_experts, t["file_size"] // n_experts)
+                             for t in tensors]
+    return layout
