@@ -2,22 +2,26 @@
 heartbeats fit in 200 bytes on the wire, placements keep each edge's hottest experts under its
 budget without flapping, the state survives a restart, and placements applied between tokens
 leave the tokens those of an all-local run."""
-import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+
+import colibri
+from colibri.convert import convert
+from support import build
 
 grpc = pytest.importorskip("grpc")
 pb = pytest.importorskip("colibri.remote.colibri_remote_pb2")
 pbg = pytest.importorskip("colibri.remote.colibri_remote_pb2_grpc")
 
-from colibri.remote.edge import GRPC_FRAME, heartbeat_message   # noqa: E402
+from colibri.remote.edge import GRPC_FRAME, Edge, heartbeat_message, moe_layers   # noqa: E402
 from colibri.remote.orchestrator import MARGIN, MIN_GAIN, Orchestrator, place, serve   # noqa: E402
+from colibri.remote.server import start as start_server   # noqa: E402
 
 N_IDS = 32   # 2 layers of 16 experts
 EXPERT_BYTES = 1 << 20
@@ -222,3 +226,123 @@ def test_a_restarted_orchestrator_keeps_versions_and_loads(tmp_path):
     after = Orchestrator(state).snapshot()["edge-e"]
     assert after["placement_version"] == 3
     assert after["load"]["4"] >= before["load"]["4"] * 0.5 ** (2 / 8) * 0.999   # kept, decayed two heartbeats
+
+
+# ---- edges with a model: placements applied between tokens --------------------------------------
+
+PROMPT, N_TOKENS = [1, 5, 9, 20, 33, 7], 40
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    """A mixtral of 3 layers, 8 experts, top-2, interleaved (one extent per expert)."""
+    root = tmp_path_factory.mktemp("orchestrate")
+    build("mixtral", seed=7, num_local_experts=8, num_hidden_layers=3).save_pretrained(root / "hf")
+    return convert(root / "hf", root / "interleaved", progress=False, layout="interleaved")
+
+
+@pytest.fixture(scope="module")
+def expert_server(moe_model):
+    """The model's expert server on loopback, computing with the reference kernels."""
+    server, service, address = start_server(moe_model, "127.0.0.1:0", kernels="reference")
+    yield address
+    server.stop(0)
+    service.close()
+
+
+@pytest.fixture
+def orchestrator_address(tmp_path):
+    orch = Orchestrator(tmp_path / "state.json", warmup=1, interval=0)
+    server, port = serve(orch, "127.0.0.1:0")
+    yield orch, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def all_local(path, **options):
+    return colibri.Model(path, **options).session(kernels="reference").generate(PROMPT, max_tokens=N_TOKENS)
+
+
+def edge(path, server, orchestrator, name, slots, **options):
+    """An edge of `slots` expert slots, strict (a slow or failed remote call fails the test
+    instead of falling back), heartbeats every 2 tokens."""
+    model = colibri.Model(path, **options)
+    return Edge(model, server, orchestrator=orchestrator, name=name, expert_budget=slots * model.expert_slots()[0],
+                kernels="reference", strict=True, device_threshold_ms=2000, deadline_ms=5000, heartbeat_tokens=2,
+                heartbeat_s=60, experts_elsewhere=options.get("experts_elsewhere", False))
+
+
+def check_settled(e, orch):
+    """After a last heartbeat the edge runs the orchestrator's set: at most its slots, on the cpu,
+    every other routed expert remote."""
+    e.heartbeat()
+    local = orch.snapshot()[e.name]["local"]
+    assert local is not None and len(local) <= e.slots and e.version == orch.snapshot()[e.name]["placement_version"]
+    assert e.local_experts() == local
+    table = e.session.placement
+    assert (table[moe_layers(e.model)] <= 1).all() and (table == 1).sum() == len(moe_layers(e.model)) * 8 - len(local)
+
+
+def test_placements_between_tokens_keep_the_all_local_tokens(moe_model, expert_server, orchestrator_address):
+    """Two edges of different budgets generate while the orchestrator moves their experts: the
+    placements change between tokens, mid-run, and every token is the all-local run's (strict:
+    remote results are bit-identical), none lost or repeated."""
+    orch, address = orchestrator_address
+    expected = all_local(moe_model)
+    edges = [edge(moe_model, expert_server, address, "small", 4), edge(moe_model, expert_server, address, "large", 12)]
+    try:
+        for e in edges:
+            assert e.generate(PROMPT, max_tokens=N_TOKENS) == expected
+            assert any(0 < at < N_TOKENS for at, _ in e.applied), "no placement was applied mid-run"
+            assert [v for _, v in e.applied] == sorted({v for _, v in e.applied})   # versions only grow
+            assert e.driver.round_trips > 0 and e.session.device_stats()[1]["fallbacks"] == 0
+            assert e.last_message_bytes < 200
+            check_settled(e, orch)
+        # the same edge again: a second sequence, from the placement it has
+        again = edges[0]
+        again.session.reset()
+        assert again.generate(PROMPT, max_tokens=N_TOKENS) == expected
+    finally:
+        for e in edges:
+            e.close()
+
+
+def test_an_edge_without_the_experts_fetches_its_local_ones(moe_model, expert_server, orchestrator_address,
+                                                           tmp_path):
+    """A model directory whose weights.bin stops before the routed experts (the interleaved layout
+    writes them last): local experts come from the server's FetchExpert, the tokens are the same."""
+    orch, address = orchestrator_address
+    expected = all_local(moe_model)
+    path = shutil.copytree(moe_model, tmp_path / "no-experts")
+    first = min(t["file_offset"] for t in colibri.Model(moe_model).tensors() if ".experts." in t["name"])
+    with open(path / "weights.bin", "r+b") as f:
+        f.truncate(first)
+    e = edge(path, expert_server, address, "bare", 6, experts_elsewhere=True)
+    try:
+        assert e.generate(PROMPT, max_tokens=N_TOKENS) == expected
+        assert e.fetcher.fetches > 0 and e.driver.fetched_bytes == e.fetcher.bytes
+        check_settled(e, orch)
+    finally:
+        e.close()
+
+
+def test_colibri_generate_remote_prints_the_local_tokens(moe_model, expert_server, orchestrator_address):
+    """`colibri generate --remote --orchestrator` (the native kernels on both sides: the same bits on
+    one machine) prints the ids of the local run, and --verbose the devices' counters."""
+    orch, address = orchestrator_address
+    args = ["--model", str(moe_model), "--tokens", ",".join(map(str, PROMPT)), "--max-tokens", "24",
+            "--temperature", "0", "--ignore-eos"]
+    local = subprocess.run([sys.executable, "-m", "colibri", "generate", *args], capture_output=True, text=True,
+                           check=True)
+    server, service, remote = start_server(moe_model, "127.0.0.1:0")
+    try:
+        out = subprocess.run([sys.executable, "-m", "colibri", "generate", *args, "--remote", remote,
+                              "--orchestrator", address, "--edge-name", "cli", "--expert-budget", "50%",
+                              "--device-threshold-ms", "2000", "--strict", "--verbose"],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        server.stop(0)
+        service.close()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == local.stdout
+    assert "[device remote:" in out.stderr and "0 fallbacks, 0 errors" in out.stderr
+    assert "[orchestrator:" in out.stderr and orch.snapshot()["cli"]["heartbeats"] > 0

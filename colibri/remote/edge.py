@@ -24,14 +24,14 @@ applies a placement the orchestrator pushed (Session.set_placement): a token is 
 under one placement, so none is lost or repeated, and with the same kernels on both sides the
 tokens are those of an all-local run.
 """
-import hashlib
-import ipaddress
 import socket
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from colibri.remote import model_hash
 
 HEARTBEAT_LIMIT = 200      # bytes on the wire: the message and gRPC's 5-byte frame header
 GRPC_FRAME = 5
@@ -43,11 +43,6 @@ def moe_layers(model):
     import re
 
     return sorted({int(m.group(1)) for t in model.tensors() if (m := re.match(r"layers\.(\d+)\.experts\.", t["name"]))})
-
-
-def model_hash(model):
-    """SHA-256 of the model's colibri_model.json (the wire protocol's model_hash)."""
-    return hashlib.sha256((Path(model.path) / "colibri_model.json").read_bytes()).digest()
 
 
 def expert_bytes(model):
@@ -82,17 +77,6 @@ def placement_table(model, local, remote_device=1, holds=None):
     local = np.asarray(sorted(local), dtype=np.int64)
     flat[local[(local >= 0) & (local < flat.size)]] = 0
     return table
-
-
-def check_target(target, tls_ca):
-    """Off loopback a connection needs TLS (the token would travel in the clear): ValueError."""
-    host = target.rpartition(":")[0].strip("[]")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and tls_ca is None:
-        raise ValueError(f"{target} is not loopback: give the CA of its TLS certificate (tls_ca / --tls-ca)")
 
 
 def heartbeat_message(edge, hash8, seq, p90_us, hit_permille, version, budget_bytes, slot_bytes, pending,
@@ -133,11 +117,11 @@ class Heartbeats:
 
         from colibri.remote import colibri_remote_pb2_grpc as pbg
 
-        check_target(target, tls_ca)
         if tls_ca is None:
             self.channel = grpc.insecure_channel(target)
         else:
-            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(Path(tls_ca).read_bytes()))
+            ca = tls_ca if isinstance(tls_ca, bytes) else Path(tls_ca).read_bytes()
+            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=ca))
         self.stub = pbg.OrchestratorStub(self.channel)
         self.metadata = [("authorization", f"Bearer {token}")] if token else []
         self.timeout_s = timeout_s
@@ -201,12 +185,12 @@ class Heartbeats:
 
 class ExpertFetcher:
     """A session's expert_read for a model directory without its routed experts: each read is
-    served from its expert's bytes, fetched from the server by the driver (FetchExpert, the parts
-    colibri.remote.expert_layout names, in its order) at most `mbit` Mbit/s on average; the last
-    `keep` experts are kept for the reads that follow (a stacked layout reads each expert in
+    served from its expert's bytes, fetched from the server by the driver (FetchExpert: the parts
+    colibri.remote.expert_layout names, joined in its order; the driver's fetch_mbit caps it); the
+    last `keep` experts are kept for the reads that follow (a stacked layout reads an expert in
     several parts)."""
 
-    def __init__(self, model, driver, mbit=None, keep=4):
+    def __init__(self, model, driver, keep=4):
         from colibri.remote import expert_layout
 
         self.parts = []   # (offset, size, step, layer, where the part starts in the expert's bytes)
@@ -216,10 +200,8 @@ class ExpertFetcher:
                 self.parts.append((offset, size, step, layer, at))
                 at += size
         self.n_experts, self.driver, self.keep = model.config["num_experts"], driver, keep
-        self.bytes_per_s = mbit * 1e6 / 8 if mbit else None
         self.cache = {}
         self.fetches = self.bytes = 0
-        self.started = None
 
     def __call__(self, offset, dst):
         n = len(dst)
@@ -233,21 +215,13 @@ class ExpertFetcher:
 
     def _expert(self, layer, expert):
         key = (layer, expert)
-        if key in self.cache:
-            return self.cache[key]
-        data = self.driver.fetch_expert(layer, expert)
-        self.fetches += 1
-        self.bytes += len(data)
-        if self.bytes_per_s:   # at most bytes_per_s on average since the first fetch
-            if self.started is None:
-                self.started = time.perf_counter()
-            ahead = self.bytes / self.bytes_per_s - (time.perf_counter() - self.started)
-            if ahead > 0:
-                time.sleep(ahead)
-        if len(self.cache) >= self.keep:
-            self.cache.pop(next(iter(self.cache)))
-        self.cache[key] = data
-        return data
+        if key not in self.cache:
+            if len(self.cache) >= self.keep:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[key] = self.driver.fetch_expert(layer, expert)
+            self.fetches += 1
+            self.bytes += len(self.cache[key])
+        return self.cache[key]
 
 
 class Edge:
@@ -277,16 +251,14 @@ class Edge:
         self.name = name or socket.gethostname().encode()[:32].decode(errors="ignore") or "edge"
         if len(self.name.encode()) > 32:
             raise ValueError(f"an edge's name is at most 32 bytes: {self.name!r}")
-        if remote is not None:
-            check_target(remote, tls_ca)
         self.driver = driver if driver is not None else RemoteDriver(
-            remote, model, name=REMOTE, token=token, tls_ca=tls_ca, deadline_ms=deadline_ms)
+            remote, model, name=REMOTE, token=token, tls_ca=tls_ca, deadline_ms=deadline_ms, fetch_mbit=fetch_mbit)
         self.fetcher = None
         stream = dict(expert_budget=expert_budget or 0)
         if experts_elsewhere:
             if not expert_budget:
                 raise ValueError("a model without its experts streams them: give an expert_budget")
-            self.fetcher = ExpertFetcher(model, self.driver, fetch_mbit)
+            self.fetcher = ExpertFetcher(model, self.driver)
             stream["expert_read"] = self.fetcher
         self.expert_bytes = expert_bytes(model)
         routed = len(moe_layers(model)) * self.n_experts
@@ -306,7 +278,7 @@ class Edge:
                                      **stream, **session_options)
         self.remote_device = self.session.devices.index(self.driver.name)
 
-        self.hash8 = model_hash(model)[:8]
+        self.hash8 = model_hash(model.path)[:8]
         self.version = 0                 # the orchestrator's placement version this edge runs (0: its own)
         self.applied = []                # (tokens generated so far, version) of each placement applied
         self.generated = 0

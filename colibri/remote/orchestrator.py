@@ -18,8 +18,6 @@ renamed over it): at once when a placement changes, so that a version is never h
 and otherwise at most every `interval` seconds.  A restarted orchestrator resumes from it.
 """
 import argparse
-import hmac
-import ipaddress
 import json
 import math
 import os
@@ -215,60 +213,29 @@ class Orchestrator:
 
 # ---- the network side ----------------------------------------------------------------------------
 
-def parse_address(text):
-    """(host, port) of HOST:PORT ("[::1]:50061" for IPv6).  ValueError says what is wrong."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+def check_exposure(host, token, tls, insecure=False):
+    """The expert server's rule: off loopback a listener needs a token and TLS both, unless
+    `insecure`.  ValueError otherwise."""
+    from colibri.remote.server import is_loopback
+
+    if not is_loopback(host) and not (token and tls) and not insecure:
+        raise ValueError(f"listening on {host} (not loopback) needs both a token (--token or --token-file) and "
+                         f"TLS (--tls-cert, --tls-key): heartbeats would otherwise be read and forged by anyone on "
+                         f"the network; --insecure listens without them")
 
 
-def is_loopback(host):
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(host, token, tls):
-    """Off loopback a listener needs a token and TLS both: ValueError otherwise."""
-    if not is_loopback(host) and (not token or not tls):
-        raise ValueError(f"listening on {host} (not loopback) needs both --token and --tls-cert/--tls-key: "
-                         f"heartbeats would otherwise travel and be accepted in the clear")
-
-
-def token_interceptor(token):
-    """A gRPC server interceptor: calls without "authorization: Bearer <token>" end UNAUTHENTICATED."""
-    import grpc
-
-    expected = f"Bearer {token}".encode()
-
-    def deny(request, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "a missing or wrong token")
-
-    denied = grpc.unary_unary_rpc_method_handler(deny)
-
-    class TokenCheck(grpc.ServerInterceptor):
-        def intercept_service(self, continuation, details):
-            given = dict(details.invocation_metadata).get("authorization", "")
-            return continuation(details) if hmac.compare_digest(given.encode(), expected) else denied
-
-    return TokenCheck()
-
-
-def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, workers=4):
+def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, insecure=False, workers=4):
     """A started gRPC server answering Orchestrator.Heartbeat at `listen` (HOST:PORT; port 0 picks
     one); returns (server, port).  Off loopback it needs `token` and TLS (check_exposure)."""
     import grpc
 
     from colibri.remote import colibri_remote_pb2_grpc as pbg
+    from colibri.remote.server import TokenCheck, parse_listen
 
-    host, port = parse_address(listen)
-    if (tls_cert is None) != (tls_key is None):
+    host, port = parse_listen(listen)
+    if bool(tls_cert) != bool(tls_key):
         raise ValueError("TLS needs both --tls-cert and --tls-key")
-    check_exposure(host, token, tls_cert is not None)
+    check_exposure(host, token, bool(tls_cert), insecure)
 
     class Servicer(pbg.OrchestratorServicer):
         def Heartbeat(self, request, context):
@@ -278,16 +245,16 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, work
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
-                         interceptors=[token_interceptor(token)] if token else [])
+                         interceptors=[TokenCheck(token)] if token else [])
     pbg.add_OrchestratorServicer_to_server(Servicer(), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if tls_cert is not None:
+    if tls_cert:
         creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
         port = server.add_secure_port(address, creds)
     else:
         port = server.add_insecure_port(address)
     if port == 0:
-        raise ValueError(f"cannot listen on {listen}")
+        raise ValueError(f"cannot listen on {address} (in use, or not an address of this machine)")
     server.start()
     return server, port
 
@@ -298,10 +265,14 @@ def add_arguments(p):
                         "--token and --tls-cert/--tls-key)")
     p.add_argument("--state", required=True, metavar="FILE",
                    help="the JSON file loads, placements and versions are kept in (resumed at start)")
-    p.add_argument("--token", default=os.environ.get("COLIBRI_TOKEN"),
-                   help="the shared token edges send (default: $COLIBRI_TOKEN)")
-    p.add_argument("--tls-cert", metavar="PEM", help="the server certificate (with --tls-key)")
-    p.add_argument("--tls-key", metavar="PEM", help="its private key")
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument("--token", default=os.environ.get("COLIBRI_TOKEN"),
+                     help="the shared secret edges send as \"authorization: Bearer TOKEN\" (default: $COLIBRI_TOKEN; "
+                          "visible to other local users in the process list: prefer --token-file)")
+    tok.add_argument("--token-file", metavar="FILE", help="read the token from FILE")
+    p.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback address without a token and TLS")
     p.add_argument("--interval", type=float, default=INTERVAL, metavar="S",
                    help=f"seconds between two placement changes of one edge, and between state saves "
                         f"(default {INTERVAL:g})")
@@ -316,15 +287,21 @@ def add_arguments(p):
 
 def run(args):
     """`colibri orchestrate`: serves until interrupted, then saves the state."""
+    from colibri.remote.server import parse_listen
+
     try:
+        token = Path(args.token_file).read_text().strip() if args.token_file else args.token
+        if args.token_file and not token:
+            raise ValueError(f"{args.token_file} is empty")
         orch = Orchestrator(args.state, half_life=args.half_life, margin=args.margin, warmup=args.warmup,
                             interval=args.interval)
-        server, port = serve(orch, args.listen, token=args.token, tls_cert=args.tls_cert, tls_key=args.tls_key)
+        server, port = serve(orch, args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                             insecure=args.insecure)
     except (ValueError, OSError) as e:
         raise SystemExit(f"colibri orchestrate: {e}")
-    host = parse_address(args.listen)[0]
-    print(f"colibri orchestrate: listening on {host}:{port}, {len(orch.edges)} edges resumed from {args.state}",
-          file=sys.stderr, flush=True)
+    host = parse_listen(args.listen)[0]
+    print(f"colibri orchestrate: listening on {host}:{port}, {len(orch.edges)} edges resumed from {args.state}"
+          f"{', TLS' if args.tls_cert else ''}{', token' if token else ''}", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # a stop saves the state, as ^C does
     try:
         server.wait_for_termination()
