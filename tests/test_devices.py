@@ -223,3 +223,21 @@ def _is_moe(model, layer):
         return True
     except colibri.Error:
         return False
+
+
+def test_colibri_infer_device_and_placement(tmp_path):
+    from support import FIXTURES, infer
+    model = FIXTURES / "tiny-mixtral.colibri"
+    args = ["--model", model, "--tokens", "1,2,3", "--max_tokens", "6", "--temperature", "0", "--ids"]
+    plain = infer("native", *args).stdout
+    assert infer("native", *args, "--device", "cpu").stdout == plain
+    cpu_file = tmp_path / "cpu.json"
+    cpu_file.write_text('{"format": "colibri-placement", "version": 1, "default": "cpu", '
+                        '"experts": [{"device": "cpu", "layer": "all", "experts": [0, 1]}]}')
+    assert infer("native", *args, "--placement", cpu_file).stdout == plain
+    r = infer("native", *args, "--device", "gpu", check=False)
+    assert r.returncode == 2 and b"--device gpu: no such driver in this build (it has: cpu)" in r.stderr
+    remote_file = tmp_path / "remote.json"
+    remote_file.write_text('{"format": "colibri-placement", "version": 1, "default": "remote"}')
+    r = infer("native", *args, "--placement", remote_file, check=False)
+    assert r.returncode == 2 and b'no device "remote" in this session (it has: cpu)' in r.stderr
