@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "colibri/colibri.h"
+#include "colibri/device.h"
 
 #define MAX_PROMPT 65536
 
@@ -41,6 +42,8 @@ typedef struct options {
     unsigned long long expert_budget;   /* 0: resident */
     int expert_cache;               /* COLIBRI_CACHE_* */
     int direct_io, no_prefetch, verify_experts;
+    const char *device;             /* where the routed experts compute: a built-in driver's name */
+    const char *placement_path;     /* a placement file (docs/DEVICES.md) */
 } options;
 
 static void usage(FILE *f)
@@ -81,6 +84,8 @@ static void usage(FILE *f)
         "  --direct_io        read experts with O_DIRECT, past the page cache\n"
         "  --no_prefetch      read only demanded experts (no guess of the next layer's)\n"
         "  --verify_experts   check each expert's extent against its CRC-32 when first read\n"
+        "  --device NAME      compute the routed experts on this driver (this build's: cpu)\n"
+        "  --placement FILE   bind each expert to a device by a placement file (docs/DEVICES.md)\n"
         "  --validate-model   run every load check plus checksums, then exit\n"
         "  --memdump          print the memory report after creating the session, then exit\n"
         "  --verbose          model summary, timings and the expert cache's counters on stderr\n");
@@ -169,6 +174,8 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "expert_load")) o->load_path = v;
         else if (option_is(a, "profile")) o->profile_path = v;
         else if (option_is(a, "kernels")) o->kernels = v;
+        else if (option_is(a, "device")) o->device = v;
+        else if (option_is(a, "placement")) o->placement_path = v;
         else if (option_is(a, "threads")) { if (!parse_long(a, v, 1, 256, &o->threads)) return 0; }
         else if (option_is(a, "max_tokens")) { if (!parse_long(a, v, 0, 1 << 24, &o->max_tokens)) return 0; }
         else if (option_is(a, "ctx")) { if (!parse_long(a, v, 1, 1 << 24, &o->ctx)) return 0; }
@@ -246,6 +253,43 @@ static int fail(const char *what, const colibri_error *err)
     return 1;
 }
 
+/* The drivers this program has: the cpu (an accelerator's driver joins it where one is built). */
+static int colibri_device_find_builtin(const char *name) { return strcmp(name, "cpu") == 0 ? 0 : -1; }
+
+/* Reads a placement file and applies it; 1 (after saying why) when it cannot be. */
+static int apply_placement(colibri_session *session, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    void *scratch = NULL;
+    long len = -1;
+    size_t need;
+    colibri_error err;
+    int rc = 1;
+    if (!f) { fprintf(stderr, "colibri-infer: --placement %s: %s\n", path, strerror(errno)); return 1; }
+    if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
+    if (len < 0 || len > (16L << 20) || fseek(f, 0, SEEK_SET) != 0) {
+        fprintf(stderr, "colibri-infer: --placement %s: not a readable file of at most 16 MiB\n", path);
+        fclose(f);
+        return 1;
+    }
+    text = malloc((size_t)len + 1);
+    if (text && fread(text, 1, (size_t)len, f) == (size_t)len) {
+        if (colibri_placement_scratch_bytes(session, text, (size_t)len, &need, &err) == COLIBRI_OK &&
+            (scratch = malloc(need + 1)) != NULL &&
+            colibri_placement_parse(session, text, (size_t)len, scratch, need, &err) == COLIBRI_OK)
+            rc = 0;
+        else if (!scratch && err.status == COLIBRI_OK) fprintf(stderr, "colibri-infer: out of memory\n");
+        if (rc) fprintf(stderr, "colibri-infer: --placement %s: %s (%s)\n", path, err.message, colibri_status_name(err.status));
+    } else {
+        fprintf(stderr, "colibri-infer: --placement %s: cannot read it\n", path);
+    }
+    free(scratch);
+    free(text);
+    fclose(f);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -297,7 +341,14 @@ int main(int argc, char **argv)
     so.expert_cache = o.expert_cache;
     so.expert_io = (o.direct_io ? COLIBRI_EXPERT_IO_DIRECT : 0u) | (o.no_prefetch ? COLIBRI_EXPERT_IO_NO_PREFETCH : 0u) |
                    (o.verify_experts ? COLIBRI_EXPERT_IO_VERIFY : 0u);
+    if (o.device && colibri_device_find_builtin(o.device) < 0) {
+        fprintf(stderr, "colibri-infer: --device %s: no such driver in this build (it has: cpu); remote experts run "
+                "from `colibri generate --remote`\n", o.device);
+        rc = 2;
+        goto done;
+    }
     if (colibri_session_create(model, &so, &session, &err)) { rc = fail("cannot create session", &err); goto done; }
+    if (o.placement_path && apply_placement(session, o.placement_path)) { rc = 2; goto done; }
     if (o.memdump) {
         size_t len;
         char *report;

@@ -17,7 +17,8 @@
  * bypassed: its experts run on the fallback (the lowest-P90 device under its threshold that holds
  * them, else the cpu) and the device is tried again after a back-off that doubles while it stays
  * slow.  A call answered under the threshold after the back-off brings it back (its ring starts
- * over).  With `device_strict` a failed or slow call fails the forward instead.
+ * over).  With `device_strict` nothing falls back: a failed call fails the forward, and so does a
+ * bypassed device's expert until its back-off has passed and a probe is made.
  *
  * Everything lives in the session arena; no call allocates.  With no drivers registered the
  * forward pass never looks at any of it. */

@@ -164,16 +164,17 @@ colibri_status colibri_device_pick(colibri_devices *d, int32_t layer, int32_t e,
     colibri_device_state *s = &d->dev[placed];
     *device = placed;
     if (!placed || !s->bypassed) return COLIBRI_OK;
-    if (d->strict)
-        return colibri_fail(err, COLIBRI_E_DEVICE, "device %s is too slow or failing (P90 %llu us over %llu us, %llu errors)"
-                            " and the session is strict: layer %d expert %d is not computed elsewhere", s->driver->name,
-                            (unsigned long long)(s->stats.p90_ns / 1000), (unsigned long long)(s->stats.threshold_ns / 1000),
-                            (unsigned long long)s->stats.errors, layer, e);
     if (s->probe || now >= s->retry_at) {   /* its back-off passed: this chunk's call on it is a probe */
         if (!s->probe) s->stats.probes++;
         s->probe = 1;
         return COLIBRI_OK;
     }
+    if (d->strict)
+        return colibri_fail(err, COLIBRI_E_DEVICE, "device %s is bypassed (%llu errors, %llu slow calls; P90 %llu us, "
+                            "threshold %llu us) and the session is strict: layer %d expert %d is not computed elsewhere "
+                            "until the device's back-off passes", s->driver->name, (unsigned long long)s->stats.errors,
+                            (unsigned long long)s->stats.slow, (unsigned long long)(s->stats.p90_ns / 1000),
+                            (unsigned long long)(s->stats.threshold_ns / 1000), layer, e);
     *device = fallback_for(d, layer, e, placed);
     s->stats.fallbacks++;
     d->dev[*device].stats.fallbacks += *device == 0;

@@ -135,10 +135,15 @@ static colibri_status device_named(const colibri_session *s, const char *text, c
     memcpy(name, text + t->start, t->len);
     name[t->len] = '\0';
     *device = colibri_device_find(s, name);
-    if (*device < 0)
-        return colibri_fail(err, COLIBRI_E_VALUE, "placement %s: no device \"%s\" in this session (%d devices: cpu%s%s...)",
-                            where, name, colibri_device_count(s), colibri_device_count(s) > 1 ? ", " : "",
-                            colibri_device_count(s) > 1 ? colibri_device_name(s, 1) : "");
+    if (*device < 0) {
+        char list[96];
+        size_t used = 0;
+        int32_t i;
+        for (i = 0; i < colibri_device_count(s) && used < sizeof list; i++)   /* truncated past 95 bytes */
+            used += colibri_format(list + used, sizeof list - used, "%s%s", i ? ", " : "", colibri_device_name(s, i));
+        return colibri_fail(err, COLIBRI_E_VALUE, "placement %s: no device \"%s\" in this session (it has: %s)", where, name,
+                            list);
+    }
     return COLIBRI_OK;
 }
 
@@ -210,8 +215,8 @@ colibri_status colibri_placement_parse(colibri_session *s, const char *json, siz
     int64_t version;
     char key_buf[32];
     size_t need;
-    colibri_status st = need_devices(s, "colibri_placement_parse", err);
-    if (st) return st;
+    colibri_status st;
+    if (!s) return colibri_fail(err, COLIBRI_E_ARG, "colibri_placement_parse: NULL session");
     hp = &s->model->hp;
     if ((st = colibri_placement_scratch_bytes(s, json, len, &need, err)) != COLIBRI_OK) return st;
     if (!scratch || (uintptr_t)scratch % 4 || scratch_bytes < need)
@@ -242,7 +247,7 @@ colibri_status colibri_placement_parse(colibri_session *s, const char *json, siz
         for (i = 0, item = list + 1; i < tok[list].n_children; i++, item += (int32_t)tok[item].subtree)
             if ((st = apply_entry(s, json, tok, item, (int32_t)i, table, err)) != COLIBRI_OK) return st;
     }
-    return colibri_placement_set(s, table, err);
+    return s->devices ? colibri_placement_set(s, table, err) : COLIBRI_OK;   /* no drivers: every name was "cpu" */
 }
 
 /* ---- statistics ---- */

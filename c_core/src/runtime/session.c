@@ -307,7 +307,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     colibri_arena a;
     colibri_session *s;
     int32_t n_ctx, n_batch, n_records;
-    size_t need;
+    size_t need = 0;
     void *base;
     size_t mapped = 0;
     int hugepages = 0, owned = 0;
