@@ -9,7 +9,7 @@ benchmarks/edge_cloud.py (which loads it by path).
 Modes: "forward" (the default), "drop" (every connection closed, new ones closed at once),
 "blackhole" (connections accepted, nothing forwarded either way: the caller's deadline must fire),
 "garbage" (the client gets random bytes instead of the server's, and random bytes back for what
-it sends).  The setters are thread-safe and apply to the bytes read from then on; going back to
+it sends; each burst starts with 0xff, an impossible HTTP/2 frame length, so it fails at once).  The setters are thread-safe and apply to the bytes read from then on; going back to
 "forward" closes the connections the other modes broke, so that clients reconnect.
 """
 import os
@@ -108,6 +108,9 @@ class _Link:
 
     def __init__(self, proxy, client, server):
         self.proxy, self.client, self.server = proxy, client, server
+        for s in (client, server):
+            if s is not None:   # no Nagle: a small write waits for nothing (gRPC's own sockets do the same)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.closed = False
         proxy.links.add(self)
         for source, up in ((client, True), (server, False)):
@@ -158,7 +161,9 @@ class _Link:
             if mode == "blackhole":
                 continue
             if mode == "garbage":
-                dest, data = self.client, os.urandom(max(len(data), 64))
+                # random, but for a first byte that makes an HTTP/2 frame longer than any peer takes: the
+                # client fails at once instead of waiting for a frame's end (waiting is blackhole's case)
+                dest, data = self.client, b"\xff" + os.urandom(max(len(data), 64) - 1)
             else:
                 dest = self.server if up else self.client
             if dest is None:

@@ -92,8 +92,7 @@ class ExpertsService(rpc.ExpertsServicer):
                    f"are {int(rows[-1]) * self.hidden * 4}")
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {bad}")
-        x = np.frombuffer(request.x, dtype="<f4").reshape(int(rows[-1]), self.hidden)
-        x = np.ascontiguousarray(x, dtype=np.float32)   # native order (a copy on big-endian hosts only)
+        x = np.frombuffer(request.x, dtype="<f4").reshape(int(rows[-1]), self.hidden).astype(np.float32)   # writable, native
         experts = np.array(request.experts, dtype=np.int32)
         with self.lock:
             start = time.perf_counter_ns()
@@ -205,12 +204,10 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
 
 def main(args):
     """`colibri serve-experts`: serve until SIGTERM or SIGINT."""
-    token = args.token
-    if args.token_file:
-        token = Path(args.token_file).read_text().strip()
-        if not token:
-            raise SystemExit(f"colibri serve-experts: {args.token_file} is empty")
     try:
+        token = Path(args.token_file).read_text().strip() if args.token_file else args.token
+        if args.token_file and not token:
+            raise ValueError(f"{args.token_file} is empty")
         server, service, address = start(
             args.model, args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
             insecure=args.insecure, kernels=args.kernels, batch=args.batch, threads=args.threads,
