@@ -302,6 +302,7 @@ def cmd_generate(args):
 
 def _edge(model, args):
     """colibri.remote.Edge from generate's --remote arguments (the edge and cloud group)."""
+    from colibri.remote.driver import RemoteError
     from colibri.remote.edge import Edge
 
     if args.placement_load is not None and args.placement != "auto":
@@ -315,7 +316,7 @@ def _edge(model, args):
                     tls_ca=args.tls_ca, deadline_ms=args.device_deadline_ms,
                     device_threshold_ms=args.device_threshold_ms, strict=args.strict,
                     ctx=args.ctx, batch=args.batch, threads=args.threads, **stream)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RemoteError) as e:
         raise SystemExit(f"colibri generate: {e}")
 
 

@@ -24,6 +24,9 @@ from colibri.remote.orchestrator import MARGIN, MIN_GAIN, Orchestrator, place, s
 from colibri.remote.server import start as start_server   # noqa: E402
 
 N_IDS = 32   # 2 layers of 16 experts
+if "expert_bytes" not in pb.HeartbeatRequest.DESCRIPTOR.fields_by_name:
+    pytest.fail("colibri_remote_pb2.py lacks HeartbeatRequest.expert_bytes (field 9 of colibri_remote.proto): "
+                "run colibri/remote/generate.sh", pytrace=False)
 EXPERT_BYTES = 1 << 20
 
 
@@ -183,6 +186,27 @@ def test_a_token_is_required_when_set(tmp_path):
         serve(orch, "0.0.0.0:0", token="s3cret")   # no TLS
 
 
+def test_heartbeats_over_tls_with_a_token(tmp_path):
+    from colibri.remote.edge import Heartbeats
+    from test_remote import self_signed
+
+    cert, key = self_signed(tmp_path)
+    orch = Orchestrator(tmp_path / "state.json", warmup=1, interval=0)
+    server, port = serve(orch, "127.0.0.1:0", token="s3cret", tls_cert=cert, tls_key=key)
+    beats = [Heartbeats(f"localhost:{port}", token=token, tls_ca=cert) for token in ("s3cret", "wrong")]
+    try:
+        for h in beats:
+            h.submit(heartbeat_message("tls", b"\x01" * 8, 1, [1, 2], 0, 0, 2 * EXPERT_BYTES, EXPERT_BYTES,
+                                       skewed([4, 5, 6]))[0])
+            assert h.wait(10)
+        assert beats[0].sent == 1 and list(beats[0].take_reply().local) == [4, 5]
+        assert beats[1].failed == 1 and beats[1].last_error.startswith("UNAUTHENTICATED")
+    finally:
+        for h in beats:
+            h.close()
+        server.stop(0)
+
+
 # ---- the state across restarts ------------------------------------------------------------------
 
 def test_a_restarted_orchestrator_keeps_versions_and_loads(tmp_path):
@@ -272,12 +296,14 @@ def edge(path, server, orchestrator, name, slots, **options):
 
 
 def check_settled(e, orch):
-    """After a last heartbeat the edge runs the orchestrator's set: at most its slots, on the cpu,
+    """After a last heartbeat the edge runs the orchestrator's version: its set on the cpu, at
+    most the edge's slots there (the room the set leaves filled with experts the edge had local),
     every other routed expert remote."""
     e.heartbeat()
-    local = orch.snapshot()[e.name]["local"]
-    assert local is not None and len(local) <= e.slots and e.version == orch.snapshot()[e.name]["placement_version"]
-    assert e.local_experts() == local
+    state = orch.snapshot()[e.name]
+    local = e.local_experts()
+    assert state["local"] and e.version == state["placement_version"] and e.placement_error is None
+    assert set(state["local"]) <= set(local) and len(local) == e.slots
     table = e.session.placement
     assert (table[moe_layers(e.model)] <= 1).all() and (table == 1).sum() == len(moe_layers(e.model)) * 8 - len(local)
 
@@ -346,3 +372,15 @@ def test_colibri_generate_remote_prints_the_local_tokens(moe_model, expert_serve
     assert out.stdout == local.stdout
     assert "[device remote:" in out.stderr and "0 fallbacks, 0 errors" in out.stderr
     assert "[orchestrator:" in out.stderr and orch.snapshot()["cli"]["heartbeats"] > 0
+
+
+def test_an_edge_goes_on_without_its_orchestrator(moe_model, expert_server):
+    """Heartbeats to an orchestrator that is not there fail, counted; the tokens are the same."""
+    e = edge(moe_model, expert_server, f"127.0.0.1:{free_port()}", "alone", 6)
+    try:
+        assert e.generate(PROMPT, max_tokens=N_TOKENS) == all_local(moe_model)
+        e.heartbeats.wait(10)
+        assert e.heartbeats.failed > 0 and e.heartbeats.sent == 0 and e.version == 0 and not e.applied
+        assert any(line.startswith("[orchestrator:") and "failed" in line for line in e.counters())
+    finally:
+        e.close()

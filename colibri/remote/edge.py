@@ -31,23 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from colibri.cli import _moe_layers as moe_layers
 from colibri.remote import model_hash
 
 HEARTBEAT_LIMIT = 200      # bytes on the wire: the message and gRPC's 5-byte frame header
 GRPC_FRAME = 5
 REMOTE = "remote"
-
-
-def moe_layers(model):
-    """The layers with routed experts."""
-    import re
-
-    return sorted({int(m.group(1)) for t in model.tensors() if (m := re.match(r"layers\.(\d+)\.experts\.", t["name"]))})
-
-
-def expert_bytes(model):
-    """Bytes of one expert: a slot of the expert cache."""
-    return model.expert_slots()[0]
 
 
 def initial_local(model, slots, load=None):
@@ -260,7 +249,7 @@ class Edge:
                 raise ValueError("a model without its experts streams them: give an expert_budget")
             self.fetcher = ExpertFetcher(model, self.driver)
             stream["expert_read"] = self.fetcher
-        self.expert_bytes = expert_bytes(model)
+        self.expert_bytes = model.expert_slots()[0]   # one expert: a slot of the expert cache
         routed = len(moe_layers(model)) * self.n_experts
         self.slots = min(expert_budget // self.expert_bytes, routed) if expert_budget else routed
         self.budget_bytes = expert_budget or routed * self.expert_bytes
@@ -289,6 +278,7 @@ class Edge:
         self.last_cache = self._cache_counts()
         self.last_beat_at, self.last_beat_token = time.monotonic(), 0
         self.last_message_bytes = 0
+        self.placement_error = None
         self.heartbeats = None
         if orchestrator is not None:
             self.heartbeats = Heartbeats(orchestrator, token=token, tls_ca=tls_ca)
@@ -333,10 +323,23 @@ class Edge:
         return msg
 
     def apply_reply(self, reply):
-        """Applies a pushed placement (call between tokens); True when the placement changed."""
+        """Applies a pushed placement (call between tokens); True when the placement changed.  The
+        orchestrator's set is local; in the room it leaves (it knows only the experts that routed
+        tokens) the edge keeps the local experts it has used most.  A set the session refuses is
+        kept in placement_error and the edge stays on its version (the next reply brings it again)."""
         if reply is None or reply.placement_version in (0, self.version):
             return False
-        self.set_local(reply.local)
+        local = set(reply.local)
+        room = self.slots - len(local)
+        if room > 0:
+            used = self.session.expert_load().reshape(-1)
+            kept = sorted((i for i in self.local_experts() if i not in local), key=lambda i: (-used[i], i))
+            local.update(kept[:room])
+        try:
+            self.set_local(local)
+        except ValueError as e:
+            self.placement_error = f"placement version {reply.placement_version}: {e}"
+            return False
         self.version = reply.placement_version
         self.applied.append((self.generated, self.version))
         return True
@@ -398,7 +401,8 @@ class Edge:
             h = self.heartbeats
             lines.append(f"[orchestrator: {h.sent} heartbeats answered, {h.failed} failed"
                          f"{f' (last: {h.last_error})' if h.last_error else ''}; placement version {self.version}, "
-                         f"{len(self.applied)} applied; last heartbeat {self.last_message_bytes} B on the wire]")
+                         f"{len(self.applied)} applied; last heartbeat {self.last_message_bytes} B on the wire"
+                         f"{f'; refused: {self.placement_error}' if self.placement_error else ''}]")
         if self.fetcher is not None:
             lines.append(f"[experts fetched: {self.fetcher.fetches}, {self.fetcher.bytes / 1e6:.2f} MB]")
         return lines
