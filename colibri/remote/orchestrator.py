@@ -118,7 +118,6 @@ class Orchestrator:
         self.lock = threading.Lock()
         self.edges = {}
         self.saved_at = -math.inf
-        self.dirty = False
         self._load_state()
 
     def _load_state(self):
@@ -154,7 +153,6 @@ class Orchestrator:
             os.unlink(tmp)
             raise
         self.saved_at = self.clock()
-        self.dirty = False
 
     def heartbeat(self, req):
         """The reply (a colibri_remote_pb2.HeartbeatReply) to one HeartbeatRequest."""
@@ -185,7 +183,6 @@ class Orchestrator:
                     st.local, st.changed_at = new, now
                     st.placement_version += 1
                     changed = True
-            self.dirty = True
             if changed or now - self.saved_at >= self.interval:
                 self._save()   # before the reply: a version handed out survives a restart
             reply = pb.HeartbeatReply(placement_version=st.placement_version if st.local is not None else 0)
