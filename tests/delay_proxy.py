@@ -9,8 +9,9 @@ benchmarks/edge_cloud.py (which loads it by path).
 Modes: "forward" (the default), "drop" (every connection closed, new ones closed at once),
 "blackhole" (connections accepted, nothing forwarded either way: the caller's deadline must fire),
 "garbage" (the client gets random bytes instead of the server's, and random bytes back for what
-it sends; each burst starts with 0xff, an impossible HTTP/2 frame length, so it fails at once).  The setters are thread-safe and apply to the bytes read from then on; going back to
-"forward" closes the connections the other modes broke, so that clients reconnect.
+it sends; each burst starts with 0xff, an impossible HTTP/2 frame length, so it fails at once).
+The setters are thread-safe and apply to the bytes read from then on; going back to "forward"
+closes the connections the other modes broke, so that clients reconnect.
 """
 import os
 import queue

@@ -177,8 +177,10 @@ def test_a_killed_server_is_survived_and_used_again_once_restarted():
     edge = model.session(ctx=256, devices=[drv], placement=placement(model, "all"), device_probe_ms=100)
     tokens = generate(edge, PROMPT)
     got = [next(tokens) for _ in range(10)]
-    server.kill()   # kill -9: the connection is lost mid-generation
-    got += [next(tokens) for _ in range(10)]
+    killer = threading.Thread(target=server.kill)   # kill -9 while tokens are made: most likely inside a call
+    killer.start()
+    while killer.is_alive() or len(got) < 20:
+        got.append(next(tokens))
     down = remote_stats(edge)
     assert down["errors"] > 0 and down["fallbacks"] > 0 and down["bypassed_now"]
     server = Server(MIXTRAL, port=server.port)
@@ -213,9 +215,8 @@ def test_a_slow_server_is_bypassed_and_comes_back(serve):
             assert next(tokens) == next(want)
             return remote_stats(edge)
 
-        while (s := step())["samples"] < 32:
-            pass
-        assert not s["bypassed_now"], s
+        while (s := step())["samples"] < 32 or s["bypassed_now"]:   # a full ring of fast calls
+            time.sleep(0.05 if s["bypassed_now"] else 0)   # (a busy machine's slow start: the probe clears it)
         fast_slow = s["slow"]   # loopback calls over 40 ms on a busy machine: rare, each takes one slow call less
         proxy.set_delay(30)
         n = 0
@@ -488,7 +489,7 @@ def test_fetch_expert_detects_corruption_and_paces(serve):
         with pytest.raises(RemoteError, match=match):
             collect_extent(bad, "layer 1 expert 2")
     with DelayProxy(server.address) as proxy:
-        drv = RemoteDriver(proxy.address, model, fetch_mbit=4)
+        drv = RemoteDriver(proxy.address, model, bandwidth_mbit=4)
         start = time.monotonic()
         assert drv.fetch_expert(1, 2) == extent_bytes(MIXTRAL, 1, 2)
         assert time.monotonic() - start >= 0.8 * drv.info.expert_bytes * 8 / 4e6   # paced to 4 Mbit/s

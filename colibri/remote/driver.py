@@ -39,7 +39,7 @@ class RemoteDriver:
     the certificate authority to trust; TLS when given.  `deadline_ms`: each Compute's deadline
     (a call past it is a failed call).  `threshold_ms`: the latency over which the session bypasses
     it (None: the session's).  `connect_timeout_s`: for the Info call at construction.
-    `fetch_mbit`: a bandwidth cap for fetch_expert (None: none).  `max_message_mb`: the channel's
+    `bandwidth_mbit`: a bandwidth cap for fetch_expert (None: none).  `max_message_mb`: the channel's
     bound on a message either way.
 
     Counters (attributes): round_trips (Compute calls answered), failures, bytes_sent and
@@ -47,10 +47,10 @@ class RemoteDriver:
     server's compute time, summed), fetched_bytes."""
 
     def __init__(self, target, model, *, name="remote", token=None, tls_ca=None, deadline_ms=1000,
-                 threshold_ms=None, connect_timeout_s=5.0, fetch_mbit=None, max_message_mb=64):
+                 threshold_ms=None, connect_timeout_s=5.0, bandwidth_mbit=None, max_message_mb=64):
         self.name, self.target, self.threshold_ms = name, target, threshold_ms
         self.deadline = deadline_ms / 1000
-        self.fetch_mbit = fetch_mbit
+        self.bandwidth_mbit = bandwidth_mbit
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         path = getattr(model, "path", model)
         self.hash = model_hash(path)
@@ -80,6 +80,7 @@ class RemoteDriver:
         self.server_ns = self.fetched_bytes = 0
         self._pending = None
         self._bucket = [0.0, time.perf_counter()]   # fetch_expert's token bucket: bytes left, when
+        self._bucket_lock = threading.Lock()         # fetches from several threads share the cap
 
     def close(self):
         self.channel.close()
@@ -137,11 +138,11 @@ class RemoteDriver:
         """bytes: expert `expert` of `layer` as the server's weights.bin holds it (colibri.remote.
         expert_layout: its extent, or its parts of a stacked file joined), every chunk's CRC-32,
         the offsets, the total and the whole's CRC-32 checked; RemoteError otherwise.  Paced to
-        `fetch_mbit` when set.  `timeout_s`: default 30 s plus the time the cap takes."""
+        `bandwidth_mbit` when set.  `timeout_s`: default 30 s plus the time the cap takes."""
         if not self.info.fetch:
             raise RemoteError(f"{self.target} does not serve expert weights")
         if timeout_s is None:
-            timeout_s = 30 + (self.info.expert_bytes * 8 / (self.fetch_mbit * 1e6) if self.fetch_mbit else 0)
+            timeout_s = 30 + (self.info.expert_bytes * 8 / (self.bandwidth_mbit * 1e6) if self.bandwidth_mbit else 0)
         stream = self.stub.FetchExpert(pb.FetchRequest(model_hash=self.hash, layer=layer, expert=expert),
                                        timeout=timeout_s, metadata=self.metadata)
         try:
@@ -152,18 +153,19 @@ class RemoteDriver:
         return data
 
     def _paced(self, chunks):
-        """The chunks, each waited for until the token bucket (fetch_mbit, a burst of one chunk) has its bytes."""
+        """The chunks, each waited for until the token bucket (bandwidth_mbit, a burst of one chunk) has its bytes."""
         for chunk in chunks:
-            if self.fetch_mbit:
-                rate = self.fetch_mbit * 1e6 / 8
-                left, then = self._bucket
-                now = time.perf_counter()
-                left = min(left + (now - then) * rate, len(chunk.data)) - len(chunk.data)
-                if left < 0:
-                    time.sleep(-left / rate)
-                    now += -left / rate
-                    left = 0.0
-                self._bucket[:] = [left, now]
+            if self.bandwidth_mbit:
+                rate = self.bandwidth_mbit * 1e6 / 8
+                with self._bucket_lock:
+                    left, then = self._bucket
+                    now = time.perf_counter()
+                    left = min(left + (now - then) * rate, len(chunk.data)) - len(chunk.data)
+                    if left < 0:
+                        time.sleep(-left / rate)
+                        now += -left / rate
+                        left = 0.0
+                    self._bucket[:] = [left, now]
             yield chunk
 
 

@@ -92,7 +92,8 @@ class ExpertsService(rpc.ExpertsServicer):
                    f"are {int(rows[-1]) * self.hidden * 4}")
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {bad}")
-        x = np.frombuffer(request.x, dtype="<f4").reshape(int(rows[-1]), self.hidden).astype(np.float32)   # writable, native
+        x = np.frombuffer(request.x, dtype="<f4").reshape(int(rows[-1]), self.hidden)
+        x = x.astype(np.float32)   # a writable copy in native order: compute_experts takes no read-only buffer
         experts = np.array(request.experts, dtype=np.int32)
         with self.lock:
             start = time.perf_counter_ns()
