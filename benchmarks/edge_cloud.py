@@ -357,7 +357,7 @@ def main():
     log(f"model {args.model} ({cfg['num_layers']} layers x {cfg['num_experts']} experts, top-{cfg['top_k']}); "
         f"{len(prompt)} prompt + {len(decode)} decode tokens; starting the cloud")
     cloud = Cloud(args.model, args.kernels, args.server_threads, 64, args.mbit)
-    driver = RemoteDriver(cloud.address, model, deadline_ms=UNREACHABLE_MS, fetch_mbit=None)
+    driver = RemoteDriver(cloud.address, model, deadline_ms=UNREACHABLE_MS)
     per_expert = PerExpertDriver(driver)
     kernels = model.session(ctx=8, kernels=args.kernels).kernels
     if kernels != cloud.info["kernels"]:

@@ -175,7 +175,7 @@ class Heartbeats:
 class ExpertFetcher:
     """A session's expert_read for a model directory without its routed experts: each read is
     served from its expert's bytes, fetched from the server by the driver (FetchExpert: the parts
-    colibri.remote.expert_layout names, joined in its order; the driver's fetch_mbit caps it); the
+    colibri.remote.expert_layout names, joined in its order; the driver's bandwidth_mbit caps it); the
     last `keep` experts are kept for the reads that follow (a stacked layout reads an expert in
     several parts)."""
 
@@ -241,7 +241,8 @@ class Edge:
         if len(self.name.encode()) > 32:
             raise ValueError(f"an edge's name is at most 32 bytes: {self.name!r}")
         self.driver = driver if driver is not None else RemoteDriver(
-            remote, model, name=REMOTE, token=token, tls_ca=tls_ca, deadline_ms=deadline_ms, fetch_mbit=fetch_mbit)
+            remote, model, name=REMOTE, token=token, tls_ca=tls_ca, deadline_ms=deadline_ms,
+            bandwidth_mbit=fetch_mbit)
         self.fetcher = None
         stream = dict(expert_budget=expert_budget or 0)
         if experts_elsewhere:
