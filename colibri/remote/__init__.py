@@ -12,6 +12,15 @@ import hashlib
 from pathlib import Path
 
 
+def __getattr__(name):
+    """colibri.remote.Edge, .Orchestrator, .RemoteDriver, imported when first used (they need grpc)."""
+    modules = {"Edge": "edge", "Orchestrator": "orchestrator", "RemoteDriver": "driver"}
+    if name not in modules:
+        raise AttributeError(f"module 'colibri.remote' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f"colibri.remote.{modules[name]}"), name)
+
+
 def model_hash(model_dir):
     """32 bytes: the SHA-256 of the model's colibri_model.json, the name every request carries."""
     return hashlib.sha256((Path(model_dir) / "colibri_model.json").read_bytes()).digest()

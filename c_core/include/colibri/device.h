@@ -13,7 +13,7 @@
  *   kernels a device gives the same bits as the CPU.
  *
  * Latency-aware fallback: each device keeps the latencies of its last COLIBRI_LATENCY_RING calls.
- * When their 90th percentile passes the device's threshold, or a call fails, the device is
+ * When their 90th percentile (once it has 10) passes the device's threshold, or a call fails, the device is
  * bypassed: its experts run on the fallback (the lowest-P90 device under its threshold that holds
  * them, else the cpu) and the device is tried again after a back-off that doubles while it stays
  * slow.  A call answered under the threshold after the back-off brings it back (its ring starts

@@ -10,6 +10,7 @@ COLIBRI_SLOT_CHECK(colibri_device_state, COLIBRI_DEVICE_STATE_SLOT);
 COLIBRI_SLOT_CHECK(colibri_devices, COLIBRI_DEVICES_SLOT);
 
 #define MAX_BACKOFF 64      /* the back-off doubles up to 64 times the first */
+#define MIN_SAMPLES 10      /* a P90 of fewer latencies is their maximum: one slow start is not a slow device */
 
 void colibri_devices_carve(colibri_devices **out, colibri_arena *a, const colibri_model *m, int32_t n_drivers,
                            int32_t n_batch)
@@ -204,7 +205,7 @@ void colibri_device_record(colibri_devices *d, int32_t i, uint64_t latency_ns, i
     s->ring_next = (s->ring_next + 1) % COLIBRI_LATENCY_RING;
     if (s->stats.samples < COLIBRI_LATENCY_RING) s->stats.samples++;
     s->stats.p90_ns = colibri_device_p90(s);
-    if (failed || s->stats.p90_ns > threshold) {
+    if (failed || (s->stats.samples >= MIN_SAMPLES && s->stats.p90_ns > threshold)) {
         if (!s->bypassed) s->stats.bypassed++;
         s->bypassed = 1;
         s->retry_at = now + s->backoff_ns;

@@ -82,6 +82,14 @@ void colibri_guess_next_layer(void *context)
                    hp->hidden_size, E);                                                            /* (E) */
     if (hp->router_logit_bias) colibri_add_bias(s->guess_logits, lw->w[L_ROUTER_BIAS], 1, E);
     for (j = 0; j < K; j++) s->guess_ids[j] = colibri_best_untaken(s->guess_logits, E, s->guess_ids, j);   /* top K */
+    if (s->devices) {   /* an expert a device in use computes is not read here */
+        int32_t kept = 0;
+        for (j = 0; j < K; j++) {
+            int32_t on = s->devices->placement[(size_t)l * E + s->guess_ids[j]];
+            if (!on || s->devices->dev[on].bypassed) s->guess_ids[kept++] = s->guess_ids[j];
+        }
+        K = kept;
+    }
     colibri_cache_guess(s->cache, l, s->guess_ids, K);
 }
 
