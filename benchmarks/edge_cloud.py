@@ -26,6 +26,12 @@ that slows down takes to be bypassed, and to come back.
      routed tokens; "per expert": the same placement with one unary Compute per expert, one after
      another (PerExpertDriver below), what a design without per-layer batching pays.  The session's
      bypass threshold is set out of reach there (every remote expert is computed remotely);
+     "90/10 latency-aware": the 90/10 placement at the default threshold (--threshold-ms): a remote
+     device slower than that is bypassed and its experts computed here (the edge has the weights);
+     "90/10 promoted": an edge (colibri.remote.Edge) whose expert cache holds 90% of the routed
+     experts, starting from the "auto" placement (an even share of each layer, nothing measured), with
+     an orchestrator in this process placing the hottest experts local from its heartbeats (every 8
+     tokens) over --warmup tokens of the text before the measured decode;
   6. fallback: a 50/50 session at --threshold-ms decodes at RTT 0; the proxy's RTT goes to
      --slow-rtt-ms: the time (and tokens, slow calls) until the session bypasses the device; then back
      to 0: the time until a probe brings it back;
@@ -177,13 +183,14 @@ def placement(model, load, local_share):
 
 
 PLACEMENTS = {"all-local": 1.0, "90/10": 0.9, "50/50": 0.5}
+AWARE, PROMOTED = "90/10 latency-aware", "90/10 promoted"
 
 
 # ---- the runs -----------------------------------------------------------------------------------
 
-def decode_run(model, driver, cloud, table, prompt, decode, n_ctx, threads, kernels):
+def decode_run(model, driver, cloud, table, prompt, decode, n_ctx, threads, kernels, threshold_ms=UNREACHABLE_MS):
     """One configuration's decode: tokens/s, round trips, bytes, the remote share."""
-    devices = dict(devices=[driver], placement=table, device_threshold_ms=UNREACHABLE_MS) if driver else {}
+    devices = dict(devices=[driver], placement=table, device_threshold_ms=threshold_ms) if driver else {}
     s = model.session(ctx=n_ctx, threads=threads, kernels=kernels, **devices)
     s.prefill(prompt[:8])   # warm, as the other benchmarks do
     s.reset()
@@ -205,6 +212,52 @@ def decode_run(model, driver, cloud, table, prompt, decode, n_ctx, threads, kern
                    - b0) / n, wire_bytes=(cloud.wire_bytes() - w0) / n,
                    remote_share=remote["rows"] / max(remote["rows"] + cpu["rows"], 1), fallbacks=remote["fallbacks"],
                    errors=remote["errors"], p90_ms=remote["p90_ns"] / 1e6)
+    return out
+
+
+def promoted_run(model, cloud, orchestrator, prompt, warm, decode, n_ctx, threads, kernels, share=0.9):
+    """An edge caching `share` of the routed experts, placed by the orchestrator from its heartbeats
+    while it decodes `warm`, then the measured decode (placements still applied between tokens)."""
+    from colibri.remote.driver import RemoteDriver
+    from colibri.remote.edge import Edge, moe_layers
+
+    routed = len(moe_layers(model)) * model.config["num_experts"]
+    slot, _ = model.expert_slots()
+    driver = RemoteDriver(cloud.address, model, deadline_ms=UNREACHABLE_MS)
+    edge = Edge(model, cloud.address, placement="auto", orchestrator=orchestrator, name=f"bench-{time.monotonic_ns()}",
+                expert_budget=int(share * routed) * slot, device_threshold_ms=UNREACHABLE_MS, heartbeat_tokens=8,
+                driver=driver, ctx=n_ctx, threads=threads, kernels=kernels)
+    s = edge.session
+    t = time.perf_counter()
+    s.prefill(warm[:1])
+    for tok in warm[1:]:
+        edge.between_tokens()
+        s.step(tok)
+        edge.generated += 1
+        if s.position >= s.n_ctx - 1:
+            s.reset()
+    warm_s = time.perf_counter() - t
+    s.reset()
+    s.prefill(prompt)
+    s.device_stats_clear()
+    rt0, b0, w0 = driver.round_trips, driver.bytes_sent + driver.bytes_received, cloud.wire_bytes()
+    token, t = None, time.perf_counter()
+    for tok in decode:
+        edge.between_tokens()
+        token = s.step(tok)
+        edge.generated += 1
+    elapsed = time.perf_counter() - t
+    n = len(decode)
+    stats = {d["name"]: d for d in s.device_stats()}
+    remote, cpu = stats[driver.name], stats["cpu"]
+    cache = s.expert_cache_stats()
+    out = {"tg": n / elapsed, "last": token, "decoded": n, "round_trips": (driver.round_trips - rt0) / n,
+           "message_bytes": (driver.bytes_sent + driver.bytes_received - b0) / n,
+           "wire_bytes": (cloud.wire_bytes() - w0) / n,
+           "remote_share": remote["rows"] / max(remote["rows"] + cpu["rows"], 1), "fallbacks": remote["fallbacks"],
+           "errors": remote["errors"], "p90_ms": remote["p90_ns"] / 1e6, "warm_s": warm_s,
+           "placements_applied": len(edge.applied), "cache_hit": cache["hits"] / max(cache["hits"] + cache["misses"], 1)}
+    edge.close()
     return out
 
 
@@ -293,10 +346,28 @@ def report(args, runs, fallbacks, info):
         lines.append(f"| {name} | {fmt(med(r['round_trips'] for r in rs), '.1f')} | "
                      f"{fmt(med(r['message_bytes'] for r in rs), ',.0f')} | {fmt(med(r['wire_bytes'] for r in rs), ',.0f')} | "
                      + " | ".join(p90) + " |")
-    bad = [(name, rtt) for (name, rtt), rs in runs.items() if any(r.get("fallbacks") or r.get("errors") for r in rs)]
-    lasts = sorted({r["last"] for rs in runs.values() for r in rs})
-    lines += ["", f"Every configuration's last token: {lasts} (one value: the same tokens everywhere)."
-              + (f"  Runs with fallbacks or errors: {bad}." if bad else "  No fallback or error in any speed run.")]
+    bad = [(name, rtt) for (name, rtt), rs in runs.items() if name != AWARE
+           and any(r.get("fallbacks") or r.get("errors") for r in rs)]
+    lasts = {}
+    for rs in runs.values():
+        for r in rs:
+            lasts.setdefault(r["decoded"], set()).add(r["last"])
+    lines += ["", "Every configuration's last token, by tokens decoded: "
+              + ", ".join(f"{n}: {sorted(v)}" for n, v in sorted(lasts.items()))
+              + " (one value each: the same tokens everywhere)."
+              + (f"  Runs with fallbacks or errors: {bad}." if bad else "  No fallback or error in any speed run but "
+                 f"the latency-aware one's.")]
+    if (AWARE, rtts[0]) in runs:
+        lines += ["", f"{AWARE} (threshold {args.threshold_ms:g} ms): expert computations bound to the remote device "
+                  "that ran here instead, per token: " + ", ".join(
+                      f"+{rtt:g} ms: {fmt(med(r['fallbacks'] / r['decoded'] for r in runs[AWARE, rtt]), '.1f')}"
+                      for rtt in rtts) + "."]
+    if (PROMOTED, rtts[0]) in runs:
+        lines += ["", f"{PROMOTED}: the edge's warm-up (s), placements the orchestrator pushed, expert cache hit rate in "
+                  "the measured decode: " + ", ".join(
+                      f"+{rtt:g} ms: {fmt(med(r['warm_s'] for r in runs[PROMOTED, rtt]), '.1f')} s, "
+                      f"{fmt(med(r['placements_applied'] for r in runs[PROMOTED, rtt]), '.0f')} placements, "
+                      f"{fmt(med(r['cache_hit'] for r in runs[PROMOTED, rtt]), '.1%')}" for rtt in rtts) + "."]
     if fallbacks:
         ok = [f for f in fallbacks if not f.get("bypassed_at_rtt_0")]
         lines += ["", f"Fallback (50/50, threshold {args.threshold_ms:g} ms): the RTT goes from +0 to "
@@ -334,6 +405,8 @@ def main():
     p.add_argument("--no-fallback", action="store_true", help="skip the fallback timing")
     p.add_argument("--threshold-ms", type=float, default=5.0, help="the fallback run's bypass threshold")
     p.add_argument("--slow-rtt-ms", type=float, default=50.0, help="the RTT the fallback run slows the device to")
+    p.add_argument("--warmup", type=int, default=200, help="tokens the promoted edge decodes before it is measured")
+    p.add_argument("--per-expert-tokens", type=int, default=16, help="decode tokens of the per-expert runs (slow)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "edge_cloud.md")
     args = p.parse_args()
     args.model = args.model.resolve()
@@ -344,6 +417,7 @@ def main():
     model = colibri.Model(args.model, threads=args.threads)
     cfg = model.config
     prompt, decode, calibration, n_ctx = text(model, args.prompt, args.tokens)
+    warm = calibration[-args.warmup:] if args.warmup <= len(calibration) else calibration
     n_ctx = min(n_ctx, len(prompt) + len(decode) + 8) if args.no_fallback else n_ctx
     load = measured_load(model, calibration, min(n_ctx, 1024), args.threads, args.kernels)
     names = [n.strip() for n in args.placements.split(",")]
@@ -352,6 +426,8 @@ def main():
         raise SystemExit(f"--placements: all-local and any of {', '.join(PLACEMENTS)}, not {args.placements}")
     tables = {n: placement(model, load, PLACEMENTS[n]) for n in names}
     configs = names + ([f"{n} per expert" for n in names if n != "all-local"] if not args.no_per_expert else [])
+    if "90/10" in tables:
+        configs += [AWARE, PROMOTED]
     rtts = [float(r) for r in args.rtt.split(",")]
 
     log(f"model {args.model} ({cfg['num_layers']} layers x {cfg['num_experts']} experts, top-{cfg['top_k']}); "
@@ -364,14 +440,29 @@ def main():
         log(f"  the edge computes with {kernels}, the server with {cloud.info['kernels']}: the tokens may differ")
     runs = {(c, rtt): [] for c in configs for rtt in rtts}
     fallbacks = []
+    orchestrator = None
+    if PROMOTED in configs:
+        import tempfile
+
+        from colibri.remote.orchestrator import Orchestrator, serve
+
+        state = Path(tempfile.mkdtemp()) / "orchestrator.json"
+        orch_server, orch_port = serve(Orchestrator(state, interval=0.2, warmup=1), "127.0.0.1:0")
+        orchestrator = f"127.0.0.1:{orch_port}"
     try:
         for rep in range(args.reps):
             for rtt in rtts:
                 cloud.set_rtt(rtt)
                 for c in configs:
-                    name = c.replace(" per expert", "")
+                    name = c.replace(" per expert", "").replace(" latency-aware", "")
                     drv = None if c == "all-local" else per_expert if c.endswith("per expert") else driver
-                    r = decode_run(model, drv, cloud, tables[name], prompt, decode, n_ctx, args.threads, args.kernels)
+                    few = decode[:args.per_expert_tokens] if c.endswith("per expert") else decode
+                    if c == PROMOTED:
+                        r = promoted_run(model, cloud, orchestrator, prompt, warm, decode, n_ctx, args.threads,
+                                         args.kernels)
+                    else:
+                        r = decode_run(model, drv, cloud, tables[name], prompt, few, n_ctx, args.threads, args.kernels,
+                                       args.threshold_ms if c == AWARE else UNREACHABLE_MS)
                     runs[c, rtt].append(r)
                     log(f"rep {rep + 1}/{args.reps} RTT +{rtt:g} ms {c:18s} {r['tg']:7.2f} tok/s"
                         + (f"  {r['round_trips']:.1f} round trips/token, {r['wire_bytes']:,.0f} B/token on the wire, "
@@ -384,6 +475,8 @@ def main():
     finally:
         driver.close()
         cloud.close()
+        if orchestrator:
+            orch_server.stop(0)
 
     info = {"rtts": rtts, "configs": configs, "model": args.model.name, "n_layers": cfg["num_layers"],
             "n_experts": cfg["num_experts"], "top_k": cfg["top_k"], "hidden": cfg["hidden_size"],

@@ -76,9 +76,8 @@ def heartbeat_message(edge, hash8, seq, p90_us, hit_permille, version, budget_by
     from colibri.remote import colibri_remote_pb2 as pb
 
     msg = pb.HeartbeatRequest(edge=edge, model_hash=hash8, seq=seq, device_p90_us=p90_us,
-                              cache_hit_permille=hit_permille, placement_version=version, budget_bytes=budget_bytes)
-    if "expert_bytes" in pb.HeartbeatRequest.DESCRIPTOR.fields_by_name:
-        msg.expert_bytes = slot_bytes
+                              cache_hit_permille=hit_permille, placement_version=version, budget_bytes=budget_bytes,
+                              expert_bytes=slot_bytes)
     ids, counts = [], []
     if len(msg.SerializeToString()) + GRPC_FRAME >= limit:
         raise ValueError(f"a heartbeat without loads is {len(msg.SerializeToString()) + GRPC_FRAME} bytes: "
