@@ -31,7 +31,9 @@ that slows down takes to be bypassed, and to come back.
      "90/10 promoted": an edge (colibri.remote.Edge) whose expert cache holds 90% of the routed
      experts, starting from the "auto" placement (an even share of each layer, nothing measured), with
      an orchestrator in this process placing the hottest experts local from its heartbeats (every 8
-     tokens) over --warmup tokens of the text before the measured decode;
+     tokens) over --warmup tokens of the text before the measured decode; "90/10 promoted latency-aware":
+     the same edge at the default threshold: a slow network's experts are read from the edge's own
+     weights.bin into its cache and computed here;
   6. fallback: a 50/50 session at --threshold-ms decodes at RTT 0; the proxy's RTT goes to
      --slow-rtt-ms: the time (and tokens, slow calls) until the session bypasses the device; then back
      to 0: the time until a probe brings it back;
@@ -183,7 +185,7 @@ def placement(model, load, local_share):
 
 
 PLACEMENTS = {"all-local": 1.0, "90/10": 0.9, "50/50": 0.5}
-AWARE, PROMOTED = "90/10 latency-aware", "90/10 promoted"
+AWARE, PROMOTED, PROMOTED_AWARE = "90/10 latency-aware", "90/10 promoted", "90/10 promoted latency-aware"
 
 
 # ---- the runs -----------------------------------------------------------------------------------
@@ -215,7 +217,8 @@ def decode_run(model, driver, cloud, table, prompt, decode, n_ctx, threads, kern
     return out
 
 
-def promoted_run(model, cloud, orchestrator, prompt, warm, decode, n_ctx, threads, kernels, share=0.9):
+def promoted_run(model, cloud, orchestrator, prompt, warm, decode, n_ctx, threads, kernels, share=0.9,
+                 threshold_ms=UNREACHABLE_MS):
     """An edge caching `share` of the routed experts, placed by the orchestrator from its heartbeats
     while it decodes `warm`, then the measured decode (placements still applied between tokens)."""
     from colibri.remote.driver import RemoteDriver
@@ -225,7 +228,7 @@ def promoted_run(model, cloud, orchestrator, prompt, warm, decode, n_ctx, thread
     slot, _ = model.expert_slots()
     driver = RemoteDriver(cloud.address, model, deadline_ms=UNREACHABLE_MS)
     edge = Edge(model, cloud.address, placement="auto", orchestrator=orchestrator, name=f"bench-{time.monotonic_ns()}",
-                expert_budget=int(share * routed) * slot, device_threshold_ms=UNREACHABLE_MS, heartbeat_tokens=8,
+                expert_budget=int(share * routed) * slot, device_threshold_ms=threshold_ms, heartbeat_tokens=8,
                 driver=driver, ctx=n_ctx, threads=threads, kernels=kernels)
     s = edge.session
     t = time.perf_counter()
@@ -346,7 +349,7 @@ def report(args, runs, fallbacks, info):
         lines.append(f"| {name} | {fmt(med(r['round_trips'] for r in rs), '.1f')} | "
                      f"{fmt(med(r['message_bytes'] for r in rs), ',.0f')} | {fmt(med(r['wire_bytes'] for r in rs), ',.0f')} | "
                      + " | ".join(p90) + " |")
-    bad = [(name, rtt) for (name, rtt), rs in runs.items() if name != AWARE
+    bad = [(name, rtt) for (name, rtt), rs in runs.items() if name not in (AWARE, PROMOTED_AWARE)
            and any(r.get("fallbacks") or r.get("errors") for r in rs)]
     lasts = {}
     for rs in runs.values():
@@ -357,17 +360,19 @@ def report(args, runs, fallbacks, info):
               + " (one value each: the same tokens everywhere)."
               + (f"  Runs with fallbacks or errors: {bad}." if bad else "  No fallback or error in any speed run but "
                  f"the latency-aware one's.")]
-    if (AWARE, rtts[0]) in runs:
-        lines += ["", f"{AWARE} (threshold {args.threshold_ms:g} ms): expert computations bound to the remote device "
-                  "that ran here instead, per token: " + ", ".join(
-                      f"+{rtt:g} ms: {fmt(med(r['fallbacks'] / r['decoded'] for r in runs[AWARE, rtt]), '.1f')}"
-                      for rtt in rtts) + "."]
-    if (PROMOTED, rtts[0]) in runs:
-        lines += ["", f"{PROMOTED}: the edge's warm-up (s), placements the orchestrator pushed, expert cache hit rate in "
-                  "the measured decode: " + ", ".join(
-                      f"+{rtt:g} ms: {fmt(med(r['warm_s'] for r in runs[PROMOTED, rtt]), '.1f')} s, "
-                      f"{fmt(med(r['placements_applied'] for r in runs[PROMOTED, rtt]), '.0f')} placements, "
-                      f"{fmt(med(r['cache_hit'] for r in runs[PROMOTED, rtt]), '.1%')}" for rtt in rtts) + "."]
+    for c in (AWARE, PROMOTED_AWARE):
+        if (c, rtts[0]) in runs:
+            lines += ["", f"{c} (threshold {args.threshold_ms:g} ms): expert computations bound to the remote device "
+                      "that ran here instead, per token: " + ", ".join(
+                          f"+{rtt:g} ms: {fmt(med(r['fallbacks'] / r['decoded'] for r in runs[c, rtt]), '.1f')}"
+                          for rtt in rtts) + "."]
+    for c in (PROMOTED, PROMOTED_AWARE):
+        if (c, rtts[0]) in runs:
+            lines += ["", f"{c}: the edge's warm-up (s), placements the orchestrator pushed, expert cache hit rate in "
+                      "the measured decode: " + ", ".join(
+                          f"+{rtt:g} ms: {fmt(med(r['warm_s'] for r in runs[c, rtt]), '.1f')} s, "
+                          f"{fmt(med(r['placements_applied'] for r in runs[c, rtt]), '.0f')} placements, "
+                          f"{fmt(med(r['cache_hit'] for r in runs[c, rtt]), '.1%')}" for rtt in rtts) + "."]
     if fallbacks:
         ok = [f for f in fallbacks if not f.get("bypassed_at_rtt_0")]
         lines += ["", f"Fallback (50/50, threshold {args.threshold_ms:g} ms): the RTT goes from +0 to "
@@ -405,6 +410,7 @@ def main():
     p.add_argument("--no-fallback", action="store_true", help="skip the fallback timing")
     p.add_argument("--threshold-ms", type=float, default=5.0, help="the fallback run's bypass threshold")
     p.add_argument("--slow-rtt-ms", type=float, default=50.0, help="the RTT the fallback run slows the device to")
+    p.add_argument("--configs", help="run only these configurations (comma-separated, all-local among them)")
     p.add_argument("--warmup", type=int, default=200, help="tokens the promoted edge decodes before it is measured")
     p.add_argument("--per-expert-tokens", type=int, default=16, help="decode tokens of the per-expert runs (slow)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "edge_cloud.md")
@@ -427,7 +433,12 @@ def main():
     tables = {n: placement(model, load, PLACEMENTS[n]) for n in names}
     configs = names + ([f"{n} per expert" for n in names if n != "all-local"] if not args.no_per_expert else [])
     if "90/10" in tables:
-        configs += [AWARE, PROMOTED]
+        configs += [AWARE, PROMOTED, PROMOTED_AWARE]
+    if args.configs:
+        wanted = [c.strip() for c in args.configs.split(",")]
+        if set(wanted) - set(configs) or "all-local" not in wanted:
+            raise SystemExit(f"--configs: all-local and any of {', '.join(configs)}")
+        configs = wanted
     rtts = [float(r) for r in args.rtt.split(",")]
 
     log(f"model {args.model} ({cfg['num_layers']} layers x {cfg['num_experts']} experts, top-{cfg['top_k']}); "
@@ -441,7 +452,7 @@ def main():
     runs = {(c, rtt): [] for c in configs for rtt in rtts}
     fallbacks = []
     orchestrator = None
-    if PROMOTED in configs:
+    if PROMOTED in configs or PROMOTED_AWARE in configs:
         import tempfile
 
         from colibri.remote.orchestrator import Orchestrator, serve
@@ -457,9 +468,10 @@ def main():
                     name = c.replace(" per expert", "").replace(" latency-aware", "")
                     drv = None if c == "all-local" else per_expert if c.endswith("per expert") else driver
                     few = decode[:args.per_expert_tokens] if c.endswith("per expert") else decode
-                    if c == PROMOTED:
+                    if c in (PROMOTED, PROMOTED_AWARE):
                         r = promoted_run(model, cloud, orchestrator, prompt, warm, decode, n_ctx, args.threads,
-                                         args.kernels)
+                                         args.kernels, threshold_ms=args.threshold_ms if c == PROMOTED_AWARE
+                                         else UNREACHABLE_MS)
                     else:
                         r = decode_run(model, drv, cloud, tables[name], prompt, few, n_ctx, args.threads, args.kernels,
                                        args.threshold_ms if c == AWARE else UNREACHABLE_MS)
