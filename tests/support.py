@@ -4,6 +4,7 @@ target.  The pytest fixtures built from these are in conftest.py."""
 import importlib
 import importlib.util
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -202,3 +203,41 @@ def prompt_logits(target, model_dir, tokens, tmp_path, *flags):
     infer(target, "--model", model_dir, "--tokens", ",".join(map(str, tokens)), "--max_tokens", 0,
           "--ids", "--logits", out, *flags)
     return np.fromfile(out, dtype="<f4").reshape(len(tokens), -1)
+
+
+# -------------------------------------------------------------------------- TLS
+
+def self_signed(tmp_path):
+    """(cert.pem, key.pem) for localhost and 127.0.0.1, with cryptography or the openssl CLI."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    try:
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        if not shutil.which("openssl"):
+            pytest.skip("needs the cryptography package or the openssl command to make a certificate")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext",
+                        "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                       check=True, capture_output=True)
+        return cert, key
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(private.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                               x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                  critical=False)
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                   .sign(private, hashes.SHA256()))
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return cert, key

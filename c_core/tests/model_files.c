@@ -48,3 +48,22 @@ colibri_status load_model_files(const char *dir, unsigned flags, colibri_model *
     meta = meta_block + (16 - (uintptr_t)meta_block % 16) % 16;   /* picolibc's malloc aligns to 8 only */
     return colibri_model_load((const char *)json, json_len, raw + shift, weights_len, flags, meta, meta_bytes, model, err);
 }
+
+colibri_status create_session(colibri_model *model, const colibri_session_options *options, colibri_session **s,
+                              void **buffer, colibri_error *err)
+{
+    colibri_session_options so = *options;
+    *buffer = NULL;
+#ifdef COLIBRI_BARE_METAL
+    {
+        size_t need;
+        colibri_status st = colibri_session_plan(model, &so, &need, err);
+        if (st) return st;
+        *buffer = malloc(need + 64);
+        if (!*buffer) return COLIBRI_E_NOMEM;
+        so.arena = (char *)*buffer + (64 - (uintptr_t)*buffer % 64) % 64;
+        so.arena_size = need;
+    }
+#endif
+    return colibri_session_create(model, &so, s, err);
+}

@@ -18,4 +18,9 @@ unsigned char *read_model_file(const char *dir, const char *name, size_t *len, s
 colibri_status load_model_files(const char *dir, unsigned flags, colibri_model **model, colibri_error *err);
 void free_model_files(void);
 
+/* A session; bare metal has no arena to map, so it gets one from the heap (*buffer, to free after
+ * destroying the session; NULL elsewhere). */
+colibri_status create_session(colibri_model *model, const colibri_session_options *options, colibri_session **s,
+                              void **buffer, colibri_error *err);
+
 #endif

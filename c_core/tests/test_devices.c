@@ -24,24 +24,6 @@ static int check(colibri_status st, const colibri_error *err, const char *what)
     return 1;
 }
 
-static colibri_status create(colibri_model *model, const colibri_session_options *options, colibri_session **s,
-                             void **buffer, colibri_error *err)
-{
-    colibri_session_options so = *options;
-    *buffer = NULL;
-#ifdef COLIBRI_BARE_METAL
-    {
-        size_t need;
-        colibri_status st = colibri_session_plan(model, &so, &need, err);
-        if (st) return st;
-        *buffer = malloc(need + 64);
-        if (!*buffer) return COLIBRI_E_NOMEM;
-        so.arena = (char *)*buffer + (64 - (uintptr_t)*buffer % 64) % 64;
-        so.arena_size = need;
-    }
-#endif
-    return colibri_session_create(model, &so, s, err);
-}
 
 static colibri_status injected(colibri_error *err, const char *what)
 {
@@ -113,7 +95,7 @@ static colibri_status run(colibri_model *model, const colibri_session_options *s
     uint64_t rng = 1;
     int32_t token, step;
     void *buffer;
-    if ((st = create(model, so, &s, &buffer, err)) != COLIBRI_OK) return st;
+    if ((st = create_session(model, so, &s, &buffer, err)) != COLIBRI_OK) return st;
     st = colibri_forward(s, prompt, N_PROMPT, NULL, err);
     if (!st) memcpy(out, colibri_session_logits(s), vocab * sizeof(float));
     for (step = 1; step <= N_STEPS && !st; step++) {
@@ -165,7 +147,7 @@ int main(int argc, char **argv)
     memset(&device_so, 0, sizeof device_so);
     device_so.n_ctx = 16;
     device_so.threads = 1;
-    if (check(create(model, &device_so, &computer, &buffer, &err), &err, "computer")) return 1;
+    if (check(create_session(model, &device_so, &computer, &buffer, &err), &err, "computer")) return 1;
     colibri_cpu_driver(computer, &device.cpu);
     drivers[0] = &driver;
 
@@ -244,7 +226,7 @@ int main(int argc, char **argv)
         int i, slow_calls = 0;
         so.device_probe_ns = 1000000000000ull;   /* no probe in this test */
         reset_device(computer);
-        if (check(create(model, &so, &s, &buffer, &err), &err, "slow session")) return 1;
+        if (check(create_session(model, &so, &s, &buffer, &err), &err, "slow session")) return 1;
         for (i = 0; i < 48 && stats_of(s, 1).samples < COLIBRI_LATENCY_RING; i++) {
             int32_t token = 3 + i;
             if (check(colibri_forward(s, &token, 1, NULL, &err), &err, "warm")) return 1;
@@ -306,7 +288,7 @@ int main(int argc, char **argv)
         size_t need, i;
         uint8_t *now = malloc((size_t)hp->n_layers * hp->n_experts);
         so.placement = NULL;
-        if (!now || check(create(model, &so, &s, &buffer, &err), &err, "placement session")) return 1;
+        if (!now || check(create_session(model, &so, &s, &buffer, &err), &err, "placement session")) return 1;
         if (check(colibri_placement_scratch_bytes(s, good, strlen(good), &need, &err), &err, "scratch") ||
             check(colibri_placement_parse(s, good, strlen(good), scratch, sizeof scratch, &err), &err, "parse"))
             return 1;

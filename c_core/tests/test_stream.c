@@ -19,26 +19,6 @@ static int check(colibri_status st, const colibri_error *err, const char *what)
     return 1;
 }
 
-/* A session; bare metal has no arena to map, so it gets one from the test's heap (*buffer, freed
- * after the session). */
-static colibri_status create(colibri_model *model, const colibri_session_options *options, colibri_session **s,
-                             void **buffer, colibri_error *err)
-{
-    colibri_session_options so = *options;
-    *buffer = NULL;
-#ifdef COLIBRI_BARE_METAL
-    {
-        size_t need;
-        colibri_status st = colibri_session_plan(model, &so, &need, err);
-        if (st) return st;
-        *buffer = malloc(need + 64);
-        if (!*buffer) return COLIBRI_E_NOMEM;
-        so.arena = (char *)*buffer + (64 - (uintptr_t)*buffer % 64) % 64;
-        so.arena_size = need;
-    }
-#endif
-    return colibri_session_create(model, &so, s, err);
-}
 
 /* The prompt's logits, then each greedy step's, into out ((1 + N_STEPS), vocab). */
 static int run(colibri_model *model, const colibri_session_options *so, float *out, size_t vocab,
@@ -53,7 +33,7 @@ static int run(colibri_model *model, const colibri_session_options *so, float *o
     size_t plan;
     colibri_memory_totals totals;
     void *buffer;
-    if (check(create(model, so, &s, &buffer, &err), &err, "create")) return 1;
+    if (check(create_session(model, so, &s, &buffer, &err), &err, "create")) return 1;
     if (check(colibri_session_plan(model, so, &plan, &err), &err, "plan")) return 1;
     colibri_memory(s, &totals);
     if (totals.arena_used != plan || (so->expert_budget != 0) != (totals.expert_cache != 0)) {
@@ -123,7 +103,7 @@ static int bad_reads(colibri_model *model, const float *resident, size_t vocab)
         if (check(colibri_expert_slots(model, &so, &slot, &min_budget, &err), &err, "slots")) return 1;
         so.expert_budget = min_budget;
         reader.fail_in = 0;
-        if (check(create(model, &so, &s, &buffer, &err), &err, "create") ||
+        if (check(create_session(model, &so, &s, &buffer, &err), &err, "create") ||
             check(colibri_forward(s, prompt, N_PROMPT, NULL, &err), &err, "prompt") ||
             check(colibri_sample(s, &greedy, &rng, &token, &err), &err, "sample"))
             return 1;
@@ -196,7 +176,7 @@ int main(int argc, char **argv)
                 colibri_session *s;
                 char want[32];
                 void *buffer;
-                colibri_status st = create(model, &so, &s, &buffer, &err);
+                colibri_status st = create_session(model, &so, &s, &buffer, &err);
                 free(buffer);
                 snprintf(want, sizeof want, "at least %llu bytes", (unsigned long long)min_budget);
                 if (st != COLIBRI_E_ARG || !strstr(err.message, want)) {

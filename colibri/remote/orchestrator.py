@@ -227,7 +227,7 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
     import grpc
 
     from colibri.remote import colibri_remote_pb2_grpc as pbg
-    from colibri.remote.server import TokenCheck, parse_listen
+    from colibri.remote.server import TokenCheck, bind, parse_listen
 
     host, port = parse_listen(listen)
     if bool(tls_cert) != bool(tls_key):
@@ -244,14 +244,7 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                          interceptors=[TokenCheck(token)] if token else [])
     pbg.add_OrchestratorServicer_to_server(Servicer(), server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if tls_cert:
-        creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
-    if port == 0:
-        raise ValueError(f"cannot listen on {address} (in use, or not an address of this machine)")
+    _, port = bind(server, host, port, tls_cert, tls_key)
     server.start()
     return server, port
 

@@ -190,6 +190,19 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                          interceptors=[TokenCheck(token)] if token else [])
     rpc.add_ExpertsServicer_to_server(service, server)
+    try:
+        address, bound = bind(server, host, port, tls_cert, tls_key)
+    except ValueError:
+        service.close()
+        raise
+    server.start()
+    return server, service, address.rsplit(":", 1)[0] + f":{bound}"
+
+
+def bind(server, host, port, tls_cert=None, tls_key=None):
+    """Adds the listening port to a grpc server, TLS when given a certificate: (address, port bound)."""
+    import grpc
+
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if tls_cert:
         creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
@@ -197,10 +210,8 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
     else:
         bound = server.add_insecure_port(address)
     if not bound:
-        service.close()
         raise ValueError(f"cannot listen on {address} (in use, or not an address of this machine)")
-    server.start()
-    return server, service, address.rsplit(":", 1)[0] + f":{bound}"
+    return address, bound
 
 
 def main(args):
