@@ -3,7 +3,6 @@ computing locally, one round trip per layer, the fallback when the server dies, 
 garbage or nothing, and its return; the server's refusals (arguments, model, token, message size);
 TLS; FetchExpert's bytes and checks.  tests/delay_proxy.py makes the network worse on demand."""
 import re
-import shutil
 import subprocess
 import sys
 import threading
