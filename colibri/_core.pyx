@@ -400,7 +400,7 @@ cdef class Session:
         model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
         ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
         1/top_k), "capacity" (each expert takes at most ceil(capacity_factor * n * top_k / n_experts)
-        of a chunk's n tokens; expert_dropped() counts the rest).  ``profile``: time each phase of
+        of a chunk's n tokens; expert_dropped() counts the rest; 0: the model's routing.capacity_factor).  ``profile``: time each phase of
         the forward pass (profile()).
 
         Expert streaming: with ``expert_budget`` bytes (0: every weight used where weights.bin is

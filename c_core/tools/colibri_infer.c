@@ -72,12 +72,14 @@ static void usage(FILE *f)
         "                     (as COLIBRI_KERNELS=NAME; default: the best this CPU runs)\n"
         "  --expert_load FILE write the tokens routed to each expert, uint64 [n_layers, n_experts], to FILE\n"
         "  --threads N        threads sharing the big matmuls (default: COLIBRI_THREADS, else the cores)\n"
-        "  --profile FILE     time each phase of the forward pass; write them to FILE (JSON; colibri profile show FILE)\n"
+        "  --profile [FILE]   time each phase of the forward pass; write them to FILE, default profile.json\n"
+        "                     (JSON; colibri profile show FILE)\n"
         "  --routing R        research routing, which changes the model's output: noisy, hash or capacity\n"
         "                     (default: model, the model's own router)\n"
         "  --routing_noise X  noisy: standard deviation of the noise on the router logits (default 1)\n"
         "  --routing_seed S   noisy: the noise's seed (default 0)\n"
-        "  --capacity_factor F  capacity: an expert takes at most ceil(F * n * top_k / n_experts) of n tokens (default 1)\n"
+        "  --capacity_factor F  capacity: an expert takes at most ceil(F * n * top_k / n_experts) of n tokens\n"
+        "                     (default: the model's routing.capacity_factor, else 1)\n"
         "  --expert_budget B  stream the routed experts from weights.bin into a cache of B bytes of slots\n"
         "                     (K, M, G: binary units, e.g. 512M; at least one layer's top_k experts; default 0: resident)\n"
         "  --expert_cache C   global (one pool, default) or per_layer (the slots split evenly among the MoE layers)\n"
@@ -152,7 +154,7 @@ static int parse_args(int argc, char **argv, options *o)
     int i;
     memset(o, 0, sizeof *o);
     o->max_tokens = 16; o->temperature = 0.8; o->top_k = 40; o->top_p = 0.95; o->stop_at_eos = 1;
-    o->routing_noise = 1.0; o->capacity_factor = 1.0;
+    o->routing_noise = 1.0;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -167,6 +169,10 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "direct_io")) { o->direct_io = 1; takes_value = 0; }
         else if (option_is(a, "no_prefetch")) { o->no_prefetch = 1; takes_value = 0; }
         else if (option_is(a, "verify_experts")) { o->verify_experts = 1; takes_value = 0; }
+        else if (option_is(a, "profile") && (!v || (v[0] == '-' && v[1] == '-'))) {
+            o->profile_path = "profile.json";   /* the file is optional: --profile alone writes profile.json */
+            takes_value = 0;
+        }
         else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
@@ -336,7 +342,8 @@ int main(int argc, char **argv)
     so.threads = (int32_t)o.threads;
     so.routing_noise = (float)o.routing_noise;
     so.routing_seed = o.routing_seed;
-    so.capacity_factor = (float)o.capacity_factor;
+    /* not given: the model's routing.capacity_factor (the session takes it for 0), else 1 */
+    so.capacity_factor = o.capacity_factor > 0 ? (float)o.capacity_factor : hp->capacity_factor > 0 ? 0.0f : 1.0f;
     so.expert_budget = o.expert_budget;
     so.expert_cache = o.expert_cache;
     so.expert_io = (o.direct_io ? COLIBRI_EXPERT_IO_DIRECT : 0u) | (o.no_prefetch ? COLIBRI_EXPERT_IO_NO_PREFETCH : 0u) |

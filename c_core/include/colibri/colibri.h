@@ -127,6 +127,7 @@ typedef struct colibri_hparams {
     float normalize_eps;                /* added to the sum of the chosen weights when renormalising */
     float routed_scale;                 /* the chosen weights' final factor */
     int32_t gate_on_input;              /* the weight scales the expert's input, not its output (Llama 4) */
+    float capacity_factor;              /* routing.capacity_factor: the default of COLIBRI_ROUTING_CAPACITY; 0: none */
 
     /* The experts' FFN. */
     int32_t expert_kind;                /* COLIBRI_EXPERT_*: SwiGLU, or gpt-oss's clamped SwiGLU */
@@ -234,7 +235,8 @@ typedef struct colibri_session_options {
     float routing_noise;    /* NOISY: standard deviation of the Gaussian noise added to the router logits */
     uint64_t routing_seed;  /* NOISY: the noise is a function of (seed, layer, position, expert) alone */
     float capacity_factor;  /* CAPACITY: each expert takes at most ceil(factor * n * top_k / n_experts)
-                               of a forward chunk's n tokens, the first ones; the rest are dropped */
+                               of a forward chunk's n tokens, the first ones; the rest are dropped.
+                               0: the model's routing.capacity_factor (an error when it gives none) */
     int32_t profile;        /* nonzero: time each phase of the forward pass (colibri_profile) */
     int32_t threads;        /* threads sharing the big matmuls; 0: COLIBRI_THREADS, else the machine's cores */
     void *arena;            /* NULL: the library maps one; else a caller buffer, 16-byte aligned: of

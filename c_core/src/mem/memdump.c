@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "memdump.h"
+#include "../model/loader.h"
 #include "../util.h"
 
 typedef struct report { char *buf; size_t cap; size_t len; } report;
@@ -31,13 +32,14 @@ static const char *grouped(char out[32], size_t v)
     return out;
 }
 
-/* Appends spaces to `text` until it spans `width` columns (UTF-8 characters, not bytes). */
+/* Appends spaces to `text` until it spans `width` columns (UTF-8 characters, not bytes), and at
+ * least two: a long name or shape pushes the next column right instead of running into it. */
 static size_t pad_to(char *text, size_t len, size_t cap, size_t width)
 {
-    size_t cols = 0, i;
+    size_t cols = 0, i, added = 0;
     for (i = 0; i < len; i++)
         if (((unsigned char)text[i] & 0xc0u) != 0x80u) cols++;
-    while (cols++ < width && len + 1 < cap) text[len++] = ' ';
+    for (; (cols < width || added < 2) && len + 1 < cap; cols++, added++) text[len++] = ' ';
     text[len] = '\0';
     return len;
 }
@@ -56,6 +58,32 @@ static void line(report *r, const char *branch, const char *name, int32_t layer,
     n += colibri_format(text + n, sizeof text - n, "%s B", grouped(num, bytes));
     pad_to(text, n, sizeof text, 94);
     emit(r, "%s@%p\n", text, addr);
+}
+
+/* A stacked expert tensor's parts, one line each ("expert_e  bytes  @address"), under its line.  Up
+ * to MAX_EXPERT_LINES experts each has its line; beyond, the first and the last few, and one line
+ * counting those between (all parts of a tensor have one size, at a fixed stride). */
+#define MAX_EXPERT_LINES 64
+#define FOLDED_EXPERT_LINES 4
+static void expert_lines(report *r, const colibri_model *m, const colibri_tensor *t, const char *stem)
+{
+    int32_t layer = (int32_t)((t->slot - T_GLOBAL) / L_KINDS), kind = (int32_t)((t->slot - T_GLOBAL) % L_KINDS);
+    int32_t E = m->hp.n_experts, e;
+    uint64_t offset = 0, bytes = 0;
+    char branch[32], name[32], text[96], num[32];
+    for (e = 0; e < E; e++) {
+        if (E > MAX_EXPERT_LINES && e == FOLDED_EXPERT_LINES) {   /* the middle, folded */
+            colibri_format(text, sizeof text, "(experts %d .. %d: %d more of %s B each)", e, E - FOLDED_EXPERT_LINES - 1,
+                           E - 2 * FOLDED_EXPERT_LINES, grouped(num, (size_t)bytes));
+            emit(r, "%s├── %s\n", stem, text);
+            e = E - FOLDED_EXPERT_LINES - 1;
+            continue;
+        }
+        if (colibri_expert_part(m, layer, kind, e, &offset, &bytes) != COLIBRI_OK) return;
+        colibri_format(branch, sizeof branch, "%s%s", stem, e + 1 < E ? "├── " : "└── ");
+        colibri_format(name, sizeof name, "expert_%d", e);
+        line(r, branch, name, -1, NULL, (size_t)bytes, m->weights + offset);
+    }
 }
 
 static size_t group_bytes(const colibri_arena *a, int32_t g)
@@ -130,6 +158,7 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
         if (sl < sizeof shape) colibri_format(shape + sl, sizeof shape - sl, "]");
         line(&r, i + 1 < m->n_tensors ? "├── " : "└── ", t->name, -1, shape, (size_t)t->file_size,
              m->weights + t->file_offset);
+        if (colibri_slot_is_routed_expert(t->slot)) expert_lines(&r, m, t, i + 1 < m->n_tensors ? "│   " : "    ");
     }
 
     for (i = 0; i < a->n_records; i++) padding += a->records[i].size;

@@ -178,6 +178,8 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         if (st) return st;
     }
 
+    st = colibri_check_quantization(&L, 0, m);
+    if (st) return st;
     st = colibri_check_experts(m, order, err);
     if (st) return st;
     st = colibri_check_overlaps(m, order, err);

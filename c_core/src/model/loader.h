@@ -31,6 +31,8 @@ const char *colibri_list_names(char *buf, size_t cap, const char *const *names, 
 colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m);
 colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp);
 colibri_status colibri_read_layer_kinds(loader *L, int32_t root, colibri_model *m);
+/* experts.quantization's object form against the routed experts' dtypes (once the tensors are read). */
+colibri_status colibri_check_quantization(loader *L, int32_t root, const colibri_model *m);
 
 /* ---- tensors.c: the tensors a model has, and their checks ---- */
 

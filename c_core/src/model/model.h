@@ -101,7 +101,7 @@ struct colibri_model {
     void (*release)(colibri_model *model);
     void *platform;
 };
-#define COLIBRI_MODEL_SLOT 512
+#define COLIBRI_MODEL_SLOT 576
 
 /* Expert e's part of a routed-expert tensor `kind` (L_W1 .. L_B2) in either layout: base + e * stride,
  * the one place expert weights are located (the experts' forward pass, an expert cache).  The loader

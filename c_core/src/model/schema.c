@@ -8,6 +8,7 @@
 
 #include "loader.h"
 #include "../util.h"
+#include "../ops/ops.h"
 
 /* Limits on hyper-parameters: far above any released MoE, low enough that sizes never overflow. */
 #define MAX_VOCAB        (1 << 24)
@@ -80,14 +81,15 @@ static const char *const attention_kinds[] = {
 };
 COLIBRI_TABLE_CHECK(attention_kinds, ATTENTION_KINDS);
 
-static const char *const layouts[] = {
-    [COLIBRI_LAYOUT_STACKED] = "stacked", [COLIBRI_LAYOUT_INTERLEAVED] = "interleaved",
-};
-COLIBRI_TABLE_CHECK(layouts, COLIBRI_LAYOUT_COUNT);
+/* experts.weight_layout: "contiguous" is the spec's name for stacked (each tensor holds its experts one
+ * after another); the converter writes "stacked". */
+static const char *const layout_names[] = { "stacked", "interleaved", "contiguous" };
+static const int32_t layout_of[] = { COLIBRI_LAYOUT_STACKED, COLIBRI_LAYOUT_INTERLEAVED, COLIBRI_LAYOUT_STACKED };
+COLIBRI_TABLE_CHECK(layout_of, COLIBRI_COUNT_OF(layout_names));
 
 /* Fields with a single choice. */
 static const char *const formats[] = { "colibri" };
-static const char *const quantizations[] = { "none" };
+static const char *const quantizations[] = { "none" };   /* experts.quantization as a string: no claim */
 
 /* A table and its length, as the lookups take them. */
 #define CHOICES(table) table, (int32_t)COLIBRI_COUNT_OF(table)
@@ -246,6 +248,13 @@ static colibri_status opt_bool(loader *L, int32_t obj, const char *where, const 
     return has_field(L, obj, key) ? get_bool(L, obj, where, key, value) : COLIBRI_OK;
 }
 
+/* Absent: 0, with any range. */
+static colibri_status opt_int_any(loader *L, int32_t obj, const char *where, const char *key, int64_t lo, int64_t hi,
+                                  int32_t *value)
+{
+    return opt_int(L, obj, where, key, lo, hi, 0, value);
+}
+
 /* Absent: the table's first value, each enum's default. */
 static colibri_status opt_choice(loader *L, int32_t obj, const char *where, const char *key,
                                  const char *const *names, int32_t count, int32_t *value)
@@ -327,7 +336,8 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
                                              "long_mscale", "low_freq_factor", "high_freq_factor", NULL };
     static const char *const routing_keys[] = { "type", "top_k", "normalize", "score", "weights", "logit_bias",
                                                 "selection_bias", "groups", "topk_groups", "group_score",
-                                                "normalize_eps", "scale", "jitter_eps", "gate_on_input", NULL };
+                                                "normalize_eps", "scale", "jitter_eps", "gate_on_input",
+                                                "capacity_factor", NULL };
     static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", "shared",
                                                "bias", "swiglu_limit", "swiglu_alpha", NULL };
     static const char *const shared_keys[] = { "intermediate_size", "gate", NULL };
@@ -432,8 +442,12 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     TRY(colibri_get_field(L, root, "model", "experts", JSON_OBJECT, &e));
     TRY(colibri_check_keys(L, e, "experts", expert_keys));
     TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
-    TRY(get_choice(L, e, "experts", "weight_layout", CHOICES(layouts), &hp->expert_layout));
-    TRY(get_choice(L, e, "experts", "quantization", CHOICES(quantizations), &choice));
+    TRY(get_choice(L, e, "experts", "weight_layout", CHOICES(layout_names), &choice));
+    hp->expert_layout = layout_of[choice];
+    choice = json_object_get(L->text, L->tok, e, "quantization");
+    if (choice < 0 || L->tok[choice].type != JSON_OBJECT)   /* absent: get_choice says it is missing */
+        TRY(get_choice(L, e, "experts", "quantization", CHOICES(quantizations), &choice));
+    /* the object form is checked against the tensors' dtypes once they are read (colibri_check_quantization) */
     TRY(get_choice(L, e, "experts", "activation", CHOICES(gate_names), &choice));
     hp->expert_kind = gates[choice].expert_kind;
     hp->activation = gates[choice].activation;
@@ -464,6 +478,7 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     TRY(opt_float(L, r, "routing", "scale", 0.0, 1e6, 1.0f, &hp->routed_scale));
     TRY(opt_float(L, r, "routing", "jitter_eps", 0.0, 1e6, 0.01f, &hp->jitter_eps));
     TRY(opt_bool(L, r, "routing", "gate_on_input", &hp->gate_on_input));
+    TRY(opt_float(L, r, "routing", "capacity_factor", 0.0, 1e6, 0.0f, &hp->capacity_factor));
     if (hp->router_kind == COLIBRI_ROUTER_SPARSEMIXER && hp->top_k != 2)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d: the sparsemixer router chooses 2", hp->top_k);
     if (hp->n_experts % hp->n_groups != 0)
@@ -542,5 +557,51 @@ colibri_status colibri_read_layer_kinds(loader *L, int32_t root, colibri_model *
     for (l = 0; l < m->hp.n_layers; l++) dense += !m->layers[l].moe;
     if (dense && !m->hp.dense_intermediate_size)
         return colibri_fail(L->err, COLIBRI_E_MISSING, "hparams.dense_intermediate_size is missing (%d dense layers)", dense);
+    return COLIBRI_OK;
+}
+
+/* experts.quantization as an object {enabled, bits, group_size}: what the routed experts' matrices
+ * (experts.w1, w3, w2 of every MoE layer) are stored as; their dtypes must agree.  Each (bits,
+ * group_size) names one block format; disabled, the matrices are floats (f32, f16 or bf16). */
+static const struct { int32_t bits, group_size; colibri_dtype dtype; } block_formats[] = {
+    { 8, 32, COLIBRI_DTYPE_Q8_0 }, { 4, 32, COLIBRI_DTYPE_Q4_0 }, { 4, 128, COLIBRI_DTYPE_W4G128 },
+};
+
+colibri_status colibri_check_quantization(loader *L, int32_t root, const colibri_model *m)
+{
+    static const char *const keys[] = { "enabled", "bits", "group_size", NULL };
+    static const int kinds[] = { L_W1, L_W3, L_W2 };
+    const char *where = "experts.quantization";
+    int32_t e = json_object_get(L->text, L->tok, root, "experts"), q, enabled = 0, bits = 0, group = 0, l;
+    colibri_dtype want = COLIBRI_DTYPE_F32;
+    colibri_status st;
+    size_t f, k;
+    q = e < 0 ? -1 : json_object_get(L->text, L->tok, e, "quantization");
+    if (q < 0 || L->tok[q].type != JSON_OBJECT) return COLIBRI_OK;   /* "none": no claim */
+#define TRY(call) do { st = (call); if (st) return st; } while (0)
+    TRY(colibri_check_keys(L, q, where, keys));
+    TRY(get_bool(L, q, where, "enabled", &enabled));
+    TRY((enabled ? get_int : opt_int_any)(L, q, where, "bits", 1, 64, &bits));
+    TRY((enabled ? get_int : opt_int_any)(L, q, where, "group_size", 1, 1 << 20, &group));
+#undef TRY
+    if (enabled) {
+        for (f = 0; f < COLIBRI_COUNT_OF(block_formats); f++)
+            if (block_formats[f].bits == bits && block_formats[f].group_size == group) break;
+        if (f == COLIBRI_COUNT_OF(block_formats))
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: no block format has bits = %d and group_size = %d "
+                                "(q8_0: 8 and 32, q4_0: 4 and 32, w4g128: 4 and 128)", where, bits, group);
+        want = block_formats[f].dtype;
+    }
+    for (l = 0; l < m->hp.n_layers; l++)
+        for (k = 0; k < COLIBRI_COUNT_OF(kinds); k++) {
+            const colibri_weight *w = &m->layers[l].w[kinds[k]];
+            if (!w->data || (enabled ? w->dtype == want : !colibri_dtype_is_block(w->dtype))) continue;
+            if (enabled)
+                return colibri_fail(L->err, COLIBRI_E_VALUE, "%s says %d-bit groups of %d (%s) but tensor `layers.%d.%s` is %s",
+                                    where, bits, group, colibri_dtype_name(want), l, colibri_layer_tensor_name(kinds[k]),
+                                    colibri_dtype_name(w->dtype));
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.enabled is false but tensor `layers.%d.%s` is %s",
+                                where, l, colibri_layer_tensor_name(kinds[k]), colibri_dtype_name(w->dtype));
+        }
     return COLIBRI_OK;
 }

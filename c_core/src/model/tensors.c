@@ -244,6 +244,7 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
     if (st) return st;
     for (choice = 0; choice < COLIBRI_DTYPE_COUNT; choice++)
         if (json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
+    if (json_string_equals(L->text, &L->tok[i], "fp16")) choice = COLIBRI_DTYPE_F16;   /* the spec's spelling */
     if (choice == COLIBRI_DTYPE_COUNT) {
         char text[24], list[96];
         colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);

@@ -216,7 +216,11 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
         return colibri_fail(err, COLIBRI_E_ARG, "routing = %d: use a COLIBRI_ROUTING_* value", o->routing);
     if (o && o->routing == COLIBRI_ROUTING_NOISY && !(o->routing_noise >= 0.0f && o->routing_noise < 1e30f))
         return colibri_fail(err, COLIBRI_E_ARG, "routing_noise must be a finite number >= 0");
-    if (o && o->routing == COLIBRI_ROUTING_CAPACITY && !(o->capacity_factor > 0.0f && o->capacity_factor < 1e30f))
+    if (o && o->routing == COLIBRI_ROUTING_CAPACITY && o->capacity_factor == 0.0f && !hp->capacity_factor)
+        return colibri_fail(err, COLIBRI_E_ARG, "capacity_factor must be a finite number > 0 (0 takes the model's "
+                            "routing.capacity_factor, which this model does not give)");
+    if (o && o->routing == COLIBRI_ROUTING_CAPACITY && o->capacity_factor != 0.0f &&
+        !(o->capacity_factor > 0.0f && o->capacity_factor < 1e30f))
         return colibri_fail(err, COLIBRI_E_ARG, "capacity_factor must be a finite number > 0");
     if (o && o->kernels != COLIBRI_KERNELS_AUTO && o->kernels != COLIBRI_KERNELS_REFERENCE)
         return colibri_fail(err, COLIBRI_E_ARG, "kernels = %d: use COLIBRI_KERNELS_AUTO or _REFERENCE", o->kernels);
@@ -364,7 +368,8 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
         s->routing.mode = options->routing;
         s->routing.noise = options->routing_noise;
         s->routing.seed = options->routing_seed;
-        s->routing.capacity_factor = options->capacity_factor;
+        s->routing.capacity_factor = options->capacity_factor != 0.0f ? options->capacity_factor
+                                                                       : model->hp.capacity_factor;
     }
     s->moe.router = colibri_router_for(&model->hp, s->routing.mode);
     s->moe.expert = hp_expert(&model->hp);
