@@ -50,10 +50,28 @@ def _model(path, verify=False, experts_elsewhere=False):
     return colibri.Model(path, verify=verify)
 
 
+# convert --quantize NAME: the weight dtype it means (the spec writes w4a16: 4-bit weights, 16-bit activations).
+QUANTIZE = {"w4a16": "w4g128", "w4g128": "w4g128", "q8_0": "q8_0", "q4_0": "q4_0"}
+
+
+def _one_spelling(what, *given):
+    """The value of an option that has several spellings: (spelling, value) pairs, None where not given."""
+    named = [(flag, value) for flag, value in given if value is not None]
+    if len(named) > 1:
+        raise SystemExit(f"colibri convert: {' and '.join(flag for flag, _ in named)} both give the {what}: use one")
+    return named[0][1] if named else None
+
+
 def cmd_convert(args):
     from colibri.convert import convert
 
-    out = convert(args.src, args.out, dtype=args.dtype, progress=not args.quiet, layout=args.layout)
+    src = _one_spelling("source", ("SRC", args.src), ("--input-dir", args.input_dir))
+    out = _one_spelling("output directory", ("OUT", args.out), ("--output-dir", args.output_dir))
+    if src is None or out is None:
+        raise SystemExit("colibri convert: give the source and the output directory (SRC OUT, or --input-dir and --output-dir)")
+    dtype = _one_spelling("weight dtype", ("--quant", args.dtype),
+                          ("--quantize", QUANTIZE.get(args.quantize) if args.quantize else None)) or "f32"
+    out = convert(src, out, dtype=dtype, progress=not args.quiet, layout=args.layout)
     model = _model(out, verify=True)
     matrices = sorted({t["dtype"] for t in model.tensors() if len(t["shape"]) >= 2 and t["dtype"] not in ("u8", "i32")})
     print(f"wrote {out}: {model.architecture}, {len(model.tensors())} tensors, "
@@ -503,11 +521,23 @@ def cmd_profile_show(args):
     print(f"{doc.get('model', '?')} ({doc.get('kernels', '?')} kernels): {doc['prompt_tokens']} prompt + "
           f"{doc['generated_tokens']} generated tokens, {doc['wall_ns'] / 1e6:.1f} ms, "
           f"{total / doc['wall_ns']:.0%} of it in the phases below")
+    def row(label, ns, note=""):
+        print(f"  {label + ':':<17}{ns / max(tokens, 1) / 1e3:>9.1f} µs per token ({ns / total:5.1%}){note}")
+
+    print("the MoE block:")
+    for label, names in PROFILE_HEADLINES:
+        row(label, sum(phases.get(n, 0) for n in names), "  = " + " + ".join(names))
+    print("every phase:")
     for name, ns in sorted(phases.items(), key=lambda item: -item[1]):
-        label = name.replace("_", " ").capitalize().replace(" io ", " I/O ")
-        print(f"  {label + ':':<17}{ns / max(tokens, 1) / 1e3:>9.1f} µs per token "
-              f"({ns / total:5.1%})")
+        row(name.replace("_", " ").capitalize().replace(" io ", " I/O "), ns)
     return 0
+
+
+# The spec's four headline lines, each the sum of the phases colibri_phase_name lists: the router's
+# scores and choice; gathering each expert's tokens, and waiting for a streamed expert's weights;
+# the experts' (and the dense layers') FFN matmuls; the weighted sum back into the residual.
+PROFILE_HEADLINES = (("Router", ("router",)), ("Expert Dispatch", ("dispatch", "expert_io_wait")),
+                     ("Compute", ("experts", "dense_mlp")), ("Aggregation", ("aggregation",)))
 
 
 def cmd_memdump(args):
@@ -542,11 +572,15 @@ def build_parser():
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="Hugging Face directory (config.json + *.safetensors) or .gguf file -> colibri model")
-    c.add_argument("src", help="Hugging Face model directory, or a .gguf file (its weights imported as they are)")
-    c.add_argument("out", help="output colibri model directory")
-    c.add_argument("--dtype", "--quant", choices=["f32", "f16", "bf16", "q8_0", "q4_0", "w4g128"], default="f32",
+    c.add_argument("src", nargs="?", help="Hugging Face model directory, or a .gguf file (its weights imported as they are)")
+    c.add_argument("out", nargs="?", help="output colibri model directory")
+    c.add_argument("--input-dir", help="the same as SRC")
+    c.add_argument("--output-dir", help="the same as OUT")
+    c.add_argument("--dtype", "--quant", choices=["f32", "f16", "bf16", "q8_0", "q4_0", "w4g128"],
                    help="weight storage: f32 (default), f16, bf16, llama.cpp's q8_0 / q4_0 blocks (int8 activations), "
                         "or w4g128 (4-bit groups of 128, float activations: w4a16) for the matrices")
+    c.add_argument("--quantize", choices=sorted(QUANTIZE),
+                   help="the quantization by name: w4a16 (= --quant w4g128), or a block format as --quant")
     c.add_argument("--layout", choices=["stacked", "interleaved"], default="stacked",
                    help="the routed experts in weights.bin: stacked (default: each tensor whole) or interleaved "
                         "(each expert's tensors one contiguous extent, one read per expert)")

@@ -3,6 +3,7 @@ through Python and through the C CLI (release and ASan/UBSan builds); none crash
 import json
 import shutil
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
@@ -58,6 +59,48 @@ def test_architecture_is_only_a_name(tmp_path):
     a = renamed.session(ctx=8, kernels="reference").forward(tokens)
     b = original.session(ctx=8, kernels="reference").forward(tokens)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def _logits(d, **options):
+    return colibri.Model(d, verify=True).session(ctx=16, kernels="reference", **options).forward([1, 2, 3, 5, 8, 13])
+
+
+def test_the_spec_fields_load_and_change_nothing(tmp_path):
+    """The spec's descriptive fields (routing.type "topk" and capacity_factor, experts.weight_layout
+    "contiguous", experts.quantization as an object) load and compute the fixture's logits bit for
+    bit; capacity routing with capacity_factor 0 takes the model's routing.capacity_factor."""
+    d = tmp_path / "spec"
+    shutil.copytree(FIXTURE, d)
+    doc = json.loads((d / "colibri_model.json").read_text())
+    doc["routing"].update(type="topk", capacity_factor=0.5)
+    doc["experts"].update(weight_layout="contiguous", quantization={"enabled": False, "bits": 16, "group_size": 1})
+    (d / "colibri_model.json").write_text(json.dumps(doc))
+    assert colibri.Model(d).config["weight_layout"] == "stacked"
+    assert np.array_equal(_logits(d).view(np.uint32), _logits(FIXTURE).view(np.uint32))
+    by_model = _logits(d, routing="capacity", capacity_factor=0.0)
+    assert np.array_equal(by_model.view(np.uint32), _logits(d, routing="capacity", capacity_factor=0.5).view(np.uint32))
+    assert not np.array_equal(by_model, _logits(d, routing="capacity", capacity_factor=4.0))   # 0.5 drops tokens
+    with pytest.raises(colibri.Error, match="capacity_factor"):
+        _logits(FIXTURE, routing="capacity", capacity_factor=0.0)   # the fixture gives none
+
+
+def test_fp16_is_f16(tmp_path):
+    """dtype "fp16" (the spec's spelling) reads as f16: a router stored as f16 under either name
+    gives the same logits, and the model reports it as f16."""
+    models = {}
+    for spelling in ("f16", "fp16"):
+        d = models[spelling] = tmp_path / spelling
+        shutil.copytree(FIXTURE, d)
+        doc = json.loads((d / "colibri_model.json").read_text())
+        t = next(t for t in doc["tensors"] if t["name"] == "layers.0.router")
+        blob = bytearray((d / "weights.bin").read_bytes())
+        half = np.frombuffer(bytes(blob[t["file_offset"]:t["file_offset"] + t["file_size"]]), "<f4").astype("<f2").tobytes()
+        blob[t["file_offset"]:t["file_offset"] + len(half)] = half   # in the f32 tensor's place, half its size
+        t.update(dtype=spelling, file_size=len(half), checksum="crc32:%08x" % zlib.crc32(half))
+        (d / "weights.bin").write_bytes(bytes(blob))
+        (d / "colibri_model.json").write_text(json.dumps(doc))
+    assert {t["name"]: t["dtype"] for t in colibri.Model(models["fp16"]).tensors()}["layers.0.router"] == "f16"
+    assert np.array_equal(_logits(models["fp16"]).view(np.uint32), _logits(models["f16"]).view(np.uint32))
 
 
 @pytest.mark.parametrize("kind", CLI_KINDS)

@@ -445,7 +445,10 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     TRY(get_choice(L, e, "experts", "weight_layout", CHOICES(layout_names), &choice));
     hp->expert_layout = layout_of[choice];
     choice = json_object_get(L->text, L->tok, e, "quantization");
-    if (choice < 0 || L->tok[choice].type != JSON_OBJECT)   /* absent: get_choice says it is missing */
+    if (choice >= 0 && L->tok[choice].type != JSON_OBJECT && L->tok[choice].type != JSON_STRING)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "experts.quantization must be \"none\" or an object "
+                            "{\"enabled\", \"bits\", \"group_size\"}");
+    if (choice < 0 || L->tok[choice].type == JSON_STRING)   /* absent: get_choice says it is missing */
         TRY(get_choice(L, e, "experts", "quantization", CHOICES(quantizations), &choice));
     /* the object form is checked against the tensors' dtypes once they are read (colibri_check_quantization) */
     TRY(get_choice(L, e, "experts", "activation", CHOICES(gate_names), &choice));
