@@ -524,7 +524,7 @@ def cmd_profile_show(args):
     def row(label, ns, note=""):
         print(f"  {label + ':':<17}{ns / max(tokens, 1) / 1e3:>9.1f} µs per token ({ns / total:5.1%}){note}")
 
-    print("the MoE block:")
+    print("headline:")
     for label, names in PROFILE_HEADLINES:
         row(label, sum(phases.get(n, 0) for n in names), "  = " + " + ".join(names))
     print("every phase:")

@@ -57,6 +57,69 @@ def test_memdump_accounts_for_every_arena_byte(ctx, batch):
     assert f"= {total:,} B" in report
 
 
+EXPERT_TENSOR = re.compile(r"layers\.\d+\.experts\.(?:w1|w3|w2|b1|b3|b2)$")
+ROW = re.compile(r"^[│├└─ ]*(\S+)(?:  +(\S.*?))?  +([\d,]+) B  +@(0x[0-9a-f]+)$")   # name, shape, bytes, address
+
+
+def expert_rows(report, tensor):
+    """(name, bytes, address) of the lines listed under `tensor`'s line, up to the next tensor."""
+    lines = report.split("\nweights")[1].split("\n\narena")[0].splitlines()
+    at = next(i for i, text in enumerate(lines) if f" {tensor} " in text)
+    rows = []
+    for text in lines[at + 1:]:
+        if not text.lstrip("│ ").startswith(("├── expert", "└── expert", "├── (experts")):
+            break
+        m = ROW.match(text)
+        rows.append((m.group(1), int(m.group(3).replace(",", "")), int(m.group(4), 16)) if m
+                    else (text.lstrip("│├└─ "), None, None))
+    return rows
+
+
+def test_memdump_lists_each_expert_under_its_tensor():
+    """Under each routed-expert tensor, one line per expert: expert e's part, of file_size / E bytes
+    (stacked: at the tensor's address + e parts).  Every line's columns are apart (two spaces at least)."""
+    m = colibri.Model(FIXTURE)
+    report = m.session(ctx=16).memdump()
+    E = m.config["num_experts"]
+    tensors = [t for t in m.tensors() if EXPERT_TENSOR.match(t["name"])]
+    assert tensors
+    for t in tensors:
+        line = next(text for text in report.splitlines() if f" {t['name']} " in text)
+        base, part = int(ROW.match(line).group(4), 16), t["file_size"] // E
+        assert expert_rows(report, t["name"]) == [(f"expert_{e}", part, base + e * part) for e in range(E)]
+
+
+def test_memdump_columns_never_run_together(tmp_path):
+    """Each weight and buffer line: name, shape, bytes and address two spaces apart at least, however
+    long the shape (q8_0's "(n_batch, widest q8_0/q4_0 input / 32) q8 blocks" passes its column)."""
+    from colibri.convert import convert
+    from support import FIXTURES
+
+    q8 = convert(FIXTURES / "tiny-mixtral", tmp_path / "q8", dtype="q8_0", progress=False)
+    for path in (FIXTURE, q8):
+        report = colibri.Model(path).session(ctx=16).memdump()
+        body = report.split("\nweights")[1].split("\nmetadata")[0]
+        rows = [text for text in body.splitlines()[1:] if text.startswith(("├", "└", "│", " "))
+                and re.search(r" B +@0x", text)]
+        assert rows and all(ROW.match(text) for text in rows), [text for text in rows if not ROW.match(text)]
+        assert path == FIXTURE or "q8 blocks  " in report
+
+
+def test_memdump_folds_the_experts_past_64(tmp_path):
+    """With more than 64 experts a tensor lists its first and last 4 and one line counting the rest."""
+    from colibri.convert import convert
+    from support import build as build_hf
+
+    build_hf("mixtral", num_local_experts=80, num_hidden_layers=1, intermediate_size=32).save_pretrained(tmp_path / "hf")
+    m = colibri.Model(convert(tmp_path / "hf", tmp_path / "m", progress=False))
+    E, report = m.config["num_experts"], m.session(ctx=16).memdump()
+    for t in (t for t in m.tensors() if EXPERT_TENSOR.match(t["name"])):
+        rows, part = expert_rows(report, t["name"]), t["file_size"] // E
+        assert [r[0] for r in rows] == [f"expert_{e}" for e in range(4)] + [
+            f"(experts 4 .. {E - 5}: {E - 8} more of {part:,} B each)"] + [f"expert_{e}" for e in range(E - 4, E)]
+        assert all(r[1] == part for r in rows if r[1] is not None)
+
+
 def test_plan_grows_with_the_context():
     m = colibri.Model(FIXTURE)
     assert m.memory_plan(ctx=64) < m.memory_plan(ctx=128) < m.memory_plan(ctx=256)

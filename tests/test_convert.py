@@ -410,3 +410,48 @@ def test_transformers_state_dict_converts_to_the_same_weights(converted, tmp_pat
     shutil.copy(src / "tokenizer.json", tmp_path / "src")
     out = convert(tmp_path / "src", tmp_path / "out", progress=False)
     assert (out / "weights.bin").read_bytes() == (converted[("tiny-mixtral", "f32")] / "weights.bin").read_bytes()
+
+
+# ------------------------------------------------------------------------------- the spec's spelling
+
+def _colibri(*args):
+    return subprocess.run([sys.executable, "-m", "colibri", *map(str, args)], capture_output=True, text=True)
+
+
+def test_spec_spellings_convert_as_the_positional_ones(tmp_path):
+    """`colibri convert --input-dir DIR --output-dir DIR --quantize NAME` (the spec's command line)
+    writes what `colibri convert SRC OUT --quant NAME` writes."""
+    src = FIXTURES / "tiny-mixtral"
+    r = _colibri("convert", "--input-dir", src, "--output-dir", tmp_path / "spec", "--quantize", "q8_0", "--quiet")
+    assert r.returncode == 0, r.stderr
+    r = _colibri("convert", src, tmp_path / "plain", "--quant", "q8_0", "--quiet")
+    assert r.returncode == 0, r.stderr
+    for name in ("colibri_model.json", "weights.bin"):
+        assert (tmp_path / "spec" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+
+
+@pytest.mark.parametrize("args,match", [
+    (["SRC", "OUT", "--input-dir", "SRC"], "SRC and --input-dir both give the source"),
+    (["SRC", "OUT", "--output-dir", "OUT"], "OUT and --output-dir both give the output directory"),
+    (["SRC", "OUT", "--quant", "q8_0", "--quantize", "w4a16"], "--quant and --quantize both give the weight dtype"),
+    (["--output-dir", "OUT"], "give the source and the output directory"),
+])
+def test_two_spellings_of_one_thing_are_an_error(tmp_path, args, match):
+    paths = {"SRC": FIXTURES / "tiny-mixtral", "OUT": tmp_path / "out"}
+    r = _colibri("convert", *[paths.get(a, a) for a in args], "--quiet")
+    assert r.returncode != 0 and match in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_quantization_that_quantizes_nothing_is_refused(tmp_path):
+    """w4a16 (w4g128) quantizes rows of whole 128-weight groups; the fixture's rows are 64 and 96
+    wide, so every weight would stay f32: the converter says so and writes nothing."""
+    cfg = json.loads((FIXTURES / "tiny-mixtral" / "config.json").read_text())
+    widths = sorted({cfg["hidden_size"], cfg["intermediate_size"]})
+    assert all(w % 128 for w in widths)
+    r = _colibri("convert", "--input-dir", FIXTURES / "tiny-mixtral", "--output-dir", tmp_path / "out",
+                 "--quantize", "w4a16", "--quiet")
+    assert r.returncode == 1
+    assert f"w4g128 quantizes matrices whose rows are whole blocks of 128 weights; this model's rows have " in r.stderr
+    assert all(str(w) in r.stderr for w in widths) and "every weight would stay f32" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()

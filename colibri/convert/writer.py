@@ -193,14 +193,15 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):
     """
     check_dtype(dtype)
     check_layout(layout)
+    tensors = list(tensors)
+    if dtype in BLOCK:   # a quantization that would quantize nothing is refused, not written as f32
+        widths = sorted({int(t[1][-1]) for t in tensors if len(t) <= 3 and len(t[1]) >= 2})
+        if widths and all(w % BLOCK[dtype] for w in widths):
+            raise ConvertError(f"{dtype} quantizes matrices whose rows are whole blocks of {BLOCK[dtype]} weights; "
+                               f"this model's rows have {', '.join(map(str, widths))}: every weight would stay f32 "
+                               f"(q8_0 and q4_0 take blocks of 32; f16 and bf16 any row)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if dtype in BLOCK:   # a quantization that would quantize nothing is refused, not written as f32
-        rows = sorted({int(t[1][-1]) for t in tensors if len(t) <= 3 and len(t[1]) >= 2})
-        if rows and all(r % BLOCK[dtype] for r in rows):
-            raise ConvertError(f"{dtype} quantizes matrices whose rows are whole blocks of {BLOCK[dtype]} weights; "
-                               f"this model's rows have {', '.join(map(str, rows))}: every weight would stay f32 "
-                               f"(q8_0 and q4_0 take blocks of 32; f16 and bf16 any row)")
     tensors = [(t[0], t[1], t[2], t[3] if len(t) > 3 else stored_dtype(t[1], dtype)) for t in tensors]
     total = int(sum(int(np.prod(shape)) * ITEMSIZE.get(stored, 1) for _, shape, _, stored in tensors))
     partial = out_dir / "weights.bin.partial"
