@@ -167,3 +167,25 @@ def test_quantized_models_give_the_same_bits_on_every_target(target, dtype, tmp_
     infer(target, "--model", src, "--validate-model")   # every block's scale checked (under the sanitizers too)
     host = prompt_logits("native", src, TOKENS % 128, tmp_path, "--reference")
     assert np.array_equal(host.view(np.uint32), prompt_logits(target, src, TOKENS % 128, tmp_path, "--reference").view(np.uint32))
+
+
+def test_experts_quantization_object_agrees_with_the_dtypes(tmp_path):
+    """experts.quantization as the spec writes it, {enabled, bits, group_size}: (4, 128) on a w4g128
+    model loads with the same logits; (8, 32) (q8_0) is an error naming the claim and the tensor."""
+    path = convert(wide_mixtral(tmp_path / "hf"), tmp_path / "w4", dtype="w4g128", progress=False)
+    meta = path / "colibri_model.json"
+    doc = json.loads(meta.read_text())
+    plain = colibri.Model(path).session(ctx=8, kernels="reference").forward([1, 2, 3])
+    doc["experts"]["quantization"] = {"enabled": True, "bits": 4, "group_size": 128}
+    meta.write_text(json.dumps(doc))
+    claimed = colibri.Model(path, verify=True).session(ctx=8, kernels="reference").forward([1, 2, 3])
+    assert np.array_equal(plain.view(np.uint32), claimed.view(np.uint32))
+    doc["experts"]["quantization"] = {"enabled": True, "bits": 8, "group_size": 32}
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(colibri.Error, match=r"experts.quantization says 8-bit groups of 32 \(q8_0\) but tensor "
+                                            r"`layers.0.experts.w1` is w4g128"):
+        colibri.Model(path)
+    doc["experts"]["quantization"] = {"enabled": False}
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(colibri.Error, match=r"experts.quantization.enabled is false but tensor `layers.0.experts.w1` is w4g128"):
+        colibri.Model(path)
