@@ -367,6 +367,18 @@ def edge_arguments(p):
     e.add_argument("--tls-ca", metavar="PEM", help="the CA of their TLS certificates (needed off loopback)")
 
 
+def cmd_strip_experts(args):
+    from colibri.remote.edge import strip_experts
+
+    try:
+        kept, left = strip_experts(args.src, args.out)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"colibri strip-experts: {e}")
+    print(f"wrote {args.out}: weights.bin keeps {kept:,} B, leaves out {left:,} B of routed experts; run it with "
+          f"colibri generate --model {args.out} --experts-elsewhere --remote HOST:PORT --expert-budget SIZE")
+    return 0
+
+
 def cmd_orchestrate(args):
     from colibri.remote import orchestrator
 
@@ -716,6 +728,11 @@ def build_parser():
     se.add_argument("--no-fetch", action="store_true", help="do not serve the experts' weights (FetchExpert)")
     se.set_defaults(func=cmd_serve_experts)
     orchestrate_parser(sub)
+    sx = sub.add_parser("strip-experts", help="a copy of a model without its routed experts, for an edge that "
+                        "fetches them from `colibri serve-experts` (--experts-elsewhere)")
+    sx.add_argument("src", help="colibri model directory (interleaved layout: its experts written last)")
+    sx.add_argument("out", help="output directory: colibri_model.json and weights.bin up to the first expert")
+    sx.set_defaults(func=cmd_strip_experts)
     return p
 
 

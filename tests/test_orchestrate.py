@@ -2,7 +2,6 @@
 heartbeats fit in 200 bytes on the wire, placements keep each edge's hottest experts under its
 budget without flapping, the state survives a restart, and placements applied between tokens
 leave the tokens those of an all-local run."""
-import shutil
 import signal
 import socket
 import subprocess
@@ -335,10 +334,12 @@ def test_an_edge_without_the_experts_fetches_its_local_ones(moe_model, expert_se
     writes them last): local experts come from the server's FetchExpert, the tokens are the same."""
     orch, address = orchestrator_address
     expected = all_local(moe_model)
-    path = shutil.copytree(moe_model, tmp_path / "no-experts")
+    path = tmp_path / "no-experts"
+    r = subprocess.run([sys.executable, "-m", "colibri", "strip-experts", str(moe_model), str(path)],
+                       capture_output=True, text=True, check=True)
     first = min(t["file_offset"] for t in colibri.Model(moe_model).tensors() if ".experts." in t["name"])
-    with open(path / "weights.bin", "r+b") as f:
-        f.truncate(first)
+    assert (path / "weights.bin").read_bytes() == (moe_model / "weights.bin").read_bytes()[:first]
+    assert f"keeps {first:,} B" in r.stdout
     e = edge(path, expert_server, address, "bare", 6, experts_elsewhere=True)
     try:
         assert e.generate(PROMPT, max_tokens=N_TOKENS) == expected
@@ -381,3 +382,12 @@ def test_an_edge_goes_on_without_its_orchestrator(moe_model, expert_server):
         assert any(line.startswith("[orchestrator:") and "failed" in line for line in e.counters())
     finally:
         e.close()
+
+
+def test_strip_experts_refuses_a_stacked_model(tmp_path):
+    """Stacked experts lie between other tensors: no prefix of weights.bin leaves them all out."""
+    from support import FIXTURES
+    r = subprocess.run([sys.executable, "-m", "colibri", "strip-experts", str(FIXTURES / "tiny-mixtral.colibri"),
+                        str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 1 and "lies after the first routed expert" in r.stderr and "--layout interleaved" in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -39,6 +39,38 @@ GRPC_FRAME = 5
 REMOTE = "remote"
 
 
+def strip_experts(src, out):
+    """Writes OUT: SRC's colibri_model.json and its weights.bin cut where the routed experts begin,
+    for an edge that fetches its experts from the server (Model(OUT, experts_elsewhere=True)).
+    Needs a model whose routed experts lie after every other tensor (colibri convert --layout
+    interleaved writes them so); returns (bytes kept, bytes left out)."""
+    import shutil
+
+    import colibri
+
+    src, out = Path(src), Path(out)
+    tensors = colibri.Model(src).tensors()
+    experts = [t for t in tensors if ".experts." in t["name"]]
+    if not experts:
+        raise ValueError(f"{src}: the model has no routed experts to leave out")
+    first = min(t["file_offset"] for t in experts)
+    after = [t["name"] for t in tensors if ".experts." not in t["name"] and t["file_offset"] + t["file_size"] > first]
+    if after:
+        raise ValueError(f"{src}: {after[0]} (and {len(after) - 1} more) lies after the first routed expert: "
+                         f"convert the model with --layout interleaved, which writes the experts last")
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "colibri_model.json", out / "colibri_model.json")
+    with open(src / "weights.bin", "rb") as f, open(out / "weights.bin", "wb") as g:
+        left = first
+        while left:
+            chunk = f.read(min(left, 16 << 20))
+            if not chunk:
+                raise ValueError(f"{src}/weights.bin ends before its first routed expert at byte {first}")
+            g.write(chunk)
+            left -= len(chunk)
+    return first, (src / "weights.bin").stat().st_size - first
+
+
 def initial_local(model, slots, load=None):
     """The expert ids (layer * n_experts + expert) placement="auto" keeps local: the `slots`
     most loaded of `load` ((n_layers, n_experts), from colibri stats --save-load; ties to the
