@@ -77,6 +77,8 @@ cdef extern from "colibri/colibri.h" nogil:
     uint64_t colibri_model_weight_bytes(const colibri_model *model)
     colibri_status colibri_token_bytes(const colibri_model *model, int32_t token, const uint8_t **bytes,
                                        size_t *len)
+    colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids,
+                                    size_t cap, size_t *n, colibri_error *err) nogil
 
     enum: COLIBRI_KERNELS_AUTO
     enum: COLIBRI_KERNELS_REFERENCE

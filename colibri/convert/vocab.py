@@ -66,3 +66,67 @@ def byte_table(pieces):
     offsets = np.zeros(len(pieces) + 1, dtype="<i4")
     offsets[1:] = np.cumsum([len(p) for p in pieces])
     return np.frombuffer(b"".join(pieces), dtype=np.uint8).copy(), offsets
+
+
+def _template_bos(processor, added):
+    """The id a post-processor puts before every encoding: -1 for none, None for a template the core
+    does not reproduce (anything but an optional leading special token, then the text)."""
+    if processor is None or processor.get("type") == "ByteLevel":
+        return -1
+    if processor.get("type") != "TemplateProcessing":
+        return None
+    single = processor.get("single", [])
+    if single == [{"Sequence": {"id": "A", "type_id": 0}}]:
+        return -1
+    if len(single) != 2 or "SpecialToken" not in single[0] or "Sequence" not in single[1] or \
+            single[1]["Sequence"]["id"] != "A":
+        return None
+    ids = processor.get("special_tokens", {}).get(single[0]["SpecialToken"]["id"], {}).get("ids", [])
+    return ids[0] if len(ids) == 1 else None
+
+
+def encoder(tokenizer_json_path, vocab_size):
+    """(the "encoder" entry of colibri_model.json, [(tensor name, array)]) for colibri_tokenize, or
+    None when the tokenizer is of a kind the core does not encode exactly: byte-level BPE with
+    GPT-2's pre-tokenizer (ByteLevel, its regex, no prefix space), no normalizer, added tokens
+    without strip or word options, and a template of at most a leading special token."""
+    doc = json.loads(open(tokenizer_json_path, encoding="utf-8").read())
+    model, pre = doc.get("model", {}), doc.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or doc.get("normalizer") is not None or pre.get("type") != "ByteLevel" or \
+            not pre.get("use_regex", True) or pre.get("add_prefix_space", False) or model.get("dropout") or \
+            model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or \
+            model.get("byte_fallback") or model.get("ignore_merges"):
+        return None
+    added = doc.get("added_tokens", [])
+    if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") or not t["content"] for t in added):
+        return None
+    bos = _template_bos(doc.get("post_processor"), added)
+    if bos is None or not -1 <= bos < vocab_size:
+        return None
+    vocab = model["vocab"]
+    alphabet = {c: b for c, b in _byte_level_alphabet().items()}
+    byte_ids = np.full(256, -1, dtype="<i4")
+    for c, b in alphabet.items():
+        if vocab.get(c, vocab_size) < vocab_size:
+            byte_ids[b] = vocab[c]
+    merges, seen = [], set()
+    for m in model.get("merges", []):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        row = (vocab.get(a), vocab.get(b), vocab.get(a + b))
+        if None in row or max(row) >= vocab_size or row[:2] in seen:
+            return None
+        seen.add(row[:2])
+        merges.append(row)
+    merges = np.array(merges, dtype="<i4").reshape(-1, 3)
+    order = np.lexsort((merges[:, 1], merges[:, 0])).astype("<i4")
+    tensors = [("tokenizer.merges", merges), ("tokenizer.merge_order", order), ("tokenizer.byte_ids", byte_ids)]
+    if added:
+        texts = sorted(((t["content"].encode("utf-8"), t["id"]) for t in added if t["id"] < vocab_size),
+                       key=lambda t: -len(t[0]))
+        rows, at = [], 0
+        for text, i in texts:
+            rows.append((i, at, len(text)))
+            at += len(text)
+        tensors += [("tokenizer.added", np.array(rows, dtype="<i4").reshape(-1, 3)),
+                    ("tokenizer.added_bytes", np.frombuffer(b"".join(t for t, _ in texts), dtype=np.uint8).copy())]
+    return {"kind": "byte_level_bpe", "pre_tokenizer": "gpt2", "bos": int(bos)}, tensors

@@ -1,0 +1,371 @@
+/* Text to token ids, as the model's own tokenizer encodes it: added tokens matched first (exact
+ * bytes, leftmost, longest first), the rest split into words by the pre-tokenizer's regular
+ * expression (a hand-written scanner), each word's bytes merged by BPE rank.
+ *
+ * Byte-level BPE (GPT-2): a word starts as one token per byte (byte_ids) and the pair of
+ * neighbours with the lowest merge rank merges, leftmost first, until no pair has a rank.  A
+ * binary heap of (rank, position) makes that O(w log w) for a word of w bytes, and a word is at
+ * most COLIBRI_WORD_BYTES bytes: a longer one is encoded in pieces of at most that many bytes,
+ * cut at a UTF-8 character boundary.  That, and the stack, are the bounds: no allocation, O(log)
+ * work per byte beyond the added-token scan (n_added first-byte tests per byte, then memcmp).
+ *
+ * Text is UTF-8; a byte that does not start a valid sequence (truncated, overlong, a surrogate,
+ * past U+10FFFF) is one character of class "other" on its own and is encoded as its byte. */
+#include <string.h>
+
+#include "tokenize.h"
+#include "unicode_tables.h"
+#include "../model/loader.h"
+#include "../util.h"
+
+#define COLIBRI_WORD_BYTES 256      /* positions fit the heap key's low 8 bits */
+
+enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3 };
+
+/* ---- characters ---- */
+
+/* The code point at s[i] (i < e) and its length; an invalid byte is itself, 0x110000 + byte. */
+static uint32_t utf8_at(const uint8_t *s, size_t i, size_t e, size_t *len)
+{
+    uint32_t c = s[i], cp, min;
+    size_t n, k;
+    *len = 1;
+    if (c < 0x80) return c;
+    if (c >= 0xc2 && c <= 0xdf) { n = 2; cp = c & 0x1f; min = 0x80; }
+    else if (c >= 0xe0 && c <= 0xef) { n = 3; cp = c & 0x0f; min = 0x800; }
+    else if (c >= 0xf0 && c <= 0xf4) { n = 4; cp = c & 0x07; min = 0x10000; }
+    else return 0x110000 + c;
+    if (e - i < n) return 0x110000 + c;
+    for (k = 1; k < n; k++) {
+        if ((s[i + k] & 0xc0) != 0x80) return 0x110000 + c;
+        cp = cp << 6 | (s[i + k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0x110000 + c;
+    *len = n;
+    return cp;
+}
+
+static int char_class(uint32_t cp)
+{
+    size_t lo = 0, hi = COLIBRI_UNICODE_RUNS;
+    if (cp < 0x80) {
+        if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return C_LETTER;
+        if (cp >= '0' && cp <= '9') return C_NUMBER;
+        return cp == ' ' || (cp >= 0x09 && cp <= 0x0d) ? C_SPACE : C_OTHER;
+    }
+    if (cp > 0x10ffff) return C_OTHER;
+    while (hi - lo > 1) {   /* the last run starting at or before cp */
+        size_t mid = (lo + hi) / 2;
+        if ((colibri_unicode_runs[mid] >> 2) <= cp) lo = mid; else hi = mid;
+    }
+    return (int)(colibri_unicode_runs[lo] & 3);
+}
+
+static int class_at(const uint8_t *s, size_t i, size_t e, size_t *len)
+{
+    return char_class(utf8_at(s, i, e, len));
+}
+
+/* ---- the GPT-2 pre-tokenizer ----
+ * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * The end of the word that starts at s[i] (i < e). */
+
+static size_t run_of(const uint8_t *s, size_t j, size_t e, int cls)
+{
+    size_t len;
+    while (j < e && class_at(s, j, e, &len) == cls) j += len;
+    return j;
+}
+
+static size_t gpt2_word(const uint8_t *s, size_t i, size_t e)
+{
+    size_t len, j, last;
+    int cls;
+    if (s[i] == '\'' && e - i >= 2) {
+        uint8_t a = s[i + 1], b = e - i >= 3 ? s[i + 2] : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    }
+    cls = class_at(s, i, e, &len);
+    if (s[i] == ' ' && i + 1 < e) {   /* " ?" before a letter, number or other run */
+        size_t next_len;
+        int next = class_at(s, i + 1, e, &next_len);
+        if (next != C_SPACE) return run_of(s, i + 1 + next_len, e, next);
+    }
+    if (cls != C_SPACE) return run_of(s, i + len, e, cls);
+    /* \s+(?!\S): the run, less its last character when a non-space follows; \s+: one character */
+    last = i;
+    for (j = i; j < e && class_at(s, j, e, &len) == C_SPACE; j += len) last = j;
+    if (j == e || last == i) return j;
+    return last;
+}
+
+/* ---- BPE ---- */
+
+/* The rank of merging (left, right), or -1: a binary search of merge_order. */
+static int32_t merge_rank(const colibri_encoder *enc, int32_t left, int32_t right)
+{
+    int32_t lo = 0, hi = enc->n_merges;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2, r = enc->merge_order[mid];
+        const int32_t *m = enc->merges + 3 * (size_t)r;
+        if (m[0] == left && m[1] == right) return r;
+        if (m[0] < left || (m[0] == left && m[1] < right)) lo = mid + 1; else hi = mid;
+    }
+    return -1;
+}
+
+typedef struct bpe_word {
+    int32_t id[COLIBRI_WORD_BYTES];
+    int32_t rank[COLIBRI_WORD_BYTES];   /* of the pair (i, next[i]); -1: none */
+    int16_t prev[COLIBRI_WORD_BYTES], next[COLIBRI_WORD_BYTES];   /* -1: none; prev -2: merged away */
+    uint32_t heap[3 * COLIBRI_WORD_BYTES];   /* rank << 8 | position; each merge pushes at most 2 */
+    int32_t n_heap;
+} bpe_word;
+
+static void heap_push(bpe_word *w, uint32_t key)
+{
+    int32_t i = w->n_heap++;
+    while (i > 0 && w->heap[(i - 1) / 2] > key) { w->heap[i] = w->heap[(i - 1) / 2]; i = (i - 1) / 2; }
+    w->heap[i] = key;
+}
+
+static uint32_t heap_pop(bpe_word *w)
+{
+    uint32_t top = w->heap[0], key = w->heap[--w->n_heap];
+    int32_t i = 0, n = w->n_heap;
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && w->heap[c + 1] < w->heap[c]) c++;
+        if (w->heap[c] >= key) break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    w->heap[i] = key;
+    return top;
+}
+
+static void set_pair(const colibri_encoder *enc, bpe_word *w, int32_t i)
+{
+    w->rank[i] = w->next[i] >= 0 ? merge_rank(enc, w->id[i], w->id[w->next[i]]) : -1;
+    if (w->rank[i] >= 0) heap_push(w, (uint32_t)w->rank[i] << 8 | (uint32_t)i);
+}
+
+typedef struct sink {
+    int32_t *ids;
+    size_t cap, n;
+} sink;
+
+static void emit(sink *out, int32_t id)
+{
+    if (out->n < out->cap) out->ids[out->n] = id;
+    out->n++;
+}
+
+/* The tokens of bytes s[0, n), n <= COLIBRI_WORD_BYTES. */
+static void bpe(const colibri_encoder *enc, const uint8_t *s, size_t n, bpe_word *w, sink *out)
+{
+    int32_t count = 0, i;
+    size_t k;
+    for (k = 0; k < n; k++) {
+        int32_t id = enc->byte_ids[s[k]];
+        if (id < 0) continue;   /* not in the vocabulary, no unknown token: dropped, as `tokenizers` does */
+        w->id[count] = id;
+        w->prev[count] = (int16_t)(count - 1);
+        w->next[count] = -1;
+        if (count) w->next[count - 1] = (int16_t)count;
+        count++;
+    }
+    w->n_heap = 0;
+    for (i = 0; i < count; i++) set_pair(enc, w, i);
+    while (w->n_heap) {
+        uint32_t key = heap_pop(w);
+        int32_t r = (int32_t)(key >> 8), j;
+        i = (int32_t)(key & 0xff);
+        if (w->prev[i] == -2 || w->rank[i] != r) continue;   /* stale: that pair changed since */
+        j = w->next[i];
+        w->id[i] = enc->merges[3 * (size_t)r + 2];
+        w->next[i] = w->next[j];
+        if (w->next[j] >= 0) w->prev[w->next[j]] = (int16_t)i;
+        w->prev[j] = -2;
+        set_pair(enc, w, i);
+        if (w->prev[i] >= 0) set_pair(enc, w, w->prev[i]);
+    }
+    for (i = count ? 0 : -1; i >= 0; i = w->next[i]) emit(out, w->id[i]);
+}
+
+/* A stretch of text between added tokens: words, each in pieces of at most COLIBRI_WORD_BYTES. */
+static void encode_text(const colibri_encoder *enc, const uint8_t *s, size_t e, bpe_word *w, sink *out)
+{
+    size_t i = 0;
+    while (i < e) {
+        size_t end = gpt2_word(s, i, e);
+        while (i < end) {
+            size_t cut = end - i <= COLIBRI_WORD_BYTES ? end : i + COLIBRI_WORD_BYTES;
+            while (cut < end && cut > i + 1 && (s[cut] & 0xc0) == 0x80) cut--;   /* not inside a character */
+            bpe(enc, s + i, cut - i, w, out);
+            i = cut;
+        }
+    }
+}
+
+/* The added token starting at s[i] (longest first), or -1. */
+static int32_t added_at(const colibri_encoder *enc, const uint8_t *first, const uint8_t *s, size_t i, size_t e)
+{
+    int32_t k;
+    if (!(first[s[i] >> 3] & (1u << (s[i] & 7)))) return -1;
+    for (k = 0; k < enc->n_added; k++) {
+        const int32_t *a = enc->added + 3 * (size_t)k;
+        if ((size_t)a[2] <= e - i && memcmp(s + i, enc->added_bytes + a[1], (size_t)a[2]) == 0) return k;
+    }
+    return -1;
+}
+
+colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids, size_t cap,
+                                size_t *n, colibri_error *err)
+{
+    const colibri_encoder *enc;
+    const uint8_t *s = (const uint8_t *)text;
+    uint8_t first[32];   /* the added tokens' first bytes, a bit each */
+    bpe_word w;
+    sink out;
+    size_t i, start;
+    int32_t k;
+    if (!model || !n || (!text && len) || (!ids && cap))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_tokenize: NULL argument");
+    enc = &model->enc;
+    if (enc->kind == COLIBRI_ENCODER_NONE)
+        return colibri_fail(err, COLIBRI_E_TENSOR, "this model carries no encoder: reconvert it with colibri convert");
+    out.ids = ids; out.cap = cap; out.n = 0;
+    if (enc->bos >= 0) emit(&out, enc->bos);
+    memset(first, 0, sizeof first);
+    for (k = 0; k < enc->n_added; k++) {
+        uint8_t b = enc->added_bytes[enc->added[3 * (size_t)k + 1]];
+        first[b >> 3] = (uint8_t)(first[b >> 3] | 1u << (b & 7));
+    }
+    for (i = start = 0; i < len;) {
+        int32_t a = enc->n_added ? added_at(enc, first, s, i, len) : -1;
+        if (a < 0) { i++; continue; }
+        encode_text(enc, s + start, i - start, &w, &out);
+        emit(&out, enc->added[3 * (size_t)a]);
+        i += (size_t)enc->added[3 * (size_t)a + 2];
+        start = i;
+    }
+    encode_text(enc, s + start, len - start, &w, &out);
+    *n = out.n;
+    if (out.n > cap)
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_tokenize: the text is %zu tokens, ids holds %zu", out.n, cap);
+    return COLIBRI_OK;
+}
+
+/* ---- loading: the "encoder" object and its tensors ---- */
+
+static const char *const pre_names[] = { [COLIBRI_PRE_GPT2] = "gpt2" };
+COLIBRI_TABLE_CHECK(pre_names, COLIBRI_PRE_COUNT);
+
+static colibri_status table_fail(loader *L, const char *name, const char *fmt, int64_t a, int64_t b)
+{
+    char what[160];
+    colibri_format(what, sizeof what, fmt, (long long)a, (long long)b);
+    return colibri_fail(L->err, COLIBRI_E_VALUE, "tensor `tokenizer.%s`: %s", name, what);
+}
+
+static size_t token_len(const colibri_model *m, int32_t t)
+{
+    return (size_t)(m->token_offsets[t + 1] - m->token_offsets[t]);
+}
+
+static colibri_status check_tables(loader *L, colibri_model *m, size_t added_bytes)
+{
+    const colibri_encoder *enc = &m->enc;
+    int32_t V = m->hp.vocab_size, i;
+    if (enc->n_merges >= (1 << 23))
+        return table_fail(L, "merges", "%lld merges, at most %lld", enc->n_merges, (1 << 23) - 1);
+    for (i = 0; i < 256; i++)
+        if (enc->byte_ids[i] < -1 || enc->byte_ids[i] >= V)
+            return table_fail(L, "byte_ids", "entry %lld is %lld, outside [-1, vocab)", i, enc->byte_ids[i]);
+    for (i = 0; i < 3 * enc->n_merges; i++)
+        if (enc->merges[i] < 0 || enc->merges[i] >= V)
+            return table_fail(L, "merges", "entry %lld is %lld, outside [0, vocab)", i, enc->merges[i]);
+    for (i = 0; i < enc->n_merges; i++) {   /* a merged token's bytes are its parts' */
+        const int32_t *r = enc->merges + 3 * (size_t)i;
+        size_t a = token_len(m, r[0]), b = token_len(m, r[1]);
+        const uint8_t *t = m->token_bytes + m->token_offsets[r[2]];
+        if (token_len(m, r[2]) != a + b || memcmp(t, m->token_bytes + m->token_offsets[r[0]], a) != 0 ||
+            memcmp(t + a, m->token_bytes + m->token_offsets[r[1]], b) != 0)
+            return table_fail(L, "merges", "rank %lld: token %lld is not its two parts' bytes", i, r[2]);
+    }
+    /* strictly increasing keys: distinct ranks, so a permutation, and no pair twice */
+    for (i = 0; i < enc->n_merges; i++) {
+        int32_t r = enc->merge_order[i];
+        if (r < 0 || r >= enc->n_merges)
+            return table_fail(L, "merge_order", "entry %lld is %lld, not a rank", i, r);
+        if (i) {
+            const int32_t *p = enc->merges + 3 * (size_t)enc->merge_order[i - 1], *q = enc->merges + 3 * (size_t)r;
+            if (p[0] > q[0] || (p[0] == q[0] && p[1] >= q[1]))
+                return table_fail(L, "merge_order", "entries %lld and %lld are not in (left, right) order", i - 1, i);
+        }
+    }
+    for (i = 0; i < enc->n_added; i++) {
+        const int32_t *a = enc->added + 3 * (size_t)i;
+        if (a[0] < 0 || a[0] >= V) return table_fail(L, "added", "row %lld: id %lld outside [0, vocab)", i, a[0]);
+        if (a[2] < 1 || a[1] < 0 || (size_t)a[1] > added_bytes || (size_t)a[2] > added_bytes - (size_t)a[1])
+            return table_fail(L, "added", "row %lld: bytes outside tokenizer.added_bytes (%lld)", i, (int64_t)added_bytes);
+        if (i && a[2] > a[-1])
+            return table_fail(L, "added", "row %lld is longer than row %lld (longest first)", i, i - 1);
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
+{
+    static const char *const keys[] = { "kind", "pre_tokenizer", "bos", NULL };
+    colibri_encoder *enc = &m->enc;
+    int32_t obj = json_object_get(L->text, L->tok, root, "encoder"), i, k;
+    size_t added_bytes = 0, n_merge_order = 0;
+    int64_t v;
+    colibri_status st;
+    for (k = 0; k < m->n_tensors; k++) {
+        if (m->tensors[k].slot == G_ADDED_BYTES) added_bytes = (size_t)m->tensors[k].shape[0];
+        if (m->tensors[k].slot == G_MERGE_ORDER) n_merge_order = (size_t)m->tensors[k].shape[0];
+    }
+    if (obj < 0) {
+        if (enc->merges || enc->merge_order || enc->byte_ids || enc->added || enc->added_bytes)
+            return colibri_fail(L->err, COLIBRI_E_TENSOR, "the model carries encoder tensors (tokenizer.merges, ...) but no \"encoder\"");
+        enc->kind = COLIBRI_ENCODER_NONE;
+        return COLIBRI_OK;
+    }
+    if (L->tok[obj].type != JSON_OBJECT) return colibri_fail(L->err, COLIBRI_E_TYPE, "model.encoder must be an object");
+    st = colibri_check_keys(L, obj, "model.encoder", keys);
+    if (st) return st;
+    st = colibri_get_field(L, obj, "model.encoder", "kind", JSON_STRING, &i);
+    if (st) return st;
+    if (!json_string_equals(L->text, &L->tok[i], "byte_level_bpe"))
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.kind must be \"byte_level_bpe\"");
+    st = colibri_get_field(L, obj, "model.encoder", "pre_tokenizer", JSON_STRING, &i);
+    if (st) return st;
+    for (k = 0; k < COLIBRI_PRE_COUNT; k++)
+        if (json_string_equals(L->text, &L->tok[i], pre_names[k])) break;
+    if (k == COLIBRI_PRE_COUNT)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.pre_tokenizer must be \"gpt2\"");
+    enc->pre_tokenizer = k;
+    st = colibri_get_field(L, obj, "model.encoder", "bos", JSON_NUMBER, &i);
+    if (st) return st;
+    if (!json_as_int64(L->text, &L->tok[i], &v) || v < -1 || v >= m->hp.vocab_size)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.bos must be -1 or a token id below %d",
+                            m->hp.vocab_size);
+    enc->bos = (int32_t)v;
+    if (!m->token_offsets || !enc->merges || !enc->merge_order || !enc->byte_ids)
+        return colibri_fail(L->err, COLIBRI_E_TENSOR, "model.encoder needs tensors tokenizer.token_bytes, token_offsets, "
+                            "merges, merge_order and byte_ids");
+    if (!enc->added != !enc->added_bytes)
+        return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensors tokenizer.added and tokenizer.added_bytes go together");
+    if (n_merge_order != (size_t)enc->n_merges)
+        return colibri_fail(L->err, COLIBRI_E_SHAPE, "tensor `tokenizer.merge_order`: %zu entries for %d merges",
+                            n_merge_order, enc->n_merges);
+    st = check_tables(L, m, added_bytes);
+    if (st) return st;
+    enc->kind = COLIBRI_ENCODER_BYTE_LEVEL_BPE;
+    return COLIBRI_OK;
+}
