@@ -211,9 +211,14 @@ def _prompt_ids(model, args):
             return [int(t) for t in args.tokens.split(",") if t.strip()]
         except ValueError:
             raise SystemExit(f"colibri: --tokens expects comma-separated integers, got {args.tokens!r}")
-    if model.tokenizer is None:
-        raise SystemExit(f"colibri: {model.path} has no tokenizer.json; give the prompt as ids with --tokens")
-    ids = model.tokenizer.encode(args.prompt).ids
+    from colibri import Error
+
+    try:   # the core's encoder (colibri_tokenize), as the model's tokenizer encodes
+        ids = model.tokenize(args.prompt)
+    except Error:   # a model converted before models carried one
+        if model.tokenizer is None:
+            raise SystemExit(f"colibri: {model.path} has no tokenizer.json; give the prompt as ids with --tokens")
+        ids = model.tokenizer.encode(args.prompt).ids
     if not ids:
         bos = model.config["bos_token_id"]
         if bos < 0:

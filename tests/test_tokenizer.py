@@ -136,3 +136,21 @@ def test_c_cases_file_is_the_tokenizers_library():
     """c_core/tests/test_tokenize.c (every target's meson test) reads these; regenerate with
     python -c 'import test_tokenizer as t; open(t.CASES_FILE, "w").write(t.write_cases())' in tests/."""
     assert CASES_FILE.read_text() == write_cases()
+
+
+def run(*command, stdin=None):
+    import subprocess
+
+    return subprocess.run(command, capture_output=True, check=True, cwd="/", input=stdin).stdout
+
+
+@pytest.mark.parametrize("prompt", ["JULIET:", "ROMEO: é — 😀 日本", ""])
+def test_c_cli_prompt_is_colibri_generate(prompt):
+    """colibri-infer --prompt encodes in C and prints what colibri generate prints, greedy."""
+    import sys
+
+    py = run(sys.executable, "-m", "colibri", "generate", "--prompt", prompt, "--max-tokens", "24", "--temperature", "0")
+    c = run("colibri-infer", "--model", str(MODEL_DIR), "--prompt", prompt, "--max_tokens", "24", "--temperature", "0")
+    assert c == py
+    assert run("colibri-infer", "--model", str(MODEL_DIR), "--prompt", "-", "--max_tokens", "24", "--temperature", "0",
+               stdin=prompt.encode()) == py

@@ -74,6 +74,20 @@ int main(int argc, char **argv)
         len += m;
     }
     if (len != sizeof invalid - 1) { fprintf(stderr, "invalid UTF-8: %zu of %zu bytes\n", len, sizeof invalid - 1); return 1; }
+    /* streaming decode: a character's first bytes wait for the rest */
+    {
+        static const struct { const char *s; size_t whole; } utf8[] = {
+            { "ab", 2 }, { "a\xc3", 1 }, { "a\xc3\xa9", 3 }, { "\xe2\x82", 0 }, { "\xe2\x82\xac", 3 },
+            { "x\xf0\x9f\x98", 1 }, { "\xf0\x9f\x98\x80", 4 }, { "\xff", 1 }, { "\x80\x80", 2 }, { "", 0 },
+        };
+        for (k = 0; k < sizeof utf8 / sizeof utf8[0]; k++) {
+            size_t got = colibri_utf8_whole((const uint8_t *)utf8[k].s, strlen(utf8[k].s));
+            if (got != utf8[k].whole) {
+                fprintf(stderr, "colibri_utf8_whole case %zu: %zu, expected %zu\n", k, got, utf8[k].whole);
+                return 1;
+            }
+        }
+    }
     printf("%zu cases tokenized as the tokenizers library does; invalid UTF-8 kept byte for byte\n", cases);
     colibri_model_close(model);
     free_model_files();

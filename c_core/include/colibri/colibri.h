@@ -221,6 +221,11 @@ colibri_status colibri_token_bytes(const colibri_model *model, int32_t token,
 colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids,
                                 size_t cap, size_t *n, colibri_error *err);
 
+/* For streaming decode: how many of `len` bytes end on a character boundary, i.e. all of them
+ * unless the last bytes begin a UTF-8 character that more bytes may complete.  Print that many,
+ * keep the rest (at most 3 bytes) for the next token's bytes, print what is left at the end. */
+size_t colibri_utf8_whole(const uint8_t *bytes, size_t len);
+
 /* ---- session ---------------------------------------------------------- */
 
 /* A reader of weights.bin for expert streaming: bytes [offset, offset + len) into dst.  Returns the

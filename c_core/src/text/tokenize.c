@@ -259,6 +259,15 @@ colibri_status colibri_tokenize(const colibri_model *model, const char *text, si
     return COLIBRI_OK;
 }
 
+size_t colibri_utf8_whole(const uint8_t *s, size_t len)
+{
+    size_t j = len, need;
+    while (j > 0 && len - j < 3 && (s[j - 1] & 0xc0) == 0x80) j--;   /* back over continuation bytes */
+    if (j == 0 || s[j - 1] < 0xc2 || s[j - 1] > 0xf4) return len;   /* no lead byte there: nothing to wait for */
+    need = s[j - 1] >= 0xf0 ? 4 : s[j - 1] >= 0xe0 ? 3 : 2;
+    return len - (j - 1) < need ? j - 1 : len;
+}
+
 /* ---- loading: the "encoder" object and its tensors ---- */
 
 static const char *const pre_names[] = { [COLIBRI_PRE_GPT2] = "gpt2" };
