@@ -70,6 +70,9 @@ def cmd_validate(args):
     print(f"  {cfg['num_experts']} experts of ffn {cfg['intermediate_size']}, top-{cfg['top_k']} routing")
     print(f"  {len(model.tensors())} tensors, {model.weight_bytes:,} bytes: shapes, offsets, "
           f"CRC-32 checksums and finiteness checked")
+    enc = json.loads((Path(model.path) / "colibri_model.json").read_text()).get("encoder")
+    print(f"  encoder: {enc['kind']}, {enc['pre_tokenizer']} pre-tokenizer; its ids, merges and order checked" if enc
+          else "  no encoder: runs on token ids (reconvert with colibri convert to encode text in the core)")
     return 0
 
 

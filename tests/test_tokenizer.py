@@ -3,6 +3,7 @@ ids for the bundled model and for byte-level BPE tokenizers trained here, on a c
 code, digits, whitespace runs, emoji, CJK, combining marks and the empty string, and on random
 Unicode strings; text the core decodes is what the library decodes."""
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,37 +58,59 @@ def bundled():
     return colibri.Model(MODEL_DIR)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The bundled checkpoint with a byte-level BPE tokenizer trained here (GPT-2 pre-tokenizer, small
-    vocabulary, two special tokens and a template that puts one first), converted."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def trained_model(tmp_path_factory, family):
+    """The bundled checkpoint with a byte-level BPE tokenizer trained here (small vocabulary, two
+    special tokens and a template that puts one first), converted: GPT-2's pre-tokenizer, or Llama 3's
+    regex and its ignore_merges."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    from colibri.convert.vocab import LLAMA3_REGEX
+
+    if family == "gpt2":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok = Tokenizer(models.BPE(ignore_merges=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_REGEX), "isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|endoftext|>", "<|pad|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(TRAIN_TEXT * 4, trainer)
     tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A",
                                                        special_tokens=[("<|endoftext|>", 0)])
-    src = tmp_path_factory.mktemp("trained-hf")
+    src = tmp_path_factory.mktemp(f"trained-{family}-hf")
     for f in (FIXTURES / "shakespeare-hf").iterdir():
         if f.name not in ("tokenizer.json", "reference.npz"):
             shutil.copy(f, src / f.name)
     tok.save(str(src / "tokenizer.json"))
-    return colibri.Model(convert(src, src.parent / "trained.colibri", dtype="f16", progress=False))
+    model = colibri.Model(convert(src, src.parent / f"trained-{family}.colibri", dtype="f16", progress=False))
+    import json
+
+    assert json.loads((Path(model.path) / "colibri_model.json").read_text())["encoder"]["pre_tokenizer"] == family
+    return model
 
 
-@pytest.mark.parametrize("which", ["bundled", "trained"])
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return trained_model(tmp_path_factory, "gpt2")
+
+
+@pytest.fixture(scope="module")
+def llama3(tmp_path_factory):
+    return trained_model(tmp_path_factory, "llama3")
+
+
+@pytest.mark.parametrize("which", ["bundled", "trained", "llama3"])
 def test_corpus_ids_are_the_tokenizers_library(which, request):
     model = request.getfixturevalue(which)
-    texts = CORPUS + (["<|endoftext|>x<|pad|><|pad|> <|endoftext|>"] if which == "trained" else [])
+    texts = CORPUS + (["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345"]
+                      if which != "bundled" else [])
     for text in texts:
         assert model.tokenize(text) == model.tokenizer.encode(text).ids, repr(text)
 
 
-@pytest.mark.parametrize("which,seed", [("bundled", 1), ("trained", 2)])
+@pytest.mark.parametrize("which,seed", [("bundled", 1), ("trained", 2), ("llama3", 5)])
 def test_random_strings_are_the_tokenizers_library(which, seed, request):
     model = request.getfixturevalue(which)
     for text in random_strings(seed):

@@ -71,6 +71,9 @@ def byte_table(pieces):
 def _template_bos(processor, added):
     """The id a post-processor puts before every encoding: -1 for none, None for a template the core
     does not reproduce (anything but an optional leading special token, then the text)."""
+    if processor is not None and processor.get("type") == "Sequence":   # ByteLevel steps change only offsets
+        steps = [p for p in processor.get("processors", []) if p.get("type") != "ByteLevel"]
+        processor = steps[0] if len(steps) == 1 else None if not steps else {"type": "unknown"}
     if processor is None or processor.get("type") == "ByteLevel":
         return -1
     if processor.get("type") != "TemplateProcessing":
@@ -85,6 +88,24 @@ def _template_bos(processor, added):
     return ids[0] if len(ids) == 1 else None
 
 
+# The pre-tokenizers' regular expressions the core scans by hand (c_core/src/text/tokenize.c).
+LLAMA3_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|" \
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+def _pre_tokenizer(pre):
+    """"gpt2" or "llama3" for a pre-tokenizer the core reproduces, else None."""
+    if pre.get("type") == "ByteLevel":
+        return "gpt2" if pre.get("use_regex", True) and not pre.get("add_prefix_space", False) else None
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    if len(parts) == 2 and parts[0].get("type") == "Split" and parts[0].get("pattern") == {"Regex": LLAMA3_REGEX} and \
+            parts[0].get("behavior") == "Isolated" and not parts[0].get("invert") and \
+            parts[1].get("type") == "ByteLevel" and not parts[1].get("use_regex", True) and \
+            not parts[1].get("add_prefix_space", False):
+        return "llama3"
+    return None
+
+
 def encoder(tokenizer_json_path, vocab_size):
     """(the "encoder" entry of colibri_model.json, [(tensor name, array)]) for colibri_tokenize, or
     None when the tokenizer is of a kind the core does not encode exactly: byte-level BPE with
@@ -92,10 +113,9 @@ def encoder(tokenizer_json_path, vocab_size):
     without strip or word options, and a template of at most a leading special token."""
     doc = json.loads(open(tokenizer_json_path, encoding="utf-8").read())
     model, pre = doc.get("model", {}), doc.get("pre_tokenizer") or {}
-    if model.get("type") != "BPE" or doc.get("normalizer") is not None or pre.get("type") != "ByteLevel" or \
-            not pre.get("use_regex", True) or pre.get("add_prefix_space", False) or model.get("dropout") or \
-            model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or \
-            model.get("byte_fallback") or model.get("ignore_merges"):
+    kind = _pre_tokenizer(pre)
+    if model.get("type") != "BPE" or doc.get("normalizer") is not None or kind is None or model.get("dropout") or \
+            model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("byte_fallback"):
         return None
     added = doc.get("added_tokens", [])
     if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") or not t["content"] for t in added):
@@ -129,4 +149,11 @@ def encoder(tokenizer_json_path, vocab_size):
             at += len(text)
         tensors += [("tokenizer.added", np.array(rows, dtype="<i4").reshape(-1, 3)),
                     ("tokenizer.added_bytes", np.frombuffer(b"".join(t for t, _ in texts), dtype=np.uint8).copy())]
-    return {"kind": "byte_level_bpe", "pre_tokenizer": "gpt2", "bos": int(bos)}, tensors
+    entry = {"kind": "byte_level_bpe", "pre_tokenizer": kind, "bos": int(bos)}
+    if model.get("ignore_merges"):   # a word that is a token is that token: the vocabulary by bytes, to find it
+        added_ids = {t["id"] for t in added}   # split out before BPE, and without bytes when special
+        pieces = {bytes(alphabet[c] for c in piece): i for piece, i in vocab.items()
+                  if i < vocab_size and i not in added_ids and all(c in alphabet for c in piece)}
+        entry["ignore_merges"] = True
+        tensors.append(("tokenizer.vocab_order", np.array([pieces[b] for b in sorted(pieces)], dtype="<i4")))
+    return entry, tensors

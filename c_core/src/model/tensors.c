@@ -82,7 +82,7 @@ const char *const colibri_global_tensor_names[] = {
     [G_TOKEN_BYTES] = "tokenizer.token_bytes", [G_TOKEN_OFFSETS] = "tokenizer.token_offsets",
     [G_NORM_BIAS] = "norm_bias", [G_LM_HEAD_BIAS] = "lm_head_bias", [G_ROPE_FACTORS] = "rope.factors",
     [G_MERGES] = "tokenizer.merges", [G_MERGE_ORDER] = "tokenizer.merge_order", [G_BYTE_IDS] = "tokenizer.byte_ids",
-    [G_ADDED] = "tokenizer.added", [G_ADDED_BYTES] = "tokenizer.added_bytes",
+    [G_ADDED] = "tokenizer.added", [G_ADDED_BYTES] = "tokenizer.added_bytes", [G_VOCAB_ORDER] = "tokenizer.vocab_order",
 };
 COLIBRI_TABLE_CHECK(colibri_global_tensor_names, T_GLOBAL);
 
@@ -115,7 +115,8 @@ int colibri_slot_integer_dtype(int64_t slot)
 {
     switch (slot) {
     case G_TOKEN_BYTES: case G_ADDED_BYTES: return COLIBRI_DTYPE_U8;
-    case G_TOKEN_OFFSETS: case G_MERGES: case G_MERGE_ORDER: case G_BYTE_IDS: case G_ADDED: return COLIBRI_DTYPE_I32;
+    case G_TOKEN_OFFSETS: case G_MERGES: case G_MERGE_ORDER: case G_BYTE_IDS: case G_ADDED: case G_VOCAB_ORDER:
+        return COLIBRI_DTYPE_I32;
     default: return -1;
     }
 }
@@ -163,7 +164,7 @@ static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape
         if (slot == G_ROPE_FACTORS) { shape[0] = hp->rope_dim / 2; return 1; }
         if (slot == G_TOKEN_BYTES) { shape[0] = -1; return 1; }    /* any length */
         if (slot == G_TOKEN_OFFSETS) { shape[0] = (int64_t)hp->vocab_size + 1; return 1; }
-        if (slot == G_MERGE_ORDER || slot == G_ADDED_BYTES) { shape[0] = -1; return 1; }
+        if (slot == G_MERGE_ORDER || slot == G_ADDED_BYTES || slot == G_VOCAB_ORDER) { shape[0] = -1; return 1; }
         if (slot == G_BYTE_IDS) { shape[0] = 256; return 1; }
         if (slot == G_MERGES || slot == G_ADDED) { shape[0] = -1; shape[1] = 3; return 2; }
         shape[0] = hp->vocab_size; shape[1] = d; return 2;

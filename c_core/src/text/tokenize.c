@@ -100,7 +100,65 @@ static size_t gpt2_word(const uint8_t *s, size_t i, size_t e)
     return last;
 }
 
+/* ---- the Llama 3 pre-tokenizer ----
+ * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * (the contractions case-insensitive in ASCII) */
+
+static int is_crlf(uint8_t c) { return c == '\r' || c == '\n'; }
+
+static size_t crlf_run(const uint8_t *s, size_t j, size_t e)
+{
+    while (j < e && is_crlf(s[j])) j++;
+    return j;
+}
+
+static size_t llama3_word(const uint8_t *s, size_t i, size_t e)
+{
+    size_t len, next_len = 0, j, last, crlf = e;
+    int cls, next = -1, k;
+    if (s[i] == '\'' && e - i >= 2) {   /* 'S and 's alike: the letters differ by 0x20 alone */
+        uint8_t a = s[i + 1] | 0x20, b = e - i >= 3 ? s[i + 2] | 0x20 : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    }
+    cls = class_at(s, i, e, &len);
+    if (i + len < e) next = class_at(s, i + len, e, &next_len);
+    if (cls == C_LETTER) return run_of(s, i + len, e, C_LETTER);
+    if (cls != C_NUMBER && !is_crlf(s[i]) && next == C_LETTER) return run_of(s, i + len + next_len, e, C_LETTER);
+    if (cls == C_NUMBER) {
+        for (j = i + len, k = 1; k < 3 && j < e && class_at(s, j, e, &len) == C_NUMBER; k++) j += len;
+        return j;
+    }
+    if (s[i] == ' ' && next == C_OTHER) return crlf_run(s, run_of(s, i + 1 + next_len, e, C_OTHER), e);
+    if (cls == C_OTHER) return crlf_run(s, run_of(s, i + len, e, C_OTHER), e);
+    /* whitespace: \s*[\r\n]+ up to the run's last CR or LF, else as GPT-2's */
+    last = i;
+    for (j = i; j < e && class_at(s, j, e, &len) == C_SPACE; j += len) {
+        if (is_crlf(s[j])) crlf = j;
+        last = j;
+    }
+    if (crlf < e) return crlf + 1;
+    if (j == e || last == i) return j;
+    return last;
+}
+
 /* ---- BPE ---- */
+
+/* The token whose bytes are s[0, n), or -1: a binary search of vocab_order. */
+static int32_t token_of(const colibri_model *m, const uint8_t *s, size_t n)
+{
+    const colibri_encoder *enc = &m->enc;
+    int32_t lo = 0, hi = enc->n_vocab_order;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2, t = enc->vocab_order[mid];
+        size_t tn = (size_t)(m->token_offsets[t + 1] - m->token_offsets[t]);
+        int c = memcmp(m->token_bytes + m->token_offsets[t], s, tn < n ? tn : n);
+        if (c == 0) c = tn < n ? -1 : tn > n;
+        if (c == 0) return t;
+        if (c < 0) lo = mid + 1; else hi = mid;
+    }
+    return -1;
+}
 
 /* The rank of merging (left, right), or -1: a binary search of merge_order. */
 static int32_t merge_rank(const colibri_encoder *enc, int32_t left, int32_t right)
@@ -196,11 +254,14 @@ static void bpe(const colibri_encoder *enc, const uint8_t *s, size_t n, bpe_word
 }
 
 /* A stretch of text between added tokens: words, each in pieces of at most COLIBRI_WORD_BYTES. */
-static void encode_text(const colibri_encoder *enc, const uint8_t *s, size_t e, bpe_word *w, sink *out)
+static void encode_text(const colibri_model *m, const uint8_t *s, size_t e, bpe_word *w, sink *out)
 {
+    const colibri_encoder *enc = &m->enc;
     size_t i = 0;
     while (i < e) {
-        size_t end = gpt2_word(s, i, e);
+        size_t end = enc->pre_tokenizer == COLIBRI_PRE_LLAMA3 ? llama3_word(s, i, e) : gpt2_word(s, i, e);
+        int32_t whole = enc->ignore_merges ? token_of(m, s + i, end - i) : -1;
+        if (whole >= 0) { emit(out, whole); i = end; continue; }
         while (i < end) {
             size_t cut = end - i <= COLIBRI_WORD_BYTES ? end : i + COLIBRI_WORD_BYTES;
             while (cut < end && cut > i + 1 && (s[cut] & 0xc0) == 0x80) cut--;   /* not inside a character */
@@ -247,12 +308,12 @@ colibri_status colibri_tokenize(const colibri_model *model, const char *text, si
     for (i = start = 0; i < len;) {
         int32_t a = enc->n_added ? added_at(enc, first, s, i, len) : -1;
         if (a < 0) { i++; continue; }
-        encode_text(enc, s + start, i - start, &w, &out);
+        encode_text(model, s + start, i - start, &w, &out);
         emit(&out, enc->added[3 * (size_t)a]);
         i += (size_t)enc->added[3 * (size_t)a + 2];
         start = i;
     }
-    encode_text(enc, s + start, len - start, &w, &out);
+    encode_text(model, s + start, len - start, &w, &out);
     *n = out.n;
     if (out.n > cap)
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_tokenize: the text is %zu tokens, ids holds %zu", out.n, cap);
@@ -270,7 +331,7 @@ size_t colibri_utf8_whole(const uint8_t *s, size_t len)
 
 /* ---- loading: the "encoder" object and its tensors ---- */
 
-static const char *const pre_names[] = { [COLIBRI_PRE_GPT2] = "gpt2" };
+static const char *const pre_names[] = { [COLIBRI_PRE_GPT2] = "gpt2", [COLIBRI_PRE_LLAMA3] = "llama3" };
 COLIBRI_TABLE_CHECK(pre_names, COLIBRI_PRE_COUNT);
 
 static colibri_status table_fail(loader *L, const char *name, const char *fmt, int64_t a, int64_t b)
@@ -316,6 +377,18 @@ static colibri_status check_tables(loader *L, colibri_model *m, size_t added_byt
                 return table_fail(L, "merge_order", "entries %lld and %lld are not in (left, right) order", i - 1, i);
         }
     }
+    for (i = 0; i < enc->n_vocab_order; i++) {   /* sorted by bytes: memcmp, a prefix first */
+        int32_t t = enc->vocab_order[i], p;
+        size_t n, pn;
+        int cmp;
+        if (t < 0 || t >= V) return table_fail(L, "vocab_order", "entry %lld is %lld, outside [0, vocab)", i, t);
+        if (!i) continue;
+        p = enc->vocab_order[i - 1];
+        n = token_len(m, t); pn = token_len(m, p);
+        cmp = memcmp(m->token_bytes + m->token_offsets[p], m->token_bytes + m->token_offsets[t], pn < n ? pn : n);
+        if (cmp > 0 || (cmp == 0 && pn > n))
+            return table_fail(L, "vocab_order", "entries %lld and %lld are not in byte order", i - 1, i);
+    }
     for (i = 0; i < enc->n_added; i++) {
         const int32_t *a = enc->added + 3 * (size_t)i;
         if (a[0] < 0 || a[0] >= V) return table_fail(L, "added", "row %lld: id %lld outside [0, vocab)", i, a[0]);
@@ -329,7 +402,7 @@ static colibri_status check_tables(loader *L, colibri_model *m, size_t added_byt
 
 colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
 {
-    static const char *const keys[] = { "kind", "pre_tokenizer", "bos", NULL };
+    static const char *const keys[] = { "kind", "pre_tokenizer", "bos", "ignore_merges", NULL };
     colibri_encoder *enc = &m->enc;
     int32_t obj = json_object_get(L->text, L->tok, root, "encoder"), i, k;
     size_t added_bytes = 0, n_merge_order = 0;
@@ -340,7 +413,7 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
         if (m->tensors[k].slot == G_MERGE_ORDER) n_merge_order = (size_t)m->tensors[k].shape[0];
     }
     if (obj < 0) {
-        if (enc->merges || enc->merge_order || enc->byte_ids || enc->added || enc->added_bytes)
+        if (enc->merges || enc->merge_order || enc->byte_ids || enc->added || enc->added_bytes || enc->vocab_order)
             return colibri_fail(L->err, COLIBRI_E_TENSOR, "the model carries encoder tensors (tokenizer.merges, ...) but no \"encoder\"");
         enc->kind = COLIBRI_ENCODER_NONE;
         return COLIBRI_OK;
@@ -357,7 +430,7 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
     for (k = 0; k < COLIBRI_PRE_COUNT; k++)
         if (json_string_equals(L->text, &L->tok[i], pre_names[k])) break;
     if (k == COLIBRI_PRE_COUNT)
-        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.pre_tokenizer must be \"gpt2\"");
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.pre_tokenizer must be \"gpt2\" or \"llama3\"");
     enc->pre_tokenizer = k;
     st = colibri_get_field(L, obj, "model.encoder", "bos", JSON_NUMBER, &i);
     if (st) return st;
@@ -365,6 +438,12 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.bos must be -1 or a token id below %d",
                             m->hp.vocab_size);
     enc->bos = (int32_t)v;
+    i = json_object_get(L->text, L->tok, obj, "ignore_merges");
+    if (i >= 0 && L->tok[i].type != JSON_TRUE && L->tok[i].type != JSON_FALSE)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "model.encoder.ignore_merges must be a boolean");
+    enc->ignore_merges = i >= 0 && L->tok[i].type == JSON_TRUE;
+    if (enc->ignore_merges != (enc->vocab_order != NULL))
+        return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `tokenizer.vocab_order` goes with model.encoder.ignore_merges, and only with it");
     if (!m->token_offsets || !enc->merges || !enc->merge_order || !enc->byte_ids)
         return colibri_fail(L->err, COLIBRI_E_TENSOR, "model.encoder needs tensors tokenizer.token_bytes, token_offsets, "
                             "merges, merge_order and byte_ids");
