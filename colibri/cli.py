@@ -273,9 +273,11 @@ def cmd_generate(args):
     else:
         edge = None
         session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, **_stream_options(model, args))
-    tok = model.tokenizer if args.tokens is None else None
+    decode = None   # text out: the core's byte table, else the tokenizer library; ids for --tokens
+    if args.tokens is None:
+        decode = model.detokenize if model.token_bytes(0) is not None else model.tokenizer.decode
     out = sys.stdout
-    if tok is not None:
+    if decode is not None:
         out.write(args.prompt)
     out.flush()
 
@@ -285,11 +287,11 @@ def cmd_generate(args):
                                           top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                           stop_at_eos=not args.ignore_eos):
         generated.append(token)
-        if tok is None:
+        if decode is None:
             out.write(("," if len(generated) > 1 else "") + str(token))
         else:
             # decode the whole continuation, print what is new once it is whole UTF-8
-            text = tok.decode(generated)
+            text = decode(generated)
             if not text.endswith("\ufffd"):
                 out.write(text[len(printed):])
                 printed = text

@@ -177,3 +177,18 @@ def test_c_cli_prompt_is_colibri_generate(prompt):
     assert c == py
     assert run("colibri-infer", "--model", str(MODEL_DIR), "--prompt", "-", "--max_tokens", "24", "--temperature", "0",
                stdin=prompt.encode()) == py
+
+
+def test_generate_needs_no_tokenizer_library_file(tmp_path):
+    """With the encoder and the byte table, colibri generate reads and writes text without tokenizer.json."""
+    import json
+    import sys
+
+    shutil.copytree(MODEL_DIR, tmp_path / "m")
+    (tmp_path / "m" / "tokenizer.json").unlink()
+    meta = json.loads((tmp_path / "m" / "colibri_model.json").read_text())
+    del meta["tokenizer"]
+    (tmp_path / "m" / "colibri_model.json").write_text(json.dumps(meta))
+    args = ["generate", "--prompt", "ROMEO: é", "--max-tokens", "24", "--temperature", "0"]
+    assert run(sys.executable, "-m", "colibri", *args, "--model", str(tmp_path / "m")) == \
+        run(sys.executable, "-m", "colibri", *args)
