@@ -64,11 +64,16 @@ def trained_model(tmp_path_factory, family):
     regex and its ignore_merges."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    from colibri.convert.vocab import LLAMA3_REGEX
+    from colibri.convert.vocab import DEEPSEEK_REGEXES, LLAMA3_REGEX
 
     if family == "gpt2":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    elif family == "deepseek":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), "isolated") for r in DEEPSEEK_REGEXES] +
+            [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok = Tokenizer(models.BPE(ignore_merges=True))
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_REGEX), "isolated"),
@@ -101,16 +106,22 @@ def llama3(tmp_path_factory):
     return trained_model(tmp_path_factory, "llama3")
 
 
-@pytest.mark.parametrize("which", ["bundled", "trained", "llama3"])
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    return trained_model(tmp_path_factory, "deepseek")
+
+
+@pytest.mark.parametrize("which", ["bundled", "trained", "llama3", "deepseek"])
 def test_corpus_ids_are_the_tokenizers_library(which, request):
     model = request.getfixturevalue(which)
-    texts = CORPUS + (["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345"]
+    texts = CORPUS + (["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345",
+                       "#include <x.h> ab12cd 日本語テキスト・カタカナ ゛x a\u0301b \u200b\u200bz 1,2 ++x ..\r\n"]
                       if which != "bundled" else [])
     for text in texts:
         assert model.tokenize(text) == model.tokenizer.encode(text).ids, repr(text)
 
 
-@pytest.mark.parametrize("which,seed", [("bundled", 1), ("trained", 2), ("llama3", 5)])
+@pytest.mark.parametrize("which,seed", [("bundled", 1), ("trained", 2), ("llama3", 5), ("deepseek", 6)])
 def test_random_strings_are_the_tokenizers_library(which, seed, request):
     model = request.getfixturevalue(which)
     for text in random_strings(seed):

@@ -92,17 +92,30 @@ def _template_bos(processor, added):
 LLAMA3_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|" \
     r"\s*[\r\n]+|\s+(?!\S)|\s+"
 
+# DeepSeek V3's three isolating splits (CR and LF stand in its tokenizer.json as the characters).
+DEEPSEEK_REGEXES = [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+                    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
+
+
+def _isolating_split(part, regex):
+    return part.get("type") == "Split" and part.get("pattern") == {"Regex": regex} and \
+        part.get("behavior") == "Isolated" and not part.get("invert")
+
 
 def _pre_tokenizer(pre):
     """"gpt2" or "llama3" for a pre-tokenizer the core reproduces, else None."""
     if pre.get("type") == "ByteLevel":
         return "gpt2" if pre.get("use_regex", True) and not pre.get("add_prefix_space", False) else None
     parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
-    if len(parts) == 2 and parts[0].get("type") == "Split" and parts[0].get("pattern") == {"Regex": LLAMA3_REGEX} and \
-            parts[0].get("behavior") == "Isolated" and not parts[0].get("invert") and \
-            parts[1].get("type") == "ByteLevel" and not parts[1].get("use_regex", True) and \
-            not parts[1].get("add_prefix_space", False):
+    if not parts or parts[-1].get("type") != "ByteLevel" or parts[-1].get("use_regex", True) or \
+            parts[-1].get("add_prefix_space", False):
+        return None
+    splits = parts[:-1]
+    if len(splits) == 1 and _isolating_split(splits[0], LLAMA3_REGEX):
         return "llama3"
+    if len(splits) == 3 and all(_isolating_split(p, r) for p, r in zip(splits, DEEPSEEK_REGEXES)):
+        return "deepseek"
     return None
 
 
@@ -114,7 +127,10 @@ def encoder(tokenizer_json_path, vocab_size):
     doc = json.loads(open(tokenizer_json_path, encoding="utf-8").read())
     model, pre = doc.get("model", {}), doc.get("pre_tokenizer") or {}
     kind = _pre_tokenizer(pre)
-    if model.get("type") != "BPE" or doc.get("normalizer") is not None or kind is None or model.get("dropout") or \
+    normalizer = doc.get("normalizer")
+    if normalizer == {"type": "Sequence", "normalizers": []}:   # DeepSeek's: nothing to do
+        normalizer = None
+    if model.get("type") != "BPE" or normalizer is not None or kind is None or model.get("dropout") or \
             model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("byte_fallback"):
         return None
     added = doc.get("added_tokens", [])

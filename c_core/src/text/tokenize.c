@@ -20,7 +20,8 @@
 
 #define COLIBRI_WORD_BYTES 256      /* positions fit the heap key's low 8 bits */
 
-enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3 };
+/* unicode_tables.h's classes; GPT-2's and Llama 3's expressions see marks, punctuation and symbols as other */
+enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3, C_MARK = 4, C_PUNCT = 5, C_SYMBOL = 6 };
 
 /* ---- characters ---- */
 
@@ -51,19 +52,27 @@ static int char_class(uint32_t cp)
     if (cp < 0x80) {
         if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return C_LETTER;
         if (cp >= '0' && cp <= '9') return C_NUMBER;
-        return cp == ' ' || (cp >= 0x09 && cp <= 0x0d) ? C_SPACE : C_OTHER;
+        if (cp == ' ' || (cp >= 0x09 && cp <= 0x0d)) return C_SPACE;
+        if (cp < 0x20 || cp == 0x7f) return C_OTHER;
+        return strchr("$+<=>^`|~", (int)cp) ? C_SYMBOL : C_PUNCT;
     }
     if (cp > 0x10ffff) return C_OTHER;
     while (hi - lo > 1) {   /* the last run starting at or before cp */
         size_t mid = (lo + hi) / 2;
-        if ((colibri_unicode_runs[mid] >> 2) <= cp) lo = mid; else hi = mid;
+        if ((colibri_unicode_runs[mid] >> 3) <= cp) lo = mid; else hi = mid;
     }
-    return (int)(colibri_unicode_runs[lo] & 3);
+    return (int)(colibri_unicode_runs[lo] & 7);
+}
+
+static int class_full_at(const uint8_t *s, size_t i, size_t e, size_t *len)
+{
+    return char_class(utf8_at(s, i, e, len));
 }
 
 static int class_at(const uint8_t *s, size_t i, size_t e, size_t *len)
 {
-    return char_class(utf8_at(s, i, e, len));
+    int c = class_full_at(s, i, e, len);
+    return c > C_SPACE ? C_OTHER : c;
 }
 
 /* ---- the GPT-2 pre-tokenizer ----
@@ -140,6 +149,83 @@ static size_t llama3_word(const uint8_t *s, size_t i, size_t e)
     if (crlf < e) return crlf + 1;
     if (j == e || last == i) return j;
     return last;
+}
+
+/* ---- the DeepSeek V3 pre-tokenizer: three isolating splits in turn ----
+ * \p{N}{1,3}, then [\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+, then
+ * [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|
+ * \s*[\r\n]+|\s+(?!\S)|\s+
+ * Each keeps its matches and the text between them as words of their own. */
+
+static int is_cjk(uint32_t cp)
+{
+    return (cp >= 0x4e00 && cp <= 0x9fa5) || (cp >= 0x3040 && cp <= 0x30ff);
+}
+
+static int is_ascii_letter(uint8_t c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }
+
+static size_t run_of_either(const uint8_t *s, size_t j, size_t e, int a, int b)
+{
+    size_t len;
+    int c;
+    while (j < e && ((c = class_full_at(s, j, e, &len)) == a || c == b)) j += len;
+    return j;
+}
+
+/* The end of the third split's match at s[i], or i when none starts there. */
+static size_t deepseek_match(const uint8_t *s, size_t i, size_t e)
+{
+    size_t len, next_len = 0, j, last, crlf = e;
+    int cls = class_full_at(s, i, e, &len), next = -1;
+    if (i + len < e) next = class_full_at(s, i + len, e, &next_len);
+    if (s[i] < 0x80 && (cls == C_PUNCT || cls == C_SYMBOL) && i + 1 < e && is_ascii_letter(s[i + 1])) {
+        for (j = i + 1; j < e && is_ascii_letter(s[j]); j++) {}
+        return j;
+    }
+    if (cls == C_LETTER || cls == C_MARK) return run_of_either(s, i + len, e, C_LETTER, C_MARK);
+    if (!is_crlf(s[i]) && cls != C_PUNCT && cls != C_SYMBOL && (next == C_LETTER || next == C_MARK))
+        return run_of_either(s, i + len + next_len, e, C_LETTER, C_MARK);
+    if (s[i] == ' ' && (next == C_PUNCT || next == C_SYMBOL))
+        return crlf_run(s, run_of_either(s, i + 1 + next_len, e, C_PUNCT, C_SYMBOL), e);
+    if (cls == C_PUNCT || cls == C_SYMBOL) return crlf_run(s, run_of_either(s, i + len, e, C_PUNCT, C_SYMBOL), e);
+    if (cls != C_SPACE) return i;
+    last = i;
+    for (j = i; j < e && class_full_at(s, j, e, &len) == C_SPACE; j += len) {
+        if (is_crlf(s[j])) crlf = j;
+        last = j;
+    }
+    if (crlf < e) return crlf + 1;
+    if (j == e || last == i) return j;
+    return last;
+}
+
+/* The end of the word at s[i]: a number of up to three digits, a CJK run, the third split's match, or
+ * the text up to where one of those starts. */
+static size_t deepseek_word(const uint8_t *s, size_t i, size_t e)
+{
+    size_t len, j, k, end;
+    uint32_t cp = utf8_at(s, i, e, &len);
+    int cls = char_class(cp);
+    if (cls == C_NUMBER) {
+        for (j = i + len, k = 1; k < 3 && j < e && class_full_at(s, j, e, &len) == C_NUMBER; k++) j += len;
+        return j;
+    }
+    if (is_cjk(cp)) {   /* the run isolated, then split again by the third expression */
+        for (end = i + len; end < e && is_cjk(utf8_at(s, end, e, &len)); end += len) {}
+        j = deepseek_match(s, i, end);
+        if (j > i) return j;
+        for (j = i; j < end && deepseek_match(s, j, end) == j; j += len) utf8_at(s, j, end, &len);
+        return j;
+    }
+    /* the stretch before the next number or CJK character */
+    for (end = i; end < e; end += len) {
+        cp = utf8_at(s, end, e, &len);
+        if (char_class(cp) == C_NUMBER || is_cjk(cp)) break;
+    }
+    j = deepseek_match(s, i, end);
+    if (j > i) return j;
+    for (j = i; j < end && deepseek_match(s, j, end) == j; j += len) utf8_at(s, j, end, &len);
+    return j;
 }
 
 /* ---- BPE ---- */
@@ -259,7 +345,8 @@ static void encode_text(const colibri_model *m, const uint8_t *s, size_t e, bpe_
     const colibri_encoder *enc = &m->enc;
     size_t i = 0;
     while (i < e) {
-        size_t end = enc->pre_tokenizer == COLIBRI_PRE_LLAMA3 ? llama3_word(s, i, e) : gpt2_word(s, i, e);
+        size_t end = enc->pre_tokenizer == COLIBRI_PRE_LLAMA3 ? llama3_word(s, i, e)
+                   : enc->pre_tokenizer == COLIBRI_PRE_DEEPSEEK ? deepseek_word(s, i, e) : gpt2_word(s, i, e);
         int32_t whole = enc->ignore_merges ? token_of(m, s + i, end - i) : -1;
         if (whole >= 0) { emit(out, whole); i = end; continue; }
         while (i < end) {
@@ -331,7 +418,8 @@ size_t colibri_utf8_whole(const uint8_t *s, size_t len)
 
 /* ---- loading: the "encoder" object and its tensors ---- */
 
-static const char *const pre_names[] = { [COLIBRI_PRE_GPT2] = "gpt2", [COLIBRI_PRE_LLAMA3] = "llama3" };
+static const char *const pre_names[] = { [COLIBRI_PRE_GPT2] = "gpt2", [COLIBRI_PRE_LLAMA3] = "llama3",
+                                         [COLIBRI_PRE_DEEPSEEK] = "deepseek" };
 COLIBRI_TABLE_CHECK(pre_names, COLIBRI_PRE_COUNT);
 
 static colibri_status table_fail(loader *L, const char *name, const char *fmt, int64_t a, int64_t b)
@@ -430,7 +518,7 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
     for (k = 0; k < COLIBRI_PRE_COUNT; k++)
         if (json_string_equals(L->text, &L->tok[i], pre_names[k])) break;
     if (k == COLIBRI_PRE_COUNT)
-        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.pre_tokenizer must be \"gpt2\" or \"llama3\"");
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.pre_tokenizer must be \"gpt2\", \"llama3\" or \"deepseek\"");
     enc->pre_tokenizer = k;
     st = colibri_get_field(L, obj, "model.encoder", "bos", JSON_NUMBER, &i);
     if (st) return st;

@@ -8,7 +8,7 @@
 #include "colibri/status.h"
 
 enum { COLIBRI_ENCODER_NONE = 0, COLIBRI_ENCODER_BYTE_LEVEL_BPE = 1 };
-enum { COLIBRI_PRE_GPT2 = 0, COLIBRI_PRE_LLAMA3 = 1, COLIBRI_PRE_COUNT };
+enum { COLIBRI_PRE_GPT2 = 0, COLIBRI_PRE_LLAMA3 = 1, COLIBRI_PRE_DEEPSEEK = 2, COLIBRI_PRE_COUNT };
 
 typedef struct colibri_encoder {
     int32_t kind;                   /* COLIBRI_ENCODER_*; NONE: the model runs on ids only */
