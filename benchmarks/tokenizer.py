@@ -1,12 +1,17 @@
 """Encoding speed: the core's encoder (colibri_tokenize through Model.tokenize) against the
-`tokenizers` library on the same text, which both encode to the same ids.
+`tokenizers` library on the same text, which both encode to the same ids, for each pre-tokenizer
+family the core has.
 
-    python benchmarks/tokenizer.py [--model DIR] [--kib 100]
+    python benchmarks/tokenizer.py [--kib 100]
 
 The text: this checkout's README, docs and C sources (English prose, code, whitespace runs), cut
-to --kib KiB.  Each side encodes it whole, best of --repeat runs, on one thread."""
+to --kib KiB.  gpt2 is the bundled model's tokenizer; llama3 and deepseek are byte-level BPE
+tokenizers of 1024 tokens trained on the text with those families' pre-tokenizers (the bundled
+checkpoint converted with each).  Each side encodes the text whole, best of --repeat runs."""
 import argparse
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +38,26 @@ def best(f, repeat):
     return min(times)
 
 
+def trained(family, data, tmp):
+    """The bundled checkpoint with a tokenizer of `family` trained on `data`, converted."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from colibri.convert import convert
+    from colibri.convert.vocab import DEEPSEEK_REGEXES, LLAMA3_REGEX
+
+    regexes = {"llama3": [LLAMA3_REGEX], "deepseek": DEEPSEEK_REGEXES}[family]
+    tok = Tokenizer(models.BPE(ignore_merges=family == "llama3"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), "isolated") for r in regexes] +
+                                                [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([data], trainers.BpeTrainer(vocab_size=1024, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    src = tmp / family
+    shutil.copytree(REPO / "tests" / "fixtures" / "shakespeare-hf", src)
+    tok.save(str(src / "tokenizer.json"))
+    return convert(src, tmp / f"{family}.colibri", dtype="f16", progress=False)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=MODEL_DIR)
@@ -40,18 +65,20 @@ def main():
     p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args()
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    model = colibri.Model(args.model)
-    tok = model.tokenizer
     s = text(args.kib)
     mb = len(s.encode()) / 1e6
-    ids = model.tokenize(s)
-    assert ids == tok.encode(s).ids, "the core and tokenizers disagree on this text"
-    core = best(lambda: model.tokenize(s), args.repeat)
-    lib = best(lambda: tok.encode(s), args.repeat)
-    print(f"{len(s.encode())} bytes, {len(ids)} tokens ({args.model.name})")
-    print(f"{'encoder':<24}{'ms':>10}{'MB/s':>10}")
-    print(f"{'colibri_tokenize':<24}{core * 1e3:>10.2f}{mb / core:>10.1f}")
-    print(f"{'tokenizers ' + __import__('tokenizers').__version__:<24}{lib * 1e3:>10.2f}{mb / lib:>10.1f}")
+    print(f"{len(s.encode())} bytes of README, docs and C sources")
+    print(f"{'family':<10}{'tokens':>8}{'colibri MB/s':>14}{'tokenizers MB/s':>17}{'ratio':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in ("gpt2", "llama3", "deepseek"):
+            model = colibri.Model(args.model if family == "gpt2" else trained(family, s, Path(tmp)))
+            tok = model.tokenizer
+            ids = model.tokenize(s)
+            assert ids == tok.encode(s).ids, f"{family}: the core and tokenizers disagree on this text"
+            core = best(lambda: model.tokenize(s), args.repeat)
+            lib = best(lambda: tok.encode(s), args.repeat)
+            print(f"{family:<10}{len(ids):>8}{mb / core:>14.1f}{mb / lib:>17.1f}{lib / core:>8.1f}")
+    print(f"(tokenizers {__import__('tokenizers').__version__}, RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']})")
 
 
 if __name__ == "__main__":

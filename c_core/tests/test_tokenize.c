@@ -44,7 +44,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "case %zu (%zu bytes): %zu ids, %zu expected; first difference at %zu\n", cases, len, n,
                     n_want, n);
             for (k = 0; k < n && k < n_want; k++)
-                if (ids[k] != want[k]) { fprintf(stderr, "  id %zu: %d != %d\n", k, ids[k], want[k]); break; }
+                if (ids[k] != want[k]) { fprintf(stderr, "  id %zu: %d != %d\n", k, (int)ids[k], (int)want[k]); break; }
             return 1;
         }
         /* too small a buffer: the count, the first ids, and an error that names it */
@@ -68,7 +68,7 @@ int main(int argc, char **argv)
         size_t m;
         if (colibri_token_bytes(model, ids[k], &b, &m) || len + m > sizeof invalid - 1 ||
             memcmp(invalid + len, b, m) != 0) {
-            fprintf(stderr, "invalid UTF-8: token %zu (%d) is not the input's bytes at %zu\n", k, ids[k], len);
+            fprintf(stderr, "invalid UTF-8: token %zu (%d) is not the input's bytes at %zu\n", k, (int)ids[k], len);
             return 1;
         }
         len += m;

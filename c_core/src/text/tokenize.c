@@ -199,32 +199,34 @@ static size_t deepseek_match(const uint8_t *s, size_t i, size_t e)
     return last;
 }
 
-/* The end of the word at s[i]: a number of up to three digits, a CJK run, the third split's match, or
- * the text up to where one of those starts. */
-static size_t deepseek_word(const uint8_t *s, size_t i, size_t e)
+/* The end of the first two splits' piece at s[i]: a number of up to three digits, a CJK run, or the
+ * text before the next number or CJK character. */
+static size_t deepseek_piece(const uint8_t *s, size_t i, size_t e)
 {
-    size_t len, j, k, end;
+    size_t len, j, k;
     uint32_t cp = utf8_at(s, i, e, &len);
-    int cls = char_class(cp);
-    if (cls == C_NUMBER) {
+    if (char_class(cp) == C_NUMBER) {
         for (j = i + len, k = 1; k < 3 && j < e && class_full_at(s, j, e, &len) == C_NUMBER; k++) j += len;
         return j;
     }
-    if (is_cjk(cp)) {   /* the run isolated, then split again by the third expression */
-        for (end = i + len; end < e && is_cjk(utf8_at(s, end, e, &len)); end += len) {}
-        j = deepseek_match(s, i, end);
-        if (j > i) return j;
-        for (j = i; j < end && deepseek_match(s, j, end) == j; j += len) utf8_at(s, j, end, &len);
+    if (is_cjk(cp)) {
+        for (j = i + len; j < e && is_cjk(utf8_at(s, j, e, &len)); j += len) {}
         return j;
     }
-    /* the stretch before the next number or CJK character */
-    for (end = i; end < e; end += len) {
-        cp = utf8_at(s, end, e, &len);
+    for (j = i + len; j < e; j += len) {
+        cp = utf8_at(s, j, e, &len);
         if (char_class(cp) == C_NUMBER || is_cjk(cp)) break;
     }
-    j = deepseek_match(s, i, end);
+    return j;
+}
+
+/* The end of the word at s[i] inside its piece [.., end): the third split's match, or the text up
+ * to where one starts. */
+static size_t deepseek_word(const uint8_t *s, size_t i, size_t end)
+{
+    size_t j = deepseek_match(s, i, end), len;
     if (j > i) return j;
-    for (j = i; j < end && deepseek_match(s, j, end) == j; j += len) utf8_at(s, j, end, &len);
+    for (; j < end && deepseek_match(s, j, end) == j; j += len) utf8_at(s, j, end, &len);
     return j;
 }
 
@@ -343,10 +345,15 @@ static void bpe(const colibri_encoder *enc, const uint8_t *s, size_t n, bpe_word
 static void encode_text(const colibri_model *m, const uint8_t *s, size_t e, bpe_word *w, sink *out)
 {
     const colibri_encoder *enc = &m->enc;
-    size_t i = 0;
+    size_t i = 0, piece = 0;   /* DeepSeek: the end of the piece i is in, found once for all its words */
     while (i < e) {
-        size_t end = enc->pre_tokenizer == COLIBRI_PRE_LLAMA3 ? llama3_word(s, i, e)
-                   : enc->pre_tokenizer == COLIBRI_PRE_DEEPSEEK ? deepseek_word(s, i, e) : gpt2_word(s, i, e);
+        size_t end;
+        if (enc->pre_tokenizer == COLIBRI_PRE_DEEPSEEK) {
+            if (i >= piece) piece = deepseek_piece(s, i, e);
+            end = deepseek_word(s, i, piece);
+        } else {
+            end = enc->pre_tokenizer == COLIBRI_PRE_LLAMA3 ? llama3_word(s, i, e) : gpt2_word(s, i, e);
+        }
         int32_t whole = enc->ignore_merges ? token_of(m, s + i, end - i) : -1;
         if (whole >= 0) { emit(out, whole); i = end; continue; }
         while (i < end) {
