@@ -1,6 +1,7 @@
 /* Text to token ids, as the model's own tokenizer encodes it: added tokens matched first (exact
  * bytes, leftmost, longest first), the rest split into words by the pre-tokenizer's regular
- * expression (a hand-written scanner), each word's bytes merged by BPE rank.
+ * expressions (hand-written scanners: GPT-2's, Llama 3's, DeepSeek V3's), each word's bytes merged
+ * by BPE rank.
  *
  * Byte-level BPE (GPT-2): a word starts as one token per byte (byte_ids) and the pair of
  * neighbours with the lowest merge rank merges, leftmost first, until no pair has a rank.  A
@@ -348,13 +349,14 @@ static void encode_text(const colibri_model *m, const uint8_t *s, size_t e, bpe_
     size_t i = 0, piece = 0;   /* DeepSeek: the end of the piece i is in, found once for all its words */
     while (i < e) {
         size_t end;
+        int32_t whole;
         if (enc->pre_tokenizer == COLIBRI_PRE_DEEPSEEK) {
             if (i >= piece) piece = deepseek_piece(s, i, e);
             end = deepseek_word(s, i, piece);
         } else {
             end = enc->pre_tokenizer == COLIBRI_PRE_LLAMA3 ? llama3_word(s, i, e) : gpt2_word(s, i, e);
         }
-        int32_t whole = enc->ignore_merges ? token_of(m, s + i, end - i) : -1;
+        whole = enc->ignore_merges ? token_of(m, s + i, end - i) : -1;   /* Llama 3: a word that is a token */
         if (whole >= 0) { emit(out, whole); i = end; continue; }
         while (i < end) {
             size_t cut = end - i <= COLIBRI_WORD_BYTES ? end : i + COLIBRI_WORD_BYTES;
