@@ -4,6 +4,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 cdef extern from "colibri/colibri.h" nogil:
     ctypedef enum colibri_status:
         COLIBRI_OK
+        COLIBRI_E_ARG
         COLIBRI_E_TENSOR
         COLIBRI_E_DEVICE
 

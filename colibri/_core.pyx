@@ -319,12 +319,17 @@ cdef class Model:
         its BOS included, by the core's encoder (colibri_tokenize)."""
         cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         cdef const char *p = data
-        cdef size_t length = len(data), n = 0
-        cdef int32_t[::1] ids = np.empty(length + 1, dtype=np.int32)   # a byte gives at most one token
+        cdef size_t length = len(data), n = 0, cap = length + 8   # byte-level BPE: a token a byte at most
+        cdef int32_t[::1] ids = np.empty(cap, dtype=np.int32)
         cdef c.colibri_error err
         cdef c.colibri_status st
         with nogil:
-            st = c.colibri_tokenize(self._model, p, length, &ids[0], length + 1, &n, &err)
+            st = c.colibri_tokenize(self._model, p, length, &ids[0], cap, &n, &err)
+        if st == c.COLIBRI_E_ARG and n > cap:   # byte fallback: a character may give a token per byte and more
+            cap = n
+            ids = np.empty(cap, dtype=np.int32)
+            with nogil:
+                st = c.colibri_tokenize(self._model, p, length, &ids[0], cap, &n, &err)
         if st != c.COLIBRI_OK:
             raise_error(&err)
         return np.asarray(ids[:n]).tolist()

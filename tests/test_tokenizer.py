@@ -111,7 +111,43 @@ def deepseek(tmp_path_factory):
     return trained_model(tmp_path_factory, "deepseek")
 
 
-@pytest.mark.parametrize("which", ["bundled", "trained", "llama3", "deepseek"])
+@pytest.fixture(scope="module")
+def sentencepiece(tmp_path_factory):
+    """A SentencePiece-style BPE tokenizer as Llama 2 and Mixtral's tokenizer.json have it (spaces as
+    "▁", one before the text, byte fallback, <unk> <s> </s> then the 256 byte tokens first), its
+    pieces trained here on words that start at a "▁", converted with the bundled checkpoint."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    spaces = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    t = Tokenizer(models.BPE(unk_token="<unk>"))
+    t.normalizer = spaces
+    t.pre_tokenizer = pre_tokenizers.Split("\u2581", "merged_with_next")
+    t.train_from_iterator(TRAIN_TEXT * 4, trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"],
+                                                               show_progress=False))
+    trained = json.loads(t.to_str())["model"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = spaces
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    src = tmp_path_factory.mktemp("sentencepiece-hf")
+    for f in (FIXTURES / "shakespeare-hf").iterdir():
+        if f.name not in ("tokenizer.json", "reference.npz"):
+            shutil.copy(f, src / f.name)
+    tok.save(str(src / "tokenizer.json"))
+    model = colibri.Model(convert(src, src.parent / "sentencepiece.colibri", dtype="f16", progress=False))
+    assert json.loads((Path(model.path) / "colibri_model.json").read_text())["encoder"]["kind"] == "sentencepiece_bpe"
+    return model
+
+
+@pytest.mark.parametrize("which", ["bundled", "trained", "llama3", "deepseek", "sentencepiece"])
 def test_corpus_ids_are_the_tokenizers_library(which, request):
     model = request.getfixturevalue(which)
     texts = CORPUS + (["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345",
@@ -121,7 +157,8 @@ def test_corpus_ids_are_the_tokenizers_library(which, request):
         assert model.tokenize(text) == model.tokenizer.encode(text).ids, repr(text)
 
 
-@pytest.mark.parametrize("which,seed", [("bundled", 1), ("trained", 2), ("llama3", 5), ("deepseek", 6)])
+@pytest.mark.parametrize("which,seed", [("bundled", 1), ("trained", 2), ("llama3", 5), ("deepseek", 6),
+                                        ("sentencepiece", 7)])
 def test_random_strings_are_the_tokenizers_library(which, seed, request):
     model = request.getfixturevalue(which)
     for text in random_strings(seed):

@@ -6,6 +6,7 @@ SentencePiece-style pieces ("▁" for a space, "<0x0A>" byte fallback). Special 
 ...) stand for no bytes. Any other kind gives None: the model then carries no byte table.
 """
 import json
+import re
 
 import numpy as np
 
@@ -98,6 +99,12 @@ DEEPSEEK_REGEXES = [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
                     "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
 
 
+# SentencePiece-style BPE as Llama 2 and Mixtral's tokenizer.json spell it: a normalizer puts "▁" for
+# every space and one before the text; no pre-tokenizer; byte fallback.
+SPM_NORMALIZER = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                     {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+
+
 def _isolating_split(part, regex):
     return part.get("type") == "Split" and part.get("pattern") == {"Regex": regex} and \
         part.get("behavior") == "Isolated" and not part.get("invert")
@@ -126,12 +133,15 @@ def encoder(tokenizer_json_path, vocab_size):
     without strip or word options, and a template of at most a leading special token."""
     doc = json.loads(open(tokenizer_json_path, encoding="utf-8").read())
     model, pre = doc.get("model", {}), doc.get("pre_tokenizer") or {}
-    kind = _pre_tokenizer(pre)
     normalizer = doc.get("normalizer")
-    if normalizer == {"type": "Sequence", "normalizers": []}:   # DeepSeek's: nothing to do
+    spm = normalizer == SPM_NORMALIZER and not pre and bool(model.get("byte_fallback")) and \
+        not model.get("ignore_merges")
+    kind = "metaspace" if spm else _pre_tokenizer(pre)
+    if normalizer == {"type": "Sequence", "normalizers": []} or spm:   # DeepSeek's does nothing; SentencePiece's: the core
         normalizer = None
     if model.get("type") != "BPE" or normalizer is not None or kind is None or model.get("dropout") or \
-            model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("byte_fallback"):
+            model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or \
+            (model.get("byte_fallback") and not spm):
         return None
     added = doc.get("added_tokens", [])
     if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") or not t["content"] for t in added):
@@ -142,13 +152,23 @@ def encoder(tokenizer_json_path, vocab_size):
     vocab = model["vocab"]
     alphabet = {c: b for c, b in _byte_level_alphabet().items()}
     byte_ids = np.full(256, -1, dtype="<i4")
+    byte_pieces = {f"<0x{b:02X}>": b for b in range(256)}
+    if spm:   # every byte's token for the fallback; words start at each "▁" after another character
+        if any(vocab.get(p, vocab_size) >= vocab_size for p in byte_pieces) or \
+                any(re.search("[^\u2581]\u2581", p) for p in vocab):
+            return None
+        for p, b in byte_pieces.items():
+            byte_ids[b] = vocab[p]
     for c, b in alphabet.items():
-        if vocab.get(c, vocab_size) < vocab_size:
+        if not spm and vocab.get(c, vocab_size) < vocab_size:
             byte_ids[b] = vocab[c]
     merges, seen = [], set()
+    special = {t["id"] for t in added if t.get("special")}
     for m in model.get("merges", []):
         a, b = m.split(" ", 1) if isinstance(m, str) else m
         row = (vocab.get(a), vocab.get(b), vocab.get(a + b))
+        if special.intersection(row):   # never reached: the text of a special token is split out before BPE
+            continue
         if None in row or max(row) >= vocab_size or row[:2] in seen:
             return None
         seen.add(row[:2])
@@ -165,8 +185,13 @@ def encoder(tokenizer_json_path, vocab_size):
             at += len(text)
         tensors += [("tokenizer.added", np.array(rows, dtype="<i4").reshape(-1, 3)),
                     ("tokenizer.added_bytes", np.frombuffer(b"".join(t for t, _ in texts), dtype=np.uint8).copy())]
-    entry = {"kind": "byte_level_bpe", "pre_tokenizer": kind, "bos": int(bos)}
-    if model.get("ignore_merges"):   # a word that is a token is that token: the vocabulary by bytes, to find it
+    entry = {"kind": "sentencepiece_bpe" if spm else "byte_level_bpe", "pre_tokenizer": kind, "bos": int(bos)}
+    if spm:   # each character's token: the vocabulary by bytes ("▁" as " ", as in token_bytes), to find it
+        added_ids = {t["id"] for t in added}
+        pieces = {p.replace("\u2581", " ").encode("utf-8"): i for p, i in vocab.items()
+                  if i < vocab_size and i not in added_ids and p not in byte_pieces}
+        tensors.append(("tokenizer.vocab_order", np.array([pieces[b] for b in sorted(pieces)], dtype="<i4")))
+    elif model.get("ignore_merges"):   # a word that is a token is that token: the vocabulary by bytes, to find it
         added_ids = {t["id"] for t in added}   # split out before BPE, and without bytes when special
         pieces = {bytes(alphabet[c] for c in piece): i for piece, i in vocab.items()
                   if i < vocab_size and i not in added_ids and all(c in alphabet for c in piece)}

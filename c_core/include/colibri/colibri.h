@@ -216,7 +216,8 @@ colibri_status colibri_token_bytes(const colibri_model *model, int32_t token,
  * byte.  Invalid UTF-8: each byte that starts no valid sequence is a character on its own, of no
  * letter, number or space class, encoded as that byte.  *n receives the full count; when it
  * exceeds `cap`, ids holds the first `cap` and the call returns COLIBRI_E_ARG naming the count
- * (ids NULL, cap 0: size the buffer).  COLIBRI_E_TENSOR when the model carries no encoder
+ * (ids NULL, cap 0: size the buffer; len + 1 always suffice for byte-level BPE, 3 len + 4 for
+ * SentencePiece-style BPE, whose spaces may fall back on three byte tokens).  COLIBRI_E_TENSOR when the model carries no encoder
  * (converted before it had one: reconvert it).  Decode with colibri_token_bytes. */
 colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids,
                                 size_t cap, size_t *n, colibri_error *err);

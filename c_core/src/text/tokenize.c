@@ -311,18 +311,13 @@ static void emit(sink *out, int32_t id)
 }
 
 /* The tokens of bytes s[0, n), n <= COLIBRI_WORD_BYTES. */
-static void bpe(const colibri_encoder *enc, const uint8_t *s, size_t n, bpe_word *w, sink *out)
+/* The tokens of the word's first `count` symbols, w->id[0, count), merged. */
+static void bpe_merge(const colibri_encoder *enc, bpe_word *w, int32_t count, sink *out)
 {
-    int32_t count = 0, i;
-    size_t k;
-    for (k = 0; k < n; k++) {
-        int32_t id = enc->byte_ids[s[k]];
-        if (id < 0) continue;   /* not in the vocabulary, no unknown token: dropped, as `tokenizers` does */
-        w->id[count] = id;
-        w->prev[count] = (int16_t)(count - 1);
-        w->next[count] = -1;
-        if (count) w->next[count - 1] = (int16_t)count;
-        count++;
+    int32_t i;
+    for (i = 0; i < count; i++) {
+        w->prev[i] = (int16_t)(i - 1);
+        w->next[i] = (int16_t)(i + 1 < count ? i + 1 : -1);
     }
     w->n_heap = 0;
     for (i = 0; i < count; i++) set_pair(enc, w, i);
@@ -342,11 +337,64 @@ static void bpe(const colibri_encoder *enc, const uint8_t *s, size_t n, bpe_word
     for (i = count ? 0 : -1; i >= 0; i = w->next[i]) emit(out, w->id[i]);
 }
 
+static void bpe(const colibri_encoder *enc, const uint8_t *s, size_t n, bpe_word *w, sink *out)
+{
+    int32_t count = 0;
+    size_t k;
+    for (k = 0; k < n; k++) {
+        int32_t id = enc->byte_ids[s[k]];
+        if (id >= 0) w->id[count++] = id;   /* else not in the vocabulary, no unknown token: dropped, as `tokenizers` does */
+    }
+    bpe_merge(enc, w, count, out);
+}
+
+/* SentencePiece-style BPE (Llama 2, Mixtral): spaces are U+2581, one before the text; a symbol per
+ * character, its own token or (byte fallback) its bytes' tokens; a word starts at each U+2581 that
+ * follows another character (the converter checked no token holds U+2581 after another character,
+ * so no merge crosses there), and a longer one is merged in pieces of COLIBRI_WORD_BYTES symbols. */
+static const uint8_t metaspace[3] = { 0xe2, 0x96, 0x81 };   /* U+2581, which the vocabulary stores as " " */
+
+/* One character of bytes [0, n) (a space: U+2581) onto the word; the word merged first when the
+ * character starts a new one or would overfill it. */
+static void spm_char(const colibri_model *m, bpe_word *w, int32_t *count, int *after_char, const uint8_t *bytes,
+                     size_t n, int space, sink *out)
+{
+    const colibri_encoder *enc = &m->enc;
+    int32_t id = space ? token_of(m, (const uint8_t *)" ", 1) : token_of(m, bytes, n);
+    size_t k;
+    if (space) { bytes = metaspace; n = 3; }
+    if ((space && *after_char) || *count + (id >= 0 ? 1 : (int32_t)n) > COLIBRI_WORD_BYTES) {
+        bpe_merge(enc, w, *count, out);
+        *count = 0;
+    }
+    if (id >= 0) w->id[(*count)++] = id;
+    else for (k = 0; k < n; k++) w->id[(*count)++] = enc->byte_ids[bytes[k]];   /* all 256 exist (load) */
+    *after_char = !space;
+}
+
+static void encode_spm(const colibri_model *m, const uint8_t *s, size_t e, bpe_word *w, sink *out)
+{
+    int32_t count = 0;
+    int after_char = 0;
+    size_t i, len;
+    if (e == 0) return;
+    spm_char(m, w, &count, &after_char, metaspace, 3, 1, out);   /* the U+2581 before the text */
+    for (i = 0; i < e; i += len) {
+        uint32_t cp = utf8_at(s, i, e, &len);
+        spm_char(m, w, &count, &after_char, s + i, len, cp == ' ' || cp == 0x2581, out);
+    }
+    bpe_merge(&m->enc, w, count, out);
+}
+
 /* A stretch of text between added tokens: words, each in pieces of at most COLIBRI_WORD_BYTES. */
 static void encode_text(const colibri_model *m, const uint8_t *s, size_t e, bpe_word *w, sink *out)
 {
     const colibri_encoder *enc = &m->enc;
     size_t i = 0, piece = 0;   /* DeepSeek: the end of the piece i is in, found once for all its words */
+    if (enc->kind == COLIBRI_ENCODER_SENTENCEPIECE_BPE) {
+        encode_spm(m, s, e, w, out);
+        return;
+    }
     while (i < e) {
         size_t end;
         int32_t whole;
@@ -428,7 +476,7 @@ size_t colibri_utf8_whole(const uint8_t *s, size_t len)
 /* ---- loading: the "encoder" object and its tensors ---- */
 
 static const char *const pre_names[] = { [COLIBRI_PRE_GPT2] = "gpt2", [COLIBRI_PRE_LLAMA3] = "llama3",
-                                         [COLIBRI_PRE_DEEPSEEK] = "deepseek" };
+                                         [COLIBRI_PRE_DEEPSEEK] = "deepseek", [COLIBRI_PRE_METASPACE] = "metaspace" };
 COLIBRI_TABLE_CHECK(pre_names, COLIBRI_PRE_COUNT);
 
 static colibri_status table_fail(loader *L, const char *name, const char *fmt, int64_t a, int64_t b)
@@ -501,7 +549,7 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
 {
     static const char *const keys[] = { "kind", "pre_tokenizer", "bos", "ignore_merges", NULL };
     colibri_encoder *enc = &m->enc;
-    int32_t obj = json_object_get(L->text, L->tok, root, "encoder"), i, k;
+    int32_t obj = json_object_get(L->text, L->tok, root, "encoder"), i, k, kind = COLIBRI_ENCODER_BYTE_LEVEL_BPE;
     size_t added_bytes = 0, n_merge_order = 0;
     int64_t v;
     colibri_status st;
@@ -520,15 +568,19 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
     if (st) return st;
     st = colibri_get_field(L, obj, "model.encoder", "kind", JSON_STRING, &i);
     if (st) return st;
-    if (!json_string_equals(L->text, &L->tok[i], "byte_level_bpe"))
-        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.kind must be \"byte_level_bpe\"");
+    if (json_string_equals(L->text, &L->tok[i], "sentencepiece_bpe")) kind = COLIBRI_ENCODER_SENTENCEPIECE_BPE;
+    else if (!json_string_equals(L->text, &L->tok[i], "byte_level_bpe"))
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.kind must be \"byte_level_bpe\" or \"sentencepiece_bpe\"");
     st = colibri_get_field(L, obj, "model.encoder", "pre_tokenizer", JSON_STRING, &i);
     if (st) return st;
     for (k = 0; k < COLIBRI_PRE_COUNT; k++)
         if (json_string_equals(L->text, &L->tok[i], pre_names[k])) break;
     if (k == COLIBRI_PRE_COUNT)
-        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.pre_tokenizer must be \"gpt2\", \"llama3\" or \"deepseek\"");
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.pre_tokenizer must be \"gpt2\", \"llama3\", \"deepseek\" or \"metaspace\"");
     enc->pre_tokenizer = k;
+    if ((kind == COLIBRI_ENCODER_SENTENCEPIECE_BPE) != (k == COLIBRI_PRE_METASPACE))
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder: pre_tokenizer \"metaspace\" goes with kind "
+                            "\"sentencepiece_bpe\", and only with it");
     st = colibri_get_field(L, obj, "model.encoder", "bos", JSON_NUMBER, &i);
     if (st) return st;
     if (!json_as_int64(L->text, &L->tok[i], &v) || v < -1 || v >= m->hp.vocab_size)
@@ -539,8 +591,9 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
     if (i >= 0 && L->tok[i].type != JSON_TRUE && L->tok[i].type != JSON_FALSE)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "model.encoder.ignore_merges must be a boolean");
     enc->ignore_merges = i >= 0 && L->tok[i].type == JSON_TRUE;
-    if (enc->ignore_merges != (enc->vocab_order != NULL))
-        return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `tokenizer.vocab_order` goes with model.encoder.ignore_merges, and only with it");
+    if ((enc->ignore_merges || kind == COLIBRI_ENCODER_SENTENCEPIECE_BPE) != (enc->vocab_order != NULL))
+        return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `tokenizer.vocab_order` goes with model.encoder.ignore_merges "
+                            "or kind \"sentencepiece_bpe\", and only with them");
     if (!m->token_offsets || !enc->merges || !enc->merge_order || !enc->byte_ids)
         return colibri_fail(L->err, COLIBRI_E_TENSOR, "model.encoder needs tensors tokenizer.token_bytes, token_offsets, "
                             "merges, merge_order and byte_ids");
@@ -551,6 +604,10 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
                             n_merge_order, enc->n_merges);
     st = check_tables(L, m, added_bytes);
     if (st) return st;
-    enc->kind = COLIBRI_ENCODER_BYTE_LEVEL_BPE;
+    for (k = 0; k < 256 && kind == COLIBRI_ENCODER_SENTENCEPIECE_BPE; k++)
+        if (enc->byte_ids[k] < 0)   /* byte fallback needs every byte's token */
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "tensor `tokenizer.byte_ids`: byte %d has no token (sentencepiece_bpe "
+                                "falls back on bytes)", (int)k);
+    enc->kind = kind;
     return COLIBRI_OK;
 }

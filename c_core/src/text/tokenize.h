@@ -7,8 +7,9 @@
 
 #include "colibri/status.h"
 
-enum { COLIBRI_ENCODER_NONE = 0, COLIBRI_ENCODER_BYTE_LEVEL_BPE = 1 };
-enum { COLIBRI_PRE_GPT2 = 0, COLIBRI_PRE_LLAMA3 = 1, COLIBRI_PRE_DEEPSEEK = 2, COLIBRI_PRE_COUNT };
+enum { COLIBRI_ENCODER_NONE = 0, COLIBRI_ENCODER_BYTE_LEVEL_BPE = 1, COLIBRI_ENCODER_SENTENCEPIECE_BPE = 2 };
+/* METASPACE: SentencePiece's words, each from a U+2581 on (sentencepiece_bpe) */
+enum { COLIBRI_PRE_GPT2 = 0, COLIBRI_PRE_LLAMA3 = 1, COLIBRI_PRE_DEEPSEEK = 2, COLIBRI_PRE_METASPACE = 3, COLIBRI_PRE_COUNT };
 
 typedef struct colibri_encoder {
     int32_t kind;                   /* COLIBRI_ENCODER_*; NONE: the model runs on ids only */
@@ -16,7 +17,7 @@ typedef struct colibri_encoder {
     int32_t bos;                    /* the id put before every encoding (the tokenizer's template); -1: none */
     int32_t ignore_merges;          /* a word that is a token is that token, merges or not (Llama 3) */
     int32_t n_vocab_order;
-    const int32_t *vocab_order;     /* (n_vocab_order) with ignore_merges: token ids by their bytes */
+    const int32_t *vocab_order;     /* (n_vocab_order) ignore_merges, sentencepiece_bpe: token ids by their bytes */
     int32_t n_merges, n_added;
     const int32_t *merges;          /* (n_merges, 3) left, right, merged token; row = rank */
     const int32_t *merge_order;     /* (n_merges) the ranks sorted by (left, right) */
