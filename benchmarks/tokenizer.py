@@ -6,9 +6,10 @@ family the core has.
 
 The text: this checkout's README, docs and C sources (English prose, code, whitespace runs), cut
 to --kib KiB.  gpt2 is the bundled model's tokenizer; llama3 and deepseek are byte-level BPE
-tokenizers of 1024 tokens trained on the text with those families' pre-tokenizers (the bundled
-checkpoint converted with each).  Each side encodes the text whole, best of --repeat runs."""
+tokenizers of 1024 tokens trained on the text with those families' pre-tokenizers, sentencepiece
+one of Llama 2's kind (spaces as U+2581, byte fallback) (the bundled checkpoint converted with each).  Each side encodes the text whole, best of --repeat runs."""
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -45,13 +46,30 @@ def trained(family, data, tmp):
     from colibri.convert import convert
     from colibri.convert.vocab import DEEPSEEK_REGEXES, LLAMA3_REGEX
 
-    regexes = {"llama3": [LLAMA3_REGEX], "deepseek": DEEPSEEK_REGEXES}[family]
-    tok = Tokenizer(models.BPE(ignore_merges=family == "llama3"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), "isolated") for r in regexes] +
-                                                [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([data], trainers.BpeTrainer(vocab_size=1024, show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if family == "sentencepiece":   # Llama 2's layout: <unk> <s> </s>, the 256 byte tokens, the pieces
+        from tokenizers import normalizers
+
+        spaces = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        t = Tokenizer(models.BPE(unk_token="<unk>"))
+        t.normalizer, t.pre_tokenizer = spaces, pre_tokenizers.Split("\u2581", "merged_with_next")
+        t.train_from_iterator([data], trainers.BpeTrainer(vocab_size=700, show_progress=False,
+                                                          special_tokens=["<unk>", "<s>", "</s>"]))
+        trained = json.loads(t.to_str())["model"]
+        vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+        for piece, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
+            vocab.setdefault(piece, len(vocab))
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+        tok.normalizer = spaces
+        tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    else:
+        regexes = {"llama3": [LLAMA3_REGEX], "deepseek": DEEPSEEK_REGEXES}[family]
+        tok = Tokenizer(models.BPE(ignore_merges=family == "llama3"))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), "isolated") for r in regexes] +
+                                                    [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator([data], trainers.BpeTrainer(vocab_size=1024, show_progress=False,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     src = tmp / family
     shutil.copytree(REPO / "tests" / "fixtures" / "shakespeare-hf", src)
     tok.save(str(src / "tokenizer.json"))
@@ -68,16 +86,16 @@ def main():
     s = text(args.kib)
     mb = len(s.encode()) / 1e6
     print(f"{len(s.encode())} bytes of README, docs and C sources")
-    print(f"{'family':<10}{'tokens':>8}{'colibri MB/s':>14}{'tokenizers MB/s':>17}{'ratio':>8}")
+    print(f"{'family':<15}{'tokens':>8}{'colibri MB/s':>14}{'tokenizers MB/s':>17}{'ratio':>8}")
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ("gpt2", "llama3", "deepseek"):
+        for family in ("gpt2", "llama3", "deepseek", "sentencepiece"):
             model = colibri.Model(args.model if family == "gpt2" else trained(family, s, Path(tmp)))
             tok = model.tokenizer
             ids = model.tokenize(s)
             assert ids == tok.encode(s).ids, f"{family}: the core and tokenizers disagree on this text"
             core = best(lambda: model.tokenize(s), args.repeat)
             lib = best(lambda: tok.encode(s), args.repeat)
-            print(f"{family:<10}{len(ids):>8}{mb / core:>14.1f}{mb / lib:>17.1f}{lib / core:>8.1f}")
+            print(f"{family:<15}{len(ids):>8}{mb / core:>14.1f}{mb / lib:>17.1f}{lib / core:>8.1f}")
     print(f"(tokenizers {__import__('tokenizers').__version__}, RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']})")
 
 
