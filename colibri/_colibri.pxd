@@ -4,6 +4,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 cdef extern from "colibri/colibri.h" nogil:
     ctypedef enum colibri_status:
         COLIBRI_OK
+        COLIBRI_E_ARG
         COLIBRI_E_TENSOR
         COLIBRI_E_DEVICE
 
@@ -77,6 +78,8 @@ cdef extern from "colibri/colibri.h" nogil:
     uint64_t colibri_model_weight_bytes(const colibri_model *model)
     colibri_status colibri_token_bytes(const colibri_model *model, int32_t token, const uint8_t **bytes,
                                        size_t *len)
+    colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids,
+                                    size_t cap, size_t *n, colibri_error *err) nogil
 
     enum: COLIBRI_KERNELS_AUTO
     enum: COLIBRI_KERNELS_REFERENCE

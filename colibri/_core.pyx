@@ -314,6 +314,37 @@ cdef class Model:
             raise IndexError(f"token {token} outside [0, {self.vocab_size})")
         return PyBytes_FromStringAndSize(<const char *>data, n)
 
+    def tokenize(self, text):
+        """The token ids of `text` (str, or bytes taken as UTF-8) as the model's tokenizer encodes it,
+        its BOS included, by the core's encoder (colibri_tokenize)."""
+        cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef const char *p = data
+        cdef size_t length = len(data), n = 0, cap = length + 8   # byte-level BPE: a token a byte at most
+        cdef int32_t[::1] ids = np.empty(cap, dtype=np.int32)
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        with nogil:
+            st = c.colibri_tokenize(self._model, p, length, &ids[0], cap, &n, &err)
+        if st == c.COLIBRI_E_ARG and n > cap:   # byte fallback: a character may give a token per byte and more
+            cap = n
+            ids = np.empty(cap, dtype=np.int32)
+            with nogil:
+                st = c.colibri_tokenize(self._model, p, length, &ids[0], cap, &n, &err)
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+        return np.asarray(ids[:n]).tolist()
+
+    def detokenize(self, ids):
+        """The text of token ids from the model's byte table (special tokens stand for no text);
+        bytes that are not whole UTF-8 become U+FFFD, as the tokenizer's decoder does."""
+        out = []
+        for t in ids:
+            b = self.token_bytes(int(t))
+            if b is None:
+                raise ValueError(f"{self.path} carries no vocabulary table: reconvert it with colibri convert")
+            out.append(b)
+        return b"".join(out).decode("utf-8", "replace")
+
     def memory_plan(self, int ctx=0, int batch=0, *, expert_budget=0, str expert_cache="global",
                     bint direct_io=False, bint prefetch=True, pins=None, bint verify=False):
         """Exact arena bytes a session with this context and batch needs (nothing is allocated);

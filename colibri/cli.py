@@ -88,6 +88,9 @@ def cmd_validate(args):
     print(f"  {cfg['num_experts']} experts of ffn {cfg['intermediate_size']}, top-{cfg['top_k']} routing")
     print(f"  {len(model.tensors())} tensors, {model.weight_bytes:,} bytes: shapes, offsets, "
           f"CRC-32 checksums and finiteness checked")
+    enc = json.loads((Path(model.path) / "colibri_model.json").read_text()).get("encoder")
+    print(f"  encoder: {enc['kind']}, {enc['pre_tokenizer']} pre-tokenizer; its ids, merges and order checked" if enc
+          else "  no encoder: runs on token ids (reconvert with colibri convert to encode text in the core)")
     return 0
 
 
@@ -229,9 +232,14 @@ def _prompt_ids(model, args):
             return [int(t) for t in args.tokens.split(",") if t.strip()]
         except ValueError:
             raise SystemExit(f"colibri: --tokens expects comma-separated integers, got {args.tokens!r}")
-    if model.tokenizer is None:
-        raise SystemExit(f"colibri: {model.path} has no tokenizer.json; give the prompt as ids with --tokens")
-    ids = model.tokenizer.encode(args.prompt).ids
+    from colibri import Error
+
+    try:   # the core's encoder (colibri_tokenize), as the model's tokenizer encodes
+        ids = model.tokenize(args.prompt)
+    except Error:   # a model converted before models carried one
+        if model.tokenizer is None:
+            raise SystemExit(f"colibri: {model.path} has no tokenizer.json; give the prompt as ids with --tokens")
+        ids = model.tokenizer.encode(args.prompt).ids
     if not ids:
         bos = model.config["bos_token_id"]
         if bos < 0:
@@ -283,9 +291,11 @@ def cmd_generate(args):
     else:
         edge = None
         session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, **_stream_options(model, args))
-    tok = model.tokenizer if args.tokens is None else None
+    decode = None   # text out: the core's byte table, else the tokenizer library; ids for --tokens
+    if args.tokens is None:
+        decode = model.detokenize if model.token_bytes(0) is not None else model.tokenizer.decode
     out = sys.stdout
-    if tok is not None:
+    if decode is not None:
         out.write(args.prompt)
     out.flush()
 
@@ -295,11 +305,11 @@ def cmd_generate(args):
                                           top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                           stop_at_eos=not args.ignore_eos):
         generated.append(token)
-        if tok is None:
+        if decode is None:
             out.write(("," if len(generated) > 1 else "") + str(token))
         else:
             # decode the whole continuation, print what is new once it is whole UTF-8
-            text = tok.decode(generated)
+            text = decode(generated)
             if not text.endswith("\ufffd"):
                 out.write(text[len(printed):])
                 printed = text

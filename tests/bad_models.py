@@ -136,6 +136,27 @@ def _edit_offsets(fn):
     return make
 
 
+def _edit_table(name, fn):
+    """Rewrites an i32 tokenizer table in weights.bin (and its checksum: only the encoder's checks see it)."""
+    def make(d):
+        doc = json.loads((d / "colibri_model.json").read_text())
+        t = _tensor(doc, name)
+        p = d / "weights.bin"
+        data = bytearray(p.read_bytes())
+        begin, end = t["file_offset"], t["file_offset"] + t["file_size"]
+        values = list(struct.unpack(f"<{t['file_size'] // 4}i", data[begin:end]))
+        fn(values)
+        data[begin:end] = struct.pack(f"<{len(values)}i", *values)
+        t["checksum"] = "crc32:%08x" % zlib.crc32(bytes(data[begin:end]))
+        p.write_bytes(bytes(data))
+        (d / "colibri_model.json").write_text(json.dumps(doc))
+    return make
+
+
+def _swap_first_two(values):
+    values[0], values[1] = values[1], values[0]
+
+
 def _swap_offsets(offsets):
     offsets[10], offsets[11] = offsets[11], offsets[10]
 
@@ -318,15 +339,32 @@ CASES = [
          _edit_json(_tensor_field("layers.0.router", "dtype", "w4g128"))),
     Case("vocab_offsets_shape", "COLIBRI_E_SHAPE", "tensor `tokenizer.token_offsets`: shape [320] != expected [321]",
          _edit_json(_tensor_field("tokenizer.token_offsets", "shape", [320]))),
+    Case("encoder_merge_id_range", "COLIBRI_E_VALUE", "tensor `tokenizer.merges`: entry 0 is 320, outside [0, vocab)",
+         _edit_table("tokenizer.merges", lambda v: v.__setitem__(0, 320))),
+    Case("encoder_merge_order", "COLIBRI_E_VALUE",
+         "tensor `tokenizer.merge_order`: entries 0 and 1 are not in (left, right) order",
+         _edit_table("tokenizer.merge_order", _swap_first_two)),
+    Case("encoder_merged_bytes", "COLIBRI_E_VALUE", "tensor `tokenizer.merges`: rank 0: token",
+         _edit_table("tokenizer.merges", lambda v: v.__setitem__(2, v[0]))),
+    Case("encoder_byte_id_range", "COLIBRI_E_VALUE", "tensor `tokenizer.byte_ids`: entry 5 is -7, outside [-1, vocab)",
+         _edit_table("tokenizer.byte_ids", lambda v: v.__setitem__(5, -7))),
+    Case("encoder_bos_range", "COLIBRI_E_VALUE", "model.encoder.bos must be -1 or a token id below 320",
+         _edit_json(_set("encoder.bos", 320))),
+    Case("encoder_kind", "COLIBRI_E_VALUE", "model.encoder.kind must be \"byte_level_bpe\"",
+         _edit_json(_set("encoder.kind", "unigram"))),
+    Case("encoder_without_merges", "COLIBRI_E_TENSOR", "model.encoder needs tensors",
+         _edit_json(lambda doc: doc["tensors"].remove(_tensor(doc, "tokenizer.merges")))),
+    Case("encoder_tables_without_encoder", "COLIBRI_E_TENSOR", "encoder tensors (tokenizer.merges, ...) but no \"encoder\"",
+         _edit_json(_delete("encoder"))),
     Case("interleaved_extents_overlap", "COLIBRI_E_OVERLAP",
-         "tensor `layers.0.experts.w1`'s expert extents [267264, 562176) overlaps tensor `layers.1.experts.w1`'s expert extents at 488448",
+         "tensor `layers.0.experts.w1`'s expert extents [269440, 564352) overlaps tensor `layers.1.experts.w1`'s expert extents at 490624",
          _interleaved(_extents_overlap)),
     Case("interleaved_stride_disagrees", "COLIBRI_E_VALUE",
          "layer 0: tensor `layers.0.experts.w3` has expert_stride 73792, tensor `layers.0.experts.w1` 73728",
          _interleaved(_stride_disagrees)),
     Case("interleaved_extent_past_end", "COLIBRI_E_BOUNDS", "layer 0: expert 3's extent", _interleaved(_extent_past_end)),
     Case("interleaved_part_outside_extent", "COLIBRI_E_OVERLAP",
-         "tensor `layers.0.experts.w2`: expert 0's part [340928, 365504) lies outside its extent [267264, 340992)",
+         "tensor `layers.0.experts.w2`: expert 0's part [343104, 367680) lies outside its extent [269440, 343168)",
          _interleaved(_part_outside_extent)),
     Case("interleaved_stride_missing", "COLIBRI_E_MISSING", "tensor `layers.1.experts.w2`.expert_stride is missing",
          _interleaved(lambda doc, size: _tensor(doc, "layers.1.experts.w2").pop("expert_stride"))),

@@ -136,7 +136,7 @@ def test_output_follows_format(converted, model, dtype):
     has_tok = (FIXTURES / model / "tokenizer.json").exists()
 
     assert list(doc) == ["format", "version", "architecture", "hparams", "routing", "experts"] + \
-        (["tokenizer"] if has_tok else []) + ["metadata", "tensors"]
+        (["tokenizer", "encoder"] if has_tok else []) + ["metadata", "tensors"]
     assert (doc["format"], doc["version"], doc["architecture"]) == ("colibri", 1, "mixtral")
     hp = doc["hparams"]
     assert list(hp) == HPARAMS
@@ -160,7 +160,9 @@ def test_output_follows_format(converted, model, dtype):
 
     blob = (path / "weights.bin").read_bytes()
     expected = expected_tensors(hp, doc["experts"]["count"])
-    vocab = {"tokenizer.token_bytes": "u8", "tokenizer.token_offsets": "i32"} if has_tok else {}
+    vocab = {"tokenizer.token_bytes": "u8", "tokenizer.token_offsets": "i32", "tokenizer.merges": "i32",
+             "tokenizer.merge_order": "i32", "tokenizer.byte_ids": "i32", "tokenizer.added": "i32",
+             "tokenizer.added_bytes": "u8"} if has_tok else {}   # the encoder: tests/test_tokenizer.py
     weights = [t for t in doc["tensors"] if t["name"] not in vocab]
     assert [(t["name"], t["shape"]) for t in weights] == expected
     assert [t["name"] for t in doc["tensors"][len(weights):]] == list(vocab)   # the byte table comes last

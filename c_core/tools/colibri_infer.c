@@ -1,6 +1,7 @@
 /* colibri-infer: run a colibri model from the command line, no Python.
  *
  *   colibri-infer --model DIR --tokens 1,415,2936 --max_tokens 16 [--temperature 0] [--verbose]
+ *   colibri-infer --model DIR --prompt "ROMEO:" --max_tokens 32      (echo text | ... --prompt -)
  *   colibri-infer --model DIR --validate-model
  *   colibri-infer --model DIR --memdump [--ctx 2048]
  *   colibri-infer --model DIR --tokens 1,415 --expert_budget 512M --verbose   (experts streamed)
@@ -23,6 +24,7 @@
 typedef struct options {
     const char *model;
     const char *tokens;
+    const char *prompt;             /* text, encoded by the model's encoder; "-": standard input */
     const char *logits_path;
     const char *load_path;
     const char *profile_path;
@@ -49,13 +51,14 @@ typedef struct options {
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: colibri-infer --model DIR [--tokens ID,ID,...] [--max_tokens N]\n"
+        "usage: colibri-infer --model DIR [--prompt TEXT | --tokens ID,ID,...] [--max_tokens N]\n"
         "                     [--temperature T] [--top_k K] [--top_p P] [--seed S]\n"
         "                     [--ctx N] [--batch N] [--ignore_eos] [--ids] [--verbose]\n"
         "       colibri-infer --model DIR --validate-model\n"
         "       colibri-infer --model DIR --memdump [--ctx N] [--batch N]\n"
         "\n"
         "  --model DIR        a colibri model directory (colibri_model.json + weights.bin)\n"
+        "  --prompt TEXT      the prompt as text, encoded by the model's tokenizer in the core; - reads standard input\n"
         "  --tokens LIST      prompt token ids, comma-separated (default: the model's BOS)\n"
         "  --max_tokens N     tokens to generate (default 16)\n"
         "  --temperature T    0 means greedy (default 0.8)\n"
@@ -176,6 +179,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
+        else if (option_is(a, "prompt")) o->prompt = v;
         else if (option_is(a, "logits")) o->logits_path = v;
         else if (option_is(a, "expert_load")) o->load_path = v;
         else if (option_is(a, "profile")) o->profile_path = v;
@@ -236,14 +240,65 @@ static int parse_tokens(const char *s, int32_t *out, size_t cap, size_t *n)
     return 1;
 }
 
+/* Bytes written so far hold back an unfinished UTF-8 character (at most 3 bytes) until it completes,
+ * so a character is never split across two writes. */
+static uint8_t held[4];
+static size_t n_held;
+
+static void put_text(const uint8_t *bytes, size_t len)
+{
+    while (len > 0) {
+        size_t take = len < sizeof held - n_held ? len : sizeof held - n_held, whole;
+        memcpy(held + n_held, bytes, take);
+        n_held += take; bytes += take; len -= take;
+        whole = colibri_utf8_whole(held, n_held);
+        fwrite(held, 1, whole, stdout);
+        memmove(held, held + whole, n_held - whole);
+        n_held -= whole;
+    }
+}
+
+static void flush_text(void)
+{
+    fwrite(held, 1, n_held, stdout);
+    n_held = 0;
+}
+
 /* Writes a token's bytes; 0 when the model has no vocabulary. */
 static int put_token_text(const colibri_model *model, int32_t token)
 {
     const uint8_t *bytes;
     size_t len;
     if (colibri_token_bytes(model, token, &bytes, &len) != COLIBRI_OK) return 0;
-    fwrite(bytes, 1, len, stdout);
+    put_text(bytes, len);
     return 1;
+}
+
+/* The --prompt text: the argument, or standard input for "-" (malloc'd, *len bytes). */
+static char *read_prompt(const char *arg, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *text;
+    if (strcmp(arg, "-") != 0) {
+        *len = strlen(arg);
+        text = malloc(*len + 1);
+        if (text) memcpy(text, arg, *len + 1);
+        return text;
+    }
+    text = malloc(cap);
+    while (text) {
+        size_t got = fread(text + n, 1, cap - n, stdin);
+        n += got;
+        if (got == 0) break;
+        if (n == cap) {
+            char *more = cap < (64u << 20) ? realloc(text, cap * 2) : NULL;
+            if (!more) { free(text); return NULL; }
+            text = more;
+            cap *= 2;
+        }
+    }
+    *len = n;
+    return text;
 }
 
 static double now_seconds(void)
@@ -312,9 +367,16 @@ int main(int argc, char **argv)
     long generated = 0;
     int32_t token;
     int rc = 0;
+    char *prompt_text = NULL;
+    size_t prompt_len = 0;
 
     if (!parse_args(argc, argv, &o)) return 2;
     if (o.tokens && !parse_tokens(o.tokens, prompt, MAX_PROMPT, &n_prompt)) return 2;
+    if (o.tokens && o.prompt) { fprintf(stderr, "colibri-infer: --prompt and --tokens exclude each other\n"); return 2; }
+    if (o.prompt && !(prompt_text = read_prompt(o.prompt, &prompt_len))) {
+        fprintf(stderr, "colibri-infer: --prompt %s: cannot read it (at most 64 MiB)\n", o.prompt);
+        return 2;
+    }
 
     t0 = now_seconds();
     if (colibri_model_open(o.model, o.validate ? COLIBRI_LOAD_VERIFY : 0, &model, &err))
@@ -375,6 +437,10 @@ int main(int argc, char **argv)
                 (double)mt.activations / 1e6, (double)mt.weights / 1e6);
     }
 
+    if (prompt_text && colibri_tokenize(model, prompt_text, prompt_len, prompt, MAX_PROMPT, &n_prompt, &err)) {
+        rc = fail("cannot encode the prompt", &err);
+        goto done;
+    }
     if (n_prompt == 0) {
         if (hp->bos_token_id < 0) {
             fprintf(stderr, "colibri-infer: the model has no BOS token: give a prompt with --tokens\n");
@@ -392,7 +458,8 @@ int main(int argc, char **argv)
         const uint8_t *unused;
         size_t unused_len;
         o.ids = colibri_token_bytes(model, 0, &unused, &unused_len) != COLIBRI_OK;   /* no vocabulary */
-        for (i = 0; i < n_prompt && !o.ids; i++) put_token_text(model, prompt[i]);
+        if (prompt_text && !o.ids) put_text((const uint8_t *)prompt_text, prompt_len);   /* as given, as colibri generate */
+        else for (i = 0; i < n_prompt && !o.ids; i++) put_token_text(model, prompt[i]);
     }
 
     t1 = now_seconds();
@@ -429,6 +496,7 @@ int main(int argc, char **argv)
         }
         if (colibri_forward(session, &token, 1, NULL, &err)) { rc = fail("decode failed", &err); break; }
     }
+    flush_text();
     printf("\n");
     if (o.load_path && rc == 0) {
         size_t count = (size_t)hp->n_layers * (size_t)hp->n_experts;
@@ -476,5 +544,6 @@ int main(int argc, char **argv)
 done:
     colibri_session_destroy(session);
     colibri_model_close(model);
+    free(prompt_text);
     return rc;
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 from .errors import ConvertError
 from .families import FAMILIES
 from .hf import Checkpoint
-from .vocab import byte_table, token_bytes
+from .vocab import byte_table, encoder, token_bytes
 from .writer import ITEMSIZE, LAYOUTS, check_dtype, check_layout, write_model
 
 __all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES", "LAYOUTS"]
@@ -77,6 +77,10 @@ def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked"):
             table, offsets = byte_table(pieces)
             tensors += [("tokenizer.token_bytes", table.shape, lambda: table),
                         ("tokenizer.token_offsets", offsets.shape, lambda: offsets)]
+            enc = encoder(src_dir / "tokenizer.json", desc["hparams"]["vocab_size"])
+            if enc is not None:   # what colibri_tokenize needs to encode text in the core
+                doc = {**{k: v for k, v in doc.items() if k != "metadata"}, "encoder": enc[0], "metadata": doc["metadata"]}
+                tensors += [(name, x.shape, lambda x=x: x) for name, x in enc[1]]
         write_model(out_dir, doc, tensors, dtype, progress=progress, layout=layout)
     if has_tokenizer:
         shutil.copyfile(src_dir / "tokenizer.json", out_dir / "tokenizer.json")

@@ -6,6 +6,7 @@ SentencePiece-style pieces ("▁" for a space, "<0x0A>" byte fallback). Special 
 ...) stand for no bytes. Any other kind gives None: the model then carries no byte table.
 """
 import json
+import re
 
 import numpy as np
 
@@ -66,3 +67,134 @@ def byte_table(pieces):
     offsets = np.zeros(len(pieces) + 1, dtype="<i4")
     offsets[1:] = np.cumsum([len(p) for p in pieces])
     return np.frombuffer(b"".join(pieces), dtype=np.uint8).copy(), offsets
+
+
+def _template_bos(processor, added):
+    """The id a post-processor puts before every encoding: -1 for none, None for a template the core
+    does not reproduce (anything but an optional leading special token, then the text)."""
+    if processor is not None and processor.get("type") == "Sequence":   # ByteLevel steps change only offsets
+        steps = [p for p in processor.get("processors", []) if p.get("type") != "ByteLevel"]
+        processor = steps[0] if len(steps) == 1 else None if not steps else {"type": "unknown"}
+    if processor is None or processor.get("type") == "ByteLevel":
+        return -1
+    if processor.get("type") != "TemplateProcessing":
+        return None
+    single = processor.get("single", [])
+    if single == [{"Sequence": {"id": "A", "type_id": 0}}]:
+        return -1
+    if len(single) != 2 or "SpecialToken" not in single[0] or "Sequence" not in single[1] or \
+            single[1]["Sequence"]["id"] != "A":
+        return None
+    ids = processor.get("special_tokens", {}).get(single[0]["SpecialToken"]["id"], {}).get("ids", [])
+    return ids[0] if len(ids) == 1 else None
+
+
+# The pre-tokenizers' regular expressions the core scans by hand (c_core/src/text/tokenize.c).
+LLAMA3_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|" \
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+
+# DeepSeek V3's three isolating splits (CR and LF stand in its tokenizer.json as the characters).
+DEEPSEEK_REGEXES = [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+                    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
+
+
+# SentencePiece-style BPE as Llama 2 and Mixtral's tokenizer.json spell it: a normalizer puts "▁" for
+# every space and one before the text; no pre-tokenizer; byte fallback.
+SPM_NORMALIZER = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                     {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+
+
+def _isolating_split(part, regex):
+    return part.get("type") == "Split" and part.get("pattern") == {"Regex": regex} and \
+        part.get("behavior") == "Isolated" and not part.get("invert")
+
+
+def _pre_tokenizer(pre):
+    """"gpt2" or "llama3" for a pre-tokenizer the core reproduces, else None."""
+    if pre.get("type") == "ByteLevel":
+        return "gpt2" if pre.get("use_regex", True) and not pre.get("add_prefix_space", False) else None
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    if not parts or parts[-1].get("type") != "ByteLevel" or parts[-1].get("use_regex", True) or \
+            parts[-1].get("add_prefix_space", False):
+        return None
+    splits = parts[:-1]
+    if len(splits) == 1 and _isolating_split(splits[0], LLAMA3_REGEX):
+        return "llama3"
+    if len(splits) == 3 and all(_isolating_split(p, r) for p, r in zip(splits, DEEPSEEK_REGEXES)):
+        return "deepseek"
+    return None
+
+
+def encoder(tokenizer_json_path, vocab_size):
+    """(the "encoder" entry of colibri_model.json, [(tensor name, array)]) for colibri_tokenize, or
+    None when the tokenizer is of a kind the core does not encode exactly: byte-level BPE with
+    GPT-2's pre-tokenizer (ByteLevel, its regex, no prefix space), no normalizer, added tokens
+    without strip or word options, and a template of at most a leading special token."""
+    doc = json.loads(open(tokenizer_json_path, encoding="utf-8").read())
+    model, pre = doc.get("model", {}), doc.get("pre_tokenizer") or {}
+    normalizer = doc.get("normalizer")
+    spm = normalizer == SPM_NORMALIZER and not pre and bool(model.get("byte_fallback")) and \
+        not model.get("ignore_merges")
+    kind = "metaspace" if spm else _pre_tokenizer(pre)
+    if normalizer == {"type": "Sequence", "normalizers": []} or spm:   # DeepSeek's does nothing; SentencePiece's: the core
+        normalizer = None
+    if model.get("type") != "BPE" or normalizer is not None or kind is None or model.get("dropout") or \
+            model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or \
+            (model.get("byte_fallback") and not spm):
+        return None
+    added = doc.get("added_tokens", [])
+    if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") or not t["content"] for t in added):
+        return None
+    bos = _template_bos(doc.get("post_processor"), added)
+    if bos is None or not -1 <= bos < vocab_size:
+        return None
+    vocab = model["vocab"]
+    alphabet = {c: b for c, b in _byte_level_alphabet().items()}
+    byte_ids = np.full(256, -1, dtype="<i4")
+    byte_pieces = {f"<0x{b:02X}>": b for b in range(256)}
+    if spm:   # every byte's token for the fallback; words start at each "▁" after another character
+        if any(vocab.get(p, vocab_size) >= vocab_size for p in byte_pieces) or \
+                any(re.search("[^\u2581]\u2581", p) for p in vocab):
+            return None
+        for p, b in byte_pieces.items():
+            byte_ids[b] = vocab[p]
+    for c, b in alphabet.items():
+        if not spm and vocab.get(c, vocab_size) < vocab_size:
+            byte_ids[b] = vocab[c]
+    merges, seen = [], set()
+    special = {t["id"] for t in added if t.get("special")}
+    for m in model.get("merges", []):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        row = (vocab.get(a), vocab.get(b), vocab.get(a + b))
+        if special.intersection(row):   # never reached: the text of a special token is split out before BPE
+            continue
+        if None in row or max(row) >= vocab_size or row[:2] in seen:
+            return None
+        seen.add(row[:2])
+        merges.append(row)
+    merges = np.array(merges, dtype="<i4").reshape(-1, 3)
+    order = np.lexsort((merges[:, 1], merges[:, 0])).astype("<i4")
+    tensors = [("tokenizer.merges", merges), ("tokenizer.merge_order", order), ("tokenizer.byte_ids", byte_ids)]
+    if added:
+        texts = sorted(((t["content"].encode("utf-8"), t["id"]) for t in added if t["id"] < vocab_size),
+                       key=lambda t: -len(t[0]))
+        rows, at = [], 0
+        for text, i in texts:
+            rows.append((i, at, len(text)))
+            at += len(text)
+        tensors += [("tokenizer.added", np.array(rows, dtype="<i4").reshape(-1, 3)),
+                    ("tokenizer.added_bytes", np.frombuffer(b"".join(t for t, _ in texts), dtype=np.uint8).copy())]
+    entry = {"kind": "sentencepiece_bpe" if spm else "byte_level_bpe", "pre_tokenizer": kind, "bos": int(bos)}
+    if spm:   # each character's token: the vocabulary by bytes ("▁" as " ", as in token_bytes), to find it
+        added_ids = {t["id"] for t in added}
+        pieces = {p.replace("\u2581", " ").encode("utf-8"): i for p, i in vocab.items()
+                  if i < vocab_size and i not in added_ids and p not in byte_pieces}
+        tensors.append(("tokenizer.vocab_order", np.array([pieces[b] for b in sorted(pieces)], dtype="<i4")))
+    elif model.get("ignore_merges"):   # a word that is a token is that token: the vocabulary by bytes, to find it
+        added_ids = {t["id"] for t in added}   # split out before BPE, and without bytes when special
+        pieces = {bytes(alphabet[c] for c in piece): i for piece, i in vocab.items()
+                  if i < vocab_size and i not in added_ids and all(c in alphabet for c in piece)}
+        entry["ignore_merges"] = True
+        tensors.append(("tokenizer.vocab_order", np.array([pieces[b] for b in sorted(pieces)], dtype="<i4")))
+    return entry, tensors

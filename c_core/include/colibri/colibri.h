@@ -211,6 +211,23 @@ uint64_t colibri_model_weight_bytes(const colibri_model *model);   /* sum of ten
 colibri_status colibri_token_bytes(const colibri_model *model, int32_t token,
                                    const uint8_t **bytes, size_t *len);
 
+/* Text to ids, exactly as the model's tokenizer encodes it with its special tokens (the BOS its
+ * template puts first included), from the encoder the converter stored (colibri_model.json's
+ * "encoder", docs/FORMAT.md).  No allocation (a few KiB of stack), deterministic, O(log) work per
+ * byte.  Invalid UTF-8: each byte that starts no valid sequence is a character on its own, of no
+ * letter, number or space class, encoded as that byte.  *n receives the full count; when it
+ * exceeds `cap`, ids holds the first `cap` and the call returns COLIBRI_E_ARG naming the count
+ * (ids NULL, cap 0: size the buffer; len + 1 always suffice for byte-level BPE, 3 len + 4 for
+ * SentencePiece-style BPE, whose spaces may fall back on three byte tokens).  COLIBRI_E_TENSOR when the model carries no encoder
+ * (converted before it had one: reconvert it).  Decode with colibri_token_bytes. */
+colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids,
+                                size_t cap, size_t *n, colibri_error *err);
+
+/* For streaming decode: how many of `len` bytes end on a character boundary, i.e. all of them
+ * unless the last bytes begin a UTF-8 character that more bytes may complete.  Print that many,
+ * keep the rest (at most 3 bytes) for the next token's bytes, print what is left at the end. */
+size_t colibri_utf8_whole(const uint8_t *bytes, size_t len);
+
 /* ---- session ---------------------------------------------------------- */
 
 /* A reader of weights.bin for expert streaming: bytes [offset, offset + len) into dst.  Returns the

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "loader.h"
+#include "../text/tokenize.h"
 #include "../ops/ops.h"
 #include "../util.h"
 
@@ -156,6 +157,15 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         else if (slot == G_ROPE_FACTORS) m->rope_factors = w;
         else if (slot == G_TOKEN_BYTES) m->token_bytes = m->weights + t->file_offset;
         else if (slot == G_TOKEN_OFFSETS) m->token_offsets = (const int32_t *)(const void *)(m->weights + t->file_offset);
+        else if (slot >= G_MERGES && slot <= G_VOCAB_ORDER) {   /* the encoder's tables: text/tokenize.c checks them */
+            const void *p = m->weights + t->file_offset;
+            if (slot == G_MERGES) m->enc.merges = (const int32_t *)p, m->enc.n_merges = (int32_t)t->shape[0];
+            else if (slot == G_MERGE_ORDER) m->enc.merge_order = (const int32_t *)p;
+            else if (slot == G_BYTE_IDS) m->enc.byte_ids = (const int32_t *)p;
+            else if (slot == G_ADDED) m->enc.added = (const int32_t *)p, m->enc.n_added = (int32_t)t->shape[0];
+            else if (slot == G_ADDED_BYTES) m->enc.added_bytes = (const uint8_t *)p;
+            else m->enc.vocab_order = (const int32_t *)p, m->enc.n_vocab_order = (int32_t)t->shape[0];
+        }
         else m->layers[(slot - T_GLOBAL) / L_KINDS].w[(slot - T_GLOBAL) % L_KINDS] = w;
     }
     {
@@ -177,6 +187,8 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
         st = colibri_check_vocabulary(m, err);
         if (st) return st;
     }
+    st = colibri_read_encoder(&L, 0, m);
+    if (st) return st;
 
     st = colibri_check_quantization(&L, 0, m);
     if (st) return st;

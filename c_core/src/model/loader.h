@@ -38,7 +38,9 @@ colibri_status colibri_check_quantization(loader *L, int32_t root, const colibri
 
 /* The model-wide tensors; their slots come before the layers'. */
 enum { G_TOK_EMBEDDINGS, G_NORM, G_LM_HEAD, G_TOKEN_BYTES, G_TOKEN_OFFSETS, G_NORM_BIAS, G_LM_HEAD_BIAS,
-       G_ROPE_FACTORS, T_GLOBAL };
+       G_ROPE_FACTORS, G_MERGES, G_MERGE_ORDER, G_BYTE_IDS, G_ADDED, G_ADDED_BYTES, G_VOCAB_ORDER, T_GLOBAL };
+/* The tokenizer's integer tables (G_TOKEN_BYTES .. and G_MERGES ..): their one dtype, else -1. */
+int colibri_slot_integer_dtype(int64_t slot);
 extern const char *const colibri_global_tensor_names[];   /* (T_GLOBAL) */
 extern const char *const colibri_layer_tensor_names[];    /* (L_KINDS) */
 

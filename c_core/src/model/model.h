@@ -3,6 +3,7 @@
 #define COLIBRI_MODEL_H
 
 #include "colibri/colibri.h"
+#include "../text/tokenize.h"
 
 /* A weight used in place: `data` points into weights.bin. */
 typedef struct colibri_weight {
@@ -95,13 +96,14 @@ struct colibri_model {
     colibri_weight rope_factors;    /* (rope_dim / 2) LongRoPE: each frequency's divisor */
     const uint8_t *token_bytes;     /* (n_bytes) every token's bytes, concatenated; NULL: none */
     const int32_t *token_offsets;   /* (vocab + 1) token t is bytes [offsets[t], offsets[t+1]) */
+    colibri_encoder enc;            /* text to ids (text/tokenize.c); kind NONE: ids only */
 
     size_t meta_bytes;              /* this struct and its tables */
     /* Set by the platform that opened the model, called by colibri_model_close. */
     void (*release)(colibri_model *model);
     void *platform;
 };
-#define COLIBRI_MODEL_SLOT 576
+#define COLIBRI_MODEL_SLOT 640
 
 /* Expert e's part of a routed-expert tensor `kind` (L_W1 .. L_B2) in either layout: base + e * stride,
  * the one place expert weights are located (the experts' forward pass, an expert cache).  The loader

@@ -268,7 +268,7 @@ static colibri_status opt_choice(loader *L, int32_t obj, const char *where, cons
 colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
 {
     static const char *const top_keys[] = { "format", "version", "architecture", "hparams", "routing",
-                                            "experts", "tokenizer", "metadata", "tensors", NULL };
+                                            "experts", "tokenizer", "encoder", "metadata", "tensors", NULL };
     int32_t i = 0, choice;
     uint32_t k;
     colibri_status st;

@@ -81,6 +81,8 @@ const char *const colibri_global_tensor_names[] = {
     [G_TOK_EMBEDDINGS] = "tok_embeddings", [G_NORM] = "norm", [G_LM_HEAD] = "lm_head",
     [G_TOKEN_BYTES] = "tokenizer.token_bytes", [G_TOKEN_OFFSETS] = "tokenizer.token_offsets",
     [G_NORM_BIAS] = "norm_bias", [G_LM_HEAD_BIAS] = "lm_head_bias", [G_ROPE_FACTORS] = "rope.factors",
+    [G_MERGES] = "tokenizer.merges", [G_MERGE_ORDER] = "tokenizer.merge_order", [G_BYTE_IDS] = "tokenizer.byte_ids",
+    [G_ADDED] = "tokenizer.added", [G_ADDED_BYTES] = "tokenizer.added_bytes", [G_VOCAB_ORDER] = "tokenizer.vocab_order",
 };
 COLIBRI_TABLE_CHECK(colibri_global_tensor_names, T_GLOBAL);
 
@@ -106,7 +108,17 @@ const char *colibri_layer_tensor_name(int kind)
 
 int colibri_slot_optional(int64_t slot)
 {
-    return slot == G_TOKEN_BYTES || slot == G_TOKEN_OFFSETS;
+    return colibri_slot_integer_dtype(slot) >= 0;   /* the tokenizer's tables (encoder: text/tokenize.c) */
+}
+
+int colibri_slot_integer_dtype(int64_t slot)
+{
+    switch (slot) {
+    case G_TOKEN_BYTES: case G_ADDED_BYTES: return COLIBRI_DTYPE_U8;
+    case G_TOKEN_OFFSETS: case G_MERGES: case G_MERGE_ORDER: case G_BYTE_IDS: case G_ADDED: case G_VOCAB_ORDER:
+        return COLIBRI_DTYPE_I32;
+    default: return -1;
+    }
 }
 
 int colibri_slot_is_routed_expert(int64_t slot)
@@ -152,6 +164,9 @@ static int expected_shape(const colibri_hparams *hp, int64_t slot, int64_t shape
         if (slot == G_ROPE_FACTORS) { shape[0] = hp->rope_dim / 2; return 1; }
         if (slot == G_TOKEN_BYTES) { shape[0] = -1; return 1; }    /* any length */
         if (slot == G_TOKEN_OFFSETS) { shape[0] = (int64_t)hp->vocab_size + 1; return 1; }
+        if (slot == G_MERGE_ORDER || slot == G_ADDED_BYTES || slot == G_VOCAB_ORDER) { shape[0] = -1; return 1; }
+        if (slot == G_BYTE_IDS) { shape[0] = 256; return 1; }
+        if (slot == G_MERGES || slot == G_ADDED) { shape[0] = -1; shape[1] = 3; return 2; }
         shape[0] = hp->vocab_size; shape[1] = d; return 2;
     }
     switch ((slot - T_GLOBAL) % L_KINDS) {
@@ -253,12 +268,11 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
     }
     t->dtype = (colibri_dtype)choice;
     {
-        colibri_dtype need = *slot == G_TOKEN_BYTES ? COLIBRI_DTYPE_U8 : COLIBRI_DTYPE_I32;
+        int need = colibri_slot_integer_dtype(*slot);
         char list[96];
-        if (*slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? t->dtype != need : !colibri_dtypes[t->dtype].holds_weights)
+        if (need >= 0 ? (int)t->dtype != need : !colibri_dtypes[t->dtype].holds_weights)
             return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
-                                *slot == G_TOKEN_BYTES || *slot == G_TOKEN_OFFSETS ? colibri_dtype_name(need)
-                                : list_dtypes(list, sizeof list, 1));
+                                need >= 0 ? colibri_dtype_name((colibri_dtype)need) : list_dtypes(list, sizeof list, 1));
     }
 
     st = colibri_get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);

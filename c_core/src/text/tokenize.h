@@ -1,0 +1,37 @@
+/* The encoder a model carries (colibri_model.json's "encoder" and the tokenizer.* tensors beside the
+ * byte table, docs/FORMAT.md), validated at load so colibri_tokenize trusts every index in it. */
+#ifndef COLIBRI_TOKENIZE_H
+#define COLIBRI_TOKENIZE_H
+
+#include <stdint.h>
+
+#include "colibri/status.h"
+
+enum { COLIBRI_ENCODER_NONE = 0, COLIBRI_ENCODER_BYTE_LEVEL_BPE = 1, COLIBRI_ENCODER_SENTENCEPIECE_BPE = 2 };
+/* METASPACE: SentencePiece's words, each from a U+2581 on (sentencepiece_bpe) */
+enum { COLIBRI_PRE_GPT2 = 0, COLIBRI_PRE_LLAMA3 = 1, COLIBRI_PRE_DEEPSEEK = 2, COLIBRI_PRE_METASPACE = 3, COLIBRI_PRE_COUNT };
+
+typedef struct colibri_encoder {
+    int32_t kind;                   /* COLIBRI_ENCODER_*; NONE: the model runs on ids only */
+    int32_t pre_tokenizer;          /* COLIBRI_PRE_*: how text splits into words before BPE */
+    int32_t bos;                    /* the id put before every encoding (the tokenizer's template); -1: none */
+    int32_t ignore_merges;          /* a word that is a token is that token, merges or not (Llama 3) */
+    int32_t n_vocab_order;
+    const int32_t *vocab_order;     /* (n_vocab_order) ignore_merges, sentencepiece_bpe: token ids by their bytes */
+    int32_t n_merges, n_added;
+    const int32_t *merges;          /* (n_merges, 3) left, right, merged token; row = rank */
+    const int32_t *merge_order;     /* (n_merges) the ranks sorted by (left, right) */
+    const int32_t *byte_ids;        /* (256) each byte's own token; -1: none (the byte is dropped) */
+    const int32_t *added;           /* (n_added, 3) id, offset, length in added_bytes; longest first */
+    const uint8_t *added_bytes;     /* the added tokens' text, matched before BPE */
+} colibri_encoder;
+
+struct colibri_model;
+struct loader;
+
+/* colibri_model.json's "encoder" and its tensors (the pointers above, set by the loader from the
+ * tensor table): every id below vocab_size, shapes that agree, the sort orders, merged bytes equal
+ * to their parts'.  A model with no "encoder" gets kind NONE and must carry none of its tensors. */
+colibri_status colibri_read_encoder(struct loader *L, int32_t root, struct colibri_model *m);
+
+#endif
