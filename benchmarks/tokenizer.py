@@ -7,11 +7,15 @@ family the core has.
 The text: this checkout's README, docs and C sources (English prose, code, whitespace runs), cut
 to --kib KiB.  gpt2 is the bundled model's tokenizer; llama3 and deepseek are byte-level BPE
 tokenizers of 1024 tokens trained on the text with those families' pre-tokenizers, sentencepiece
-one of Llama 2's kind (spaces as U+2581, byte fallback) (the bundled checkpoint converted with each).  Each side encodes the text whole, best of --repeat runs."""
+one of Llama 2's kind (spaces as U+2581, byte fallback) (the bundled checkpoint converted with each).
+Each side encodes the text whole, one thread, the two interleaved --repeat times: medians, and the
+ratio as the median of each pair's.  Prints a markdown table and writes it to --out."""
 import argparse
+import datetime
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -30,13 +34,15 @@ def text(kib):
     return data.encode()[:kib * 1024].decode("utf-8", "ignore")
 
 
-def best(f, repeat):
-    times = []
+def interleaved(a, b, repeat):
+    """Seconds of a() and of b(), run one after the other `repeat` times."""
+    times = ([], [])
     for _ in range(repeat):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        for f, out in ((a, times[0]), (b, times[1])):
+            t = time.perf_counter()
+            f()
+            out.append(time.perf_counter() - t)
+    return times
 
 
 def trained(family, data, tmp):
@@ -81,23 +87,32 @@ def main():
     p.add_argument("--model", type=Path, default=MODEL_DIR)
     p.add_argument("--kib", type=int, default=100)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "tokenizer.md")
     args = p.parse_args()
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     s = text(args.kib)
     mb = len(s.encode()) / 1e6
-    print(f"{len(s.encode())} bytes of README, docs and C sources")
-    print(f"{'family':<15}{'tokens':>8}{'colibri MB/s':>14}{'tokenizers MB/s':>17}{'ratio':>8}")
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for family in ("gpt2", "llama3", "deepseek", "sentencepiece"):
             model = colibri.Model(args.model if family == "gpt2" else trained(family, s, Path(tmp)))
             tok = model.tokenizer
             ids = model.tokenize(s)
             assert ids == tok.encode(s).ids, f"{family}: the core and tokenizers disagree on this text"
-            core = best(lambda: model.tokenize(s), args.repeat)
-            lib = best(lambda: tok.encode(s), args.repeat)
-            print(f"{family:<15}{len(ids):>8}{mb / core:>14.1f}{mb / lib:>17.1f}{lib / core:>8.1f}")
-    print(f"(tokenizers {__import__('tokenizers').__version__}, RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']})")
-
+            core, lib = interleaved(lambda: model.tokenize(s), lambda: tok.encode(s), args.repeat)
+            ratio = statistics.median(b / a for a, b in zip(core, lib))
+            rows.append(f"| {family} | {len(ids):,} | {mb / statistics.median(core):.1f} | "
+                        f"{mb / statistics.median(lib):.1f} | {ratio:.1f} |")
+            print(rows[-1], flush=True)
+    table = "\n".join([
+        f"# Encoding speed, {datetime.date.today()}", "",
+        f"{len(s.encode()):,} bytes of this checkout's README, docs and C sources; one thread (tokenizers "
+        f"{__import__('tokenizers').__version__}, RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}); "
+        f"{args.repeat} interleaved runs, medians; identical ids.", "",
+        "| family | tokens | colibri MB/s | tokenizers MB/s | ratio |", "|---|---|---|---|---|", *rows]) + "\n"
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(table)
 
 if __name__ == "__main__":
     main()
