@@ -5,8 +5,9 @@
 F32, F16, BF16, Q8_0 and Q4_0 tensors keep their bytes: llama.cpp's blocks are colibri's q8_0 and
 q4_0, row by row, so both engines read identical weights.  Architectures: `llama` with experts
 (Mixtral; llama.cpp's converter reorders the rows of q and k for its RoPE on adjacent pairs, which
-colibri then uses too) and `qwen3moe` (rotate-half RoPE, per-head QK-norm).  The GGUF tokenizer is
-not imported: the model runs on token ids (`colibri generate --tokens`).
+colibri then uses too) and `qwen3moe` (rotate-half RoPE, per-head QK-norm).  The vocabulary
+becomes the byte table and, where the core reproduces the tokenizer, its encoder (gguf_vocab.py);
+otherwise the converter says why and the model runs on token ids (`colibri generate --tokens`).
 """
 
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConvertError
+from .gguf_vocab import gguf_vocabulary
 from .writer import Stored, write_model
 
 STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0"}
@@ -119,7 +121,9 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked"):
         shape = [int(d) for d in reversed(t.shape)]   # GGUF lists the fastest dimension first
         data = t.data if kind != "BF16" else np.asarray(t.data).view(np.uint16)
         entries.append((name, tuple(shape), lambda data=data, kind=kind: Stored(data, STORED[kind]), STORED[kind]))
-    doc = {"format": "colibri", "version": 1, **desc,
+    encoder, vocab_tensors = gguf_vocabulary(reader, desc["hparams"]["vocab_size"], desc["hparams"]["bos_token_id"])
+    entries += [(name, x.shape, lambda x=x: x) for name, x in vocab_tensors]
+    doc = {"format": "colibri", "version": 1, **desc, **({"encoder": encoder} if encoder else {}),
            "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}
     write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout)
     return out_dir

@@ -126,6 +126,10 @@ def _pre_tokenizer(pre):
     return None
 
 
+class NoEncoder(Exception):
+    """Why a vocabulary gets no encoder: a kind the core does not encode exactly."""
+
+
 def encoder(tokenizer_json_path, vocab_size):
     """(the "encoder" entry of colibri_model.json, [(tensor name, array)]) for colibri_tokenize, or
     None when the tokenizer is of a kind the core does not encode exactly: byte-level BPE with
@@ -147,54 +151,73 @@ def encoder(tokenizer_json_path, vocab_size):
     if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") or not t["content"] for t in added):
         return None
     bos = _template_bos(doc.get("post_processor"), added)
-    if bos is None or not -1 <= bos < vocab_size:
+    if bos is None:
         return None
-    vocab = model["vocab"]
-    alphabet = {c: b for c, b in _byte_level_alphabet().items()}
+    merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model.get("merges", [])]
+    try:
+        return encoder_tables(model["vocab"], merges, [(t["content"], t["id"], bool(t.get("special"))) for t in added],
+                              bos, vocab_size, kind, ignore_merges=bool(model.get("ignore_merges")))
+    except NoEncoder:
+        return None
+
+
+def encoder_tables(vocab, merges, added, bos, vocab_size, pre_tokenizer, ignore_merges=False, **entry):
+    """The encoder entry and tensors from a BPE vocabulary, for tokenizer.json and GGUF alike.
+
+    vocab: piece -> id, pieces spelled as the tokenizer spells them (GPT-2's byte alphabet, or
+    SentencePiece's "▁" and "<0xXX>" when `pre_tokenizer` is "metaspace"); merges: [(left, right)]
+    pieces, best first; added: [(text, id, special)], matched in the text before BPE; bos: the id
+    put first (-1: none); entry: further keys of the entry (e.g. normalizer). Raises NoEncoder."""
+    spm = pre_tokenizer == "metaspace"
+    if not -1 <= bos < vocab_size:
+        raise NoEncoder(f"bos {bos} outside the vocabulary")
+    alphabet = _byte_level_alphabet()
     byte_ids = np.full(256, -1, dtype="<i4")
     byte_pieces = {f"<0x{b:02X}>": b for b in range(256)}
     if spm:   # every byte's token for the fallback; words start at each "▁" after another character
-        if any(vocab.get(p, vocab_size) >= vocab_size for p in byte_pieces) or \
-                any(re.search("[^\u2581]\u2581", p) for p in vocab):
-            return None
+        if any(vocab.get(p, vocab_size) >= vocab_size for p in byte_pieces):
+            raise NoEncoder("not all 256 byte tokens <0x00>..<0xFF> for the byte fallback")
+        spanning = next((p for p in vocab if re.search("[^\u2581]\u2581", p)), None)
+        if spanning is not None:
+            raise NoEncoder(f"token {spanning!r} spans a word start (a \u2581 after another character)")
         for p, b in byte_pieces.items():
             byte_ids[b] = vocab[p]
     for c, b in alphabet.items():
         if not spm and vocab.get(c, vocab_size) < vocab_size:
             byte_ids[b] = vocab[c]
-    merges, seen = [], set()
-    special = {t["id"] for t in added if t.get("special")}
-    for m in model.get("merges", []):
-        a, b = m.split(" ", 1) if isinstance(m, str) else m
+    rows, seen = [], set()
+    special = {i for _, i, s in added if s}
+    for a, b in merges:
         row = (vocab.get(a), vocab.get(b), vocab.get(a + b))
         if special.intersection(row):   # never reached: the text of a special token is split out before BPE
             continue
-        if None in row or max(row) >= vocab_size or row[:2] in seen:
-            return None
+        if None in row or max(row) >= vocab_size:
+            raise NoEncoder(f"merge {a!r} {b!r} names a token outside the vocabulary")
+        if row[:2] in seen:
+            raise NoEncoder(f"merge {a!r} {b!r} given twice")
         seen.add(row[:2])
-        merges.append(row)
-    merges = np.array(merges, dtype="<i4").reshape(-1, 3)
-    order = np.lexsort((merges[:, 1], merges[:, 0])).astype("<i4")
-    tensors = [("tokenizer.merges", merges), ("tokenizer.merge_order", order), ("tokenizer.byte_ids", byte_ids)]
+        rows.append(row)
+    rows = np.array(rows, dtype="<i4").reshape(-1, 3)
+    order = np.lexsort((rows[:, 1], rows[:, 0])).astype("<i4")
+    tensors = [("tokenizer.merges", rows), ("tokenizer.merge_order", order), ("tokenizer.byte_ids", byte_ids)]
     if added:
-        texts = sorted(((t["content"].encode("utf-8"), t["id"]) for t in added if t["id"] < vocab_size),
-                       key=lambda t: -len(t[0]))
-        rows, at = [], 0
+        texts = sorted(((text.encode("utf-8"), i) for text, i, _ in added if i < vocab_size), key=lambda t: -len(t[0]))
+        table, at = [], 0
         for text, i in texts:
-            rows.append((i, at, len(text)))
+            table.append((i, at, len(text)))
             at += len(text)
-        tensors += [("tokenizer.added", np.array(rows, dtype="<i4").reshape(-1, 3)),
+        tensors += [("tokenizer.added", np.array(table, dtype="<i4").reshape(-1, 3)),
                     ("tokenizer.added_bytes", np.frombuffer(b"".join(t for t, _ in texts), dtype=np.uint8).copy())]
-    entry = {"kind": "sentencepiece_bpe" if spm else "byte_level_bpe", "pre_tokenizer": kind, "bos": int(bos)}
+    out = {"kind": "sentencepiece_bpe" if spm else "byte_level_bpe", "pre_tokenizer": pre_tokenizer, "bos": int(bos),
+           **entry}
+    added_ids = {i for _, i, _ in added}   # split out before BPE, and without bytes when special
     if spm:   # each character's token: the vocabulary by bytes ("▁" as " ", as in token_bytes), to find it
-        added_ids = {t["id"] for t in added}
         pieces = {p.replace("\u2581", " ").encode("utf-8"): i for p, i in vocab.items()
                   if i < vocab_size and i not in added_ids and p not in byte_pieces}
         tensors.append(("tokenizer.vocab_order", np.array([pieces[b] for b in sorted(pieces)], dtype="<i4")))
-    elif model.get("ignore_merges"):   # a word that is a token is that token: the vocabulary by bytes, to find it
-        added_ids = {t["id"] for t in added}   # split out before BPE, and without bytes when special
+    elif ignore_merges:   # a word that is a token is that token: the vocabulary by bytes, to find it
         pieces = {bytes(alphabet[c] for c in piece): i for piece, i in vocab.items()
                   if i < vocab_size and i not in added_ids and all(c in alphabet for c in piece)}
-        entry["ignore_merges"] = True
+        out["ignore_merges"] = True
         tensors.append(("tokenizer.vocab_order", np.array([pieces[b] for b in sorted(pieces)], dtype="<i4")))
-    return entry, tensors
+    return out, tensors
