@@ -95,6 +95,9 @@ def gguf_vocabulary(reader, vocab_size, bos_id):
         raise ConvertError("gguf `tokenizer.ggml.tokens` missing")
     if len(tokens) != vocab_size:
         raise ConvertError(f"gguf `tokenizer.ggml.tokens`: {len(tokens)} tokens for token_embd's {vocab_size} rows")
+    if len(set(tokens)) != len(tokens):   # llama.cpp refuses them too
+        twice = next(t for t in tokens if tokens.count(t) > 1)
+        raise ConvertError(f"gguf `tokenizer.ggml.tokens`: {twice!r} appears twice")
     types = _array(reader, "tokenizer.ggml.token_type", int, len(tokens)) or [NORMAL] * len(tokens)
     if not all(0 <= t <= BYTE for t in types):
         raise ConvertError("gguf `tokenizer.ggml.token_type`: a type outside 0..6")
@@ -148,7 +151,7 @@ def _encoder(reader, spm, tokens, types, ids, merges, bos_id):
                             "\u2581 before the text")
     else:
         name = _scalar(reader, "tokenizer.ggml.pre", None)
-        if name not in PRE_TOKENIZERS:
+        if not isinstance(name, str) or name not in PRE_TOKENIZERS:
             raise NoEncoder(f"gguf tokenizer.ggml.pre {name!r}: the core has no encoder for it")
         pre, add_bos, ignore_merges, entry = PRE_TOKENIZERS[name]
     add_bos = bool(_scalar(reader, "tokenizer.ggml.add_bos_token", add_bos))
