@@ -21,13 +21,16 @@ from .vocab import NoEncoder, _byte_level_alphabet, byte_table, encoder_tables
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6   # tokenizer.ggml.token_type
 
 # tokenizer.ggml.pre -> (the core's pre-tokenizer, llama.cpp's default for add_bos, ignore_merges,
-# further keys of the encoder entry); names llama.cpp and transformers both read as the same regex.
+# further keys of the encoder entry), as llama.cpp reads these names (transformers splits deepseek-v3
+# text with GPT-2's regex, applies no NFC and keeps merging words that are tokens).
+GPT2 = ("gpt2", False, False, {})
+LLAMA3 = ("llama3", True, True, {})
+QWEN2 = ("qwen2", False, False, {"normalizer": "nfc"})
 PRE_TOKENIZERS = {
-    "gpt-2": ("gpt2", False, False, {}),
-    "llama-bpe": ("llama3", True, True, {}), "llama3": ("llama3", True, True, {}), "llama-v3": ("llama3", True, True, {}),
+    "gpt-2": GPT2, "phi-2": GPT2,
+    **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), LLAMA3),
     "deepseek-v3": ("deepseek", False, False, {}),
-    "qwen2": ("qwen2", False, False, {"normalizer": "nfc"}),
-    "deepseek-r1-qwen": ("qwen2", False, False, {"normalizer": "nfc"}),
+    "qwen2": QWEN2, "deepseek-r1-qwen": QWEN2,
 }
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 

@@ -4,6 +4,9 @@ turn ids back into text with no tokenizer library (colibri_token_bytes).
 Two vocabularies are understood: byte-level BPE (GPT-2's byte-to-unicode alphabet) and
 SentencePiece-style pieces ("▁" for a space, "<0x0A>" byte fallback). Special tokens (<s>, </s>,
 ...) stand for no bytes. Any other kind gives None: the model then carries no byte table.
+
+The encoder (colibri_tokenize) of such a vocabulary: `encoder` reads it from tokenizer.json;
+`encoder_tables` builds its tensors, for tokenizer.json and a GGUF vocabulary (gguf_vocab.py) alike.
 """
 import json
 import re
