@@ -16,12 +16,14 @@ from test_tokenizer import CORPUS, TRAIN_TEXT, random_strings
 
 CONTROL, USER_DEFINED, NORMAL, UNKNOWN, BYTE = 3, 4, 1, 2, 6
 EXTRA = ["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "<think>a</think> b<think>", "<s>x</s> <s> </s>y<unk>",
-         "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345", "#include <x.h> ab12cd 日本語テキスト・カタカナ ゛x a\u0301b 1,2 ++x ..\r\n"]
+         "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345",
+         "#include <x.h> ab12cd 日本語テキスト・カタカナ ゛x a\u0301b 1,2 ++x ..\r\n"]
 
 
-def write_gguf(path, tokens, types, merges=None, scores=None, model="gpt2", pre=None, bos=0, add_bos=None, **more):
-    """A tiny llama-with-experts GGUF (random weights) carrying this vocabulary as llama.cpp's converter
-    writes it; `more`: further tokenizer.ggml keys (value None: the key left out)."""
+def write_gguf(path, tokens, types, merges=None, scores=None, model="gpt2", pre=None, bos=0, add_bos=None, rows=None,
+               **more):
+    """A tiny llama-with-experts GGUF (random weights, `rows` embeddings: one a token unless given)
+    carrying this vocabulary as llama.cpp's converter writes it; `more`: further tokenizer.ggml keys."""
     rng = np.random.default_rng(0)
     D, F, E = 16, 32, 2
     out = GGUFWriter(str(path), "llama")
@@ -56,13 +58,14 @@ def write_gguf(path, tokens, types, merges=None, scores=None, model="gpt2", pre=
         elif isinstance(value, int):
             out.add_uint32(f"tokenizer.ggml.{key}", value)
     w = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)   # noqa: E731
-    out.add_tensor("token_embd.weight", w(len(tokens), D))
+    rows = rows or len(tokens)
+    out.add_tensor("token_embd.weight", w(rows, D))
     for name, shape in (("attn_norm", (D,)), ("attn_q", (D, D)), ("attn_k", (D, D)), ("attn_v", (D, D)),
                         ("attn_output", (D, D)), ("ffn_norm", (D,)), ("ffn_gate_inp", (E, D)),
                         ("ffn_gate_exps", (E, F, D)), ("ffn_up_exps", (E, F, D)), ("ffn_down_exps", (E, D, F))):
         out.add_tensor(f"blk.0.{name}.weight", w(*shape))
     out.add_tensor("output_norm.weight", w(D))
-    out.add_tensor("output.weight", w(len(tokens), D))
+    out.add_tensor("output.weight", w(rows, D))
     out.write_header_to_file()
     out.write_kv_data_to_file()
     out.write_tensors_to_file()
@@ -196,7 +199,8 @@ def test_bos_follows_llama_cpp_defaults(tmp_path):
     for GPT-2's (llama.cpp; transformers adds none for any byte-level one)."""
     tokens, types, merges = byte_level_vocab("gpt-2")
     sp_tokens, sp_types, scores = sentencepiece_vocab()
-    for name, kw, bos in (("gpt2", dict(merges=merges, pre="gpt-2"), -1), ("llama3", dict(merges=merges, pre="llama-bpe"), 0),
+    for name, kw, bos in (("gpt2", dict(merges=merges, pre="gpt-2"), -1),
+                          ("llama3", dict(merges=merges, pre="llama-bpe"), 0),
                           ("spm", dict(scores=scores, model="llama", bos=1), 1)):
         t, ty = (sp_tokens, sp_types) if name == "spm" else (tokens, types)
         path = write_gguf(tmp_path / f"{name}.gguf", t, ty, **kw)
@@ -208,7 +212,8 @@ def test_unknown_pre_tokenizer_runs_on_ids(tmp_path, capfd):
     tokens, types, merges = byte_level_vocab("gpt-2")
     model = colibri.Model(convert(write_gguf(tmp_path / "m.gguf", tokens, types, merges=merges, pre="xyz"),
                                   tmp_path / "out", progress=False))
-    assert "gguf tokenizer.ggml.pre 'xyz': the core has no encoder for it; the model runs on ids" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "gguf tokenizer.ggml.pre 'xyz': the core has no encoder for it; the model runs on ids" in err
     with pytest.raises(colibri.Error, match="carries no encoder"):
         model.tokenize("hello")
     ids = model.session(ctx=16).generate([5, 6], max_tokens=3, temperature=0.0)
@@ -222,6 +227,8 @@ def test_unknown_pre_tokenizer_runs_on_ids(tmp_path, capfd):
     ("no scores", r"`tokenizer.ggml.scores` missing"),
     ("scores too long", r"`tokenizer.ggml.scores`: \d+ entries for \d+ tokens"),
     ("no merges", r"`tokenizer.ggml.merges` missing"),
+    ("a token twice", r"`tokenizer.ggml.tokens`: 'Ġthe' appears twice"),
+    ("more tokens than embeddings", r"`tokenizer.ggml.tokens`: \d+ tokens for token_embd's 100 rows"),
 ])
 def test_malformed_vocabulary_is_refused_naming_the_key(tmp_path, case, match):
     tokens, types, merges = byte_level_vocab("gpt-2")
@@ -231,7 +238,26 @@ def test_malformed_vocabulary_is_refused_naming_the_key(tmp_path, case, match):
           "token_type too short": dict(tokens=tokens, types=types[:5], merges=merges),
           "no scores": dict(tokens=sp_tokens, types=sp_types, model="llama", bos=1),
           "scores too long": dict(tokens=sp_tokens, types=sp_types, scores=scores + [0.0], model="llama", bos=1),
-          "no merges": dict(tokens=tokens, types=types, pre="gpt-2")}[case]
+          "no merges": dict(tokens=tokens, types=types, pre="gpt-2"),
+          "a token twice": dict(tokens=tokens[:-1] + ["Ġthe"], types=types, merges=merges),
+          "more tokens than embeddings": dict(tokens=tokens, types=types, merges=merges, rows=100)}[case]
     path = write_gguf(tmp_path / "m.gguf", kw.pop("tokens"), kw.pop("types"), **{"pre": "gpt-2", **kw})
     with pytest.raises(ConvertError, match=match):
         convert(path, tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize("spm,more,reason", [
+    (True, dict(add_space_prefix=False), "gguf tokenizer.ggml.add_space_prefix false"),
+    (False, dict(add_eos_token=True), "gguf tokenizer.ggml.add_eos_token: the core's encoder puts no EOS"),
+    (False, dict(model="bert"), "gguf tokenizer.ggml.model 'bert': the core has no vocabulary table or encoder"),
+])
+def test_vocabularies_the_core_does_not_encode_say_why(tmp_path, capfd, spm, more, reason):
+    if spm:
+        tokens, types, scores = sentencepiece_vocab()
+        path = write_gguf(tmp_path / "m.gguf", tokens, types, scores=scores, model="llama", bos=1, **more)
+    else:
+        tokens, types, merges = byte_level_vocab("gpt-2")
+        path = write_gguf(tmp_path / "m.gguf", tokens, types, merges=merges, pre="gpt-2", **more)
+    out = convert(path, tmp_path / "out", progress=False)
+    assert reason in capfd.readouterr().err
+    assert "encoder" not in json.loads((out / "colibri_model.json").read_text())
