@@ -214,6 +214,9 @@ def test_a_q4_k_m_style_file_imports_and_runs(tmp_path):
     kinds = {t["name"]: t["dtype"] for t in colibri.Model(tmp_path / "q").tensors()}
     assert kinds["tok_embeddings"] == "q6_k" and kinds["layers.1.attn.wq"] == "q4_k"
     assert kinds["layers.1.router"] == "f32" and kinds["norm"] == "f32"
+    stacked = colibri.Model(tmp_path / "q").session(ctx=32, kernels="reference").forward(TOKENS)
+    interleaved = colibri.Model(convert(tmp_path / "q.gguf", tmp_path / "i", progress=False, layout="interleaved"), verify=True)
+    assert np.array_equal(interleaved.session(ctx=32, kernels="reference").forward(TOKENS).view(np.uint32), stacked.view(np.uint32))
 
 
 def test_unknown_types_and_wrong_sizes_are_refused(tmp_path):
