@@ -15,7 +15,7 @@ from gguf.quants import dequantize, quantize
 
 import colibri
 from colibri.convert import ConvertError, convert
-from colibri.targets import RUNNER, build, env_for, source_dir
+from colibri.targets import RUNNER, build, env_for, infer_binary, source_dir
 
 # format -> (byte offset of the first f16 scale in a block, how many f16 scales follow it)
 FORMATS = {"Q4_K": (0, 2), "Q6_K": (208, 1), "Q5_K": (0, 2), "Q4_1": (0, 2), "Q5_0": (0, 1), "Q5_1": (0, 2),
@@ -224,6 +224,16 @@ def test_a_q4_k_m_style_file_imports_and_runs(tmp_path):
     stacked = colibri.Model(tmp_path / "q").session(ctx=32, kernels="reference").forward(TOKENS)
     interleaved = colibri.Model(convert(tmp_path / "q.gguf", tmp_path / "i", progress=False, layout="interleaved"), verify=True)
     assert np.array_equal(interleaved.session(ctx=32, kernels="reference").forward(TOKENS).view(np.uint32), stacked.view(np.uint32))
+    for model in ("q", "i"):   # loaded, validated and run under ASan/UBSan, streaming the experts too
+        for extra in ([], ["--expert_budget", "512K"]):
+            r = subprocess.run([str(infer_binary("sanitize")), "--model", str(tmp_path / model), "--reference", "--ctx", "32",
+                                "--tokens", ",".join(map(str, TOKENS)), "--max_tokens", "0", "--logits", str(tmp_path / "l.f32"),
+                                *extra], capture_output=True, text=True, env=env_for("sanitize"))
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert np.array_equal(np.fromfile(tmp_path / "l.f32", np.uint32), stacked.view(np.uint32).ravel())
+        r = subprocess.run([str(infer_binary("sanitize")), "--model", str(tmp_path / model), "--validate-model"],
+                           capture_output=True, text=True, env=env_for("sanitize"))
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_unknown_types_and_wrong_sizes_are_refused(tmp_path):
