@@ -102,7 +102,7 @@ static float block_element(const uint8_t *b, colibri_dtype dtype, size_t j)
          * nibbles then high; sub-block s = j / 32; q5_k's fifth bit is bit s of qh[j % 32] */
         size_t s = j / 32, l = j % 32;
         const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48) + j / 64 * 32;
-        int scale, min, q = (j / 32) % 2 ? qs[l] >> 4 : qs[l] & 0x0f;
+        int scale, min, q = s % 2 ? qs[l] >> 4 : qs[l] & 0x0f;
         if (dtype == COLIBRI_DTYPE_Q5_K) q |= ((b[16 + l] >> s) & 1) << 4;
         k4_scale_min(b + 4, s, &scale, &min);
         return f16_at(b) * (float)scale * (float)q - f16_at(b + 2) * (float)min;
