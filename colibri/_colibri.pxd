@@ -26,6 +26,17 @@ cdef extern from "colibri/colibri.h" nogil:
         COLIBRI_DTYPE_Q8_0
         COLIBRI_DTYPE_Q4_0
         COLIBRI_DTYPE_W4G128
+        COLIBRI_DTYPE_Q4_K
+        COLIBRI_DTYPE_Q6_K
+        COLIBRI_DTYPE_Q5_K
+        COLIBRI_DTYPE_Q4_1
+        COLIBRI_DTYPE_Q5_0
+        COLIBRI_DTYPE_Q5_1
+        COLIBRI_DTYPE_IQ4_NL
+        COLIBRI_DTYPE_IQ4_XS
+        COLIBRI_DTYPE_MXFP4
+        COLIBRI_DTYPE_Q3_K
+        COLIBRI_DTYPE_Q2_K
 
     ctypedef struct colibri_model:
         pass

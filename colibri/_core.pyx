@@ -15,7 +15,11 @@ import numpy as np
 
 _DTYPES = {c.COLIBRI_DTYPE_F32: "f32", c.COLIBRI_DTYPE_F16: "f16", c.COLIBRI_DTYPE_BF16: "bf16",
            c.COLIBRI_DTYPE_U8: "u8", c.COLIBRI_DTYPE_I32: "i32", c.COLIBRI_DTYPE_Q8_0: "q8_0",
-           c.COLIBRI_DTYPE_Q4_0: "q4_0", c.COLIBRI_DTYPE_W4G128: "w4g128"}
+           c.COLIBRI_DTYPE_Q4_0: "q4_0", c.COLIBRI_DTYPE_W4G128: "w4g128",
+           c.COLIBRI_DTYPE_Q4_K: "q4_k", c.COLIBRI_DTYPE_Q6_K: "q6_k", c.COLIBRI_DTYPE_Q5_K: "q5_k",
+           c.COLIBRI_DTYPE_Q4_1: "q4_1", c.COLIBRI_DTYPE_Q5_0: "q5_0", c.COLIBRI_DTYPE_Q5_1: "q5_1",
+           c.COLIBRI_DTYPE_IQ4_NL: "iq4_nl", c.COLIBRI_DTYPE_IQ4_XS: "iq4_xs", c.COLIBRI_DTYPE_MXFP4: "mxfp4",
+           c.COLIBRI_DTYPE_Q3_K: "q3_k", c.COLIBRI_DTYPE_Q2_K: "q2_k"}
 
 
 class Error(Exception):

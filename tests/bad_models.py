@@ -332,7 +332,7 @@ CASES = [
          _edit_json(_remove_tensor("tokenizer.token_bytes"))),
     Case("vocab_wrong_dtype", "COLIBRI_E_DTYPE", "dtype f32, expected i32",
          _edit_json(_tensor_field("tokenizer.token_offsets", "dtype", "f32"))),
-    Case("weight_as_integers", "COLIBRI_E_DTYPE", "expected f32, f16, bf16, q8_0, q4_0 or w4g128",
+    Case("weight_as_integers", "COLIBRI_E_DTYPE", "expected f32, f16, bf16, q8_0, q4_0, w4g128, q4_k",
          _edit_json(_tensor_field("norm", "dtype", "i32"))),
     Case("w4g128_rows_not_whole_groups", "COLIBRI_E_SHAPE",
          "tensor `layers.0.router`: w4g128 rows must be whole blocks: the last dimension (64) is not a multiple of 128",

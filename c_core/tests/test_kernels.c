@@ -188,6 +188,46 @@ static void test_variant(const colibri_kernels *k)
            failures - before);
 }
 
+/* The formats a variant has no kernels for (colibri_dtype_simd 0): its matmul is the reference's,
+ * bit for bit.  Random blocks, their f16 scales set to moderate values (mxfp4: its exponent). */
+static void test_reference_formats(const colibri_kernels *k)
+{
+    static const int32_t ns[] = { 1, 3 }, blockss[] = { 1, 3 }, rowss[] = { 1, 5 };
+    const colibri_kernels *ref = colibri_kernels_reference();
+    int d, ni, bi, ri, before = failures, count = checked;
+    for (d = 0; d < COLIBRI_DTYPE_COUNT; d++) {
+        const colibri_dtype_traits *tr = &colibri_dtypes[d];
+        if (tr->simd || !tr->holds_weights) continue;
+        for (ni = 0; ni < 2; ni++) for (bi = 0; bi < 2; bi++) for (ri = 0; ri < 2; ri++) {
+            int32_t n = ns[ni], cols = blockss[bi] * tr->block, rows = rowss[ri], i, b, j;
+            size_t wsize = (size_t)rows * colibri_row_bytes((colibri_dtype)d, (size_t)cols);
+            uint8_t *w = malloc(wsize);
+            float *x = malloc((size_t)n * cols * 4), *y = malloc((size_t)n * rows * 4), *y_ref = malloc((size_t)n * rows * 4);
+            for (i = 0; i < (int32_t)wsize; i++) { lcg = lcg * 1664525u + 1013904223u; w[i] = (uint8_t)(lcg >> 24); }
+            for (b = 0; b < (int32_t)(wsize / (size_t)tr->block_bytes); b++) {
+                uint8_t *block = w + (size_t)b * (size_t)tr->block_bytes;
+                if (d == COLIBRI_DTYPE_MXFP4) block[0] = (uint8_t)(118 + b % 5);
+                for (j = 0; j < tr->f16_count; j++) {
+                    uint16_t h = to_half_bits(0.01f * next_float(), COLIBRI_DTYPE_F16);
+                    memcpy(block + tr->f16_at + 2 * j, &h, 2);
+                }
+            }
+            for (i = 0; i < n * cols; i++) x[i] = next_float();
+            ref->matmul(y_ref, x, w, (colibri_dtype)d, n, cols, rows);
+            k->matmul(y, x, w, (colibri_dtype)d, n, cols, rows);
+            for (i = 0; i < n * rows; i++) {
+                checked++;
+                if (memcmp(&y[i], &y_ref[i], 4) && failures++ < 10)
+                    fprintf(stderr, "%s matmul %s n=%d cols=%d rows=%d [%d]: %.9g, the reference %.9g\n", k->name, tr->name,
+                            (int)n, (int)cols, (int)rows, (int)i, y[i], y_ref[i]);
+            }
+            free(w); free(x); free(y); free(y_ref);
+        }
+    }
+    printf("%s kernels on the formats they leave to the reference: %d outputs compared, %d differ\n", k->name,
+           checked - count, failures - before);
+}
+
 /* The attention kernels against the reference: any order of n float products and sums (fused or
  * not) lies within (n + 1) * 2^-24 * sum |terms| of the exact sum, so two orders differ by at most
  * twice that: per score (n = hd terms q k) and per output (n = span terms p v). */
@@ -356,6 +396,7 @@ int main(int argc, char **argv)
         const colibri_kernels *k = colibri_kernels_variant(i);
         if (!colibri_kernels_runnable(k)) { printf("%s kernels: this CPU cannot run them\n", k->name); continue; }
         test_variant(k);
+        test_reference_formats(k);
         test_attention(k);
         test_latent(k);
         test_exp_kernels(k);

@@ -2,8 +2,9 @@
 
     colibri convert model.gguf out/model
 
-F32, F16, BF16, Q8_0 and Q4_0 tensors keep their bytes: llama.cpp's blocks are colibri's q8_0 and
-q4_0, row by row, so both engines read identical weights.  Architectures: `llama` with experts
+Tensors keep their bytes and their own type (a Q4_K_M file's Q4_K and Q6_K matrices and F32 norms
+stay so): llama.cpp's block formats are colibri's dtypes of the same names (STORED), block by
+block along each row, so both engines read identical weights.  Architectures: `llama` with experts
 (Mixtral; llama.cpp's converter reorders the rows of q and k for its RoPE on adjacent pairs, which
 colibri then uses too) and `qwen3moe` (rotate-half RoPE, per-head QK-norm).  The vocabulary
 becomes the byte table and, where the core reproduces the tokenizer, its encoder (gguf_vocab.py);
@@ -18,7 +19,9 @@ from .errors import ConvertError
 from .gguf_vocab import gguf_vocabulary
 from .writer import Stored, write_model
 
-STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0"}
+STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",   # GGUF type -> colibri dtype
+          "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q2_K": "q2_k", "Q3_K": "q3_k", "Q4_K": "q4_k",
+          "Q5_K": "q5_k", "Q6_K": "q6_k", "IQ4_NL": "iq4_nl", "IQ4_XS": "iq4_xs", "MXFP4": "mxfp4"}
 LAYER_TENSORS = {   # GGUF name (after blk.N.) -> colibri name (after layers.N.)
     "attn_norm": "attn_norm", "attn_q": "attn.wq", "attn_k": "attn.wk", "attn_v": "attn.wv",
     "attn_output": "attn.wo", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm", "ffn_norm": "ffn_norm",
@@ -93,14 +96,48 @@ def _colibri_name(name):
     return None
 
 
+def _reader(path):
+    """gguf's reader, made to name the tensor (and its type) whose table entry it cannot take: an
+    unknown type, rows that are not whole blocks, data past the end of the file."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    class Reader(GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            tensors = []
+            for field in fields:
+                name, raw = bytes(field.parts[1]).decode("utf-8", "replace"), int(field.parts[4][0])
+                try:
+                    super()._build_tensors(start_offs, [field])
+                except ValueError as e:
+                    kind = GGMLQuantizationType(raw).name if raw in GGMLQuantizationType._value2member_map_ else f"type {raw}"
+                    raise ValueError(f"tensor `{name}` ({kind}): {e}") from None
+                if any(t.name == name for t in tensors):
+                    raise ValueError(f"tensor `{name}` appears twice")
+                tensors += self.tensors
+            self.tensors = tensors
+    return Reader(path)
+
+
+def _check_size(name, kind, shape, data):
+    """A tensor's bytes are whole blocks of rows of its shape, as its type stores them."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    if not shape or shape[-1] % block:
+        raise ConvertError(f"gguf tensor `{name}` ({kind}): rows of {shape[-1] if shape else 0} weights are not "
+                           f"whole blocks of {block}")
+    need = int(np.prod(shape, dtype=np.int64)) // block * block_bytes
+    if np.asarray(data).nbytes != need:
+        raise ConvertError(f"gguf tensor `{name}` ({kind}): {np.asarray(data).nbytes} bytes, but shape "
+                           f"{shape} in {kind} takes {need}")
+
+
 def convert_gguf(path, out_dir, progress=True, layout="stacked"):
     """Import the GGUF file at `path` into the colibri model directory `out_dir`; with layout
     "interleaved" the stacked expert tensors are rewritten into per-expert extents, byte for byte."""
-    from gguf import GGUFReader
-
     path, out_dir = Path(path), Path(out_dir)
     try:
-        reader = GGUFReader(path)
+        reader = _reader(path)
     except Exception as e:   # the gguf package raises ValueError, struct.error, ... on a broken file
         raise ConvertError(f"{path}: not a readable GGUF file ({e})") from None
     meta = _fields(reader)
@@ -117,8 +154,9 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked"):
         if name is None:
             raise ConvertError(f"unsupported: tensor `{t.name}` in gguf {arch}")
         if kind not in STORED:
-            raise ConvertError(f"unsupported: tensor type {kind} (`{t.name}`) in gguf: import F32, F16, BF16, Q8_0 or Q4_0")
+            raise ConvertError(f"unsupported: tensor type {kind} (`{t.name}`) in gguf: import {', '.join(STORED)}")
         shape = [int(d) for d in reversed(t.shape)]   # GGUF lists the fastest dimension first
+        _check_size(t.name, kind, shape, t.data)
         data = t.data if kind != "BF16" else np.asarray(t.data).view(np.uint16)
         entries.append((name, tuple(shape), lambda data=data, kind=kind: Stored(data, STORED[kind]), STORED[kind]))
     encoder, vocab_tensors = gguf_vocabulary(reader, desc["hparams"]["vocab_size"], desc["hparams"]["bos_token_id"])

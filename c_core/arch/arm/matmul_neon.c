@@ -77,10 +77,12 @@ static float dot_row(const uint8_t *wr, colibri_dtype dtype, const float *xt, in
     return acc;
 }
 
-/* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 4-wide accumulators per dot product. */
+/* y (n, rows) = x (n, cols) @ W (rows, cols)^T: four 4-wide accumulators per dot product; the
+ * formats without kernels here take the reference. */
 static void matmul_neon(float *y, const float *x, const void *w, colibri_dtype dtype,
                         int32_t n, int32_t cols, int32_t rows)
 {
+    if (!colibri_dtype_simd(dtype)) { colibri_ref_matmul(y, x, w, dtype, n, cols, rows); return; }
     colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, colibri_dtype_is_block(dtype) ? dot_blocks : dot_row);
 }
 

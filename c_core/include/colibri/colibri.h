@@ -47,6 +47,22 @@ typedef enum colibri_dtype {
     /* The 4-bit group-128 format ("w4a16": its dot products keep the activations in float): 66 bytes
      * a block of 128 weights, d then four q4_0 nibble groups of 32 sharing it */
     COLIBRI_DTYPE_W4G128 = 7,
+    /* More of llama.cpp's block formats, byte for byte as GGUF stores them (docs/FORMAT.md has each
+     * layout).  The K-quants: super-blocks of 256 weights in sub-blocks of 16 or 32, each with a
+     * 4..8-bit scale (and min) under the f16 super-block scale(s). */
+    COLIBRI_DTYPE_Q4_K = 8,         /* 144 bytes: d, dmin, 8 x 6-bit (scale, min), 4-bit quants */
+    COLIBRI_DTYPE_Q6_K = 9,         /* 210 bytes: 4 + 2-bit quants, 16 int8 scales, d */
+    COLIBRI_DTYPE_Q5_K = 10,        /* 176 bytes: q4_k plus a fifth bit a weight */
+    /* blocks of 32: weight = d * q + m (q4_1, q5_1), d * (q - 16) (q5_0) */
+    COLIBRI_DTYPE_Q4_1 = 11,        /* 20 bytes: d, m, q4_0's nibbles */
+    COLIBRI_DTYPE_Q5_0 = 12,        /* 22 bytes: d, 32 fifth bits, nibbles */
+    COLIBRI_DTYPE_Q5_1 = 13,        /* 24 bytes: d, m, 32 fifth bits, nibbles */
+    /* 4-bit indices into a table of 16 levels (ops/quant_tables.h) */
+    COLIBRI_DTYPE_IQ4_NL = 14,      /* 18 bytes a block of 32: d, nibbles */
+    COLIBRI_DTYPE_IQ4_XS = 15,      /* 136 bytes a block of 256: d, 8 x 6-bit scales, nibbles */
+    COLIBRI_DTYPE_MXFP4 = 16,       /* 17 bytes a block of 32: an E8M0 exponent, E2M1 nibbles */
+    COLIBRI_DTYPE_Q3_K = 17,        /* 110 bytes: high bits, 2-bit quants, 16 x 6-bit scales, d */
+    COLIBRI_DTYPE_Q2_K = 18,        /* 84 bytes: 16 x 4-bit (scale, min), 2-bit quants, d, dmin */
     COLIBRI_DTYPE_COUNT
 } colibri_dtype;
 

@@ -261,7 +261,7 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
         if (json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
     if (json_string_equals(L->text, &L->tok[i], "fp16")) choice = COLIBRI_DTYPE_F16;   /* the spec's spelling */
     if (choice == COLIBRI_DTYPE_COUNT) {
-        char text[24], list[96];
+        char text[24], list[160];
         colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
         return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (expected %s)",
                             where, text, list_dtypes(list, sizeof list, 0));
@@ -269,7 +269,7 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
     t->dtype = (colibri_dtype)choice;
     {
         int need = colibri_slot_integer_dtype(*slot);
-        char list[96];
+        char list[160];
         if (need >= 0 ? (int)t->dtype != need : !colibri_dtypes[t->dtype].holds_weights)
             return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
                                 need >= 0 ? colibri_dtype_name((colibri_dtype)need) : list_dtypes(list, sizeof list, 1));
@@ -538,10 +538,15 @@ colibri_status colibri_verify_tensor(const colibri_model *m, const colibri_tenso
     for (e = 0; e < parts; e++) {
         const uint8_t *p = m->weights + t->file_offset + e * t->expert_stride;
         if (colibri_dtype_is_block(t->dtype)) {   /* the quants are integers: only the scales can be inf or nan */
+            const colibri_dtype_traits *tr = &colibri_dtypes[t->dtype];
             for (i = 0; i < n; i++) {
-                uint16_t bits;
-                memcpy(&bits, p + i * unit, 2);
-                if ((bits & 0x7c00u) == 0x7c00u)
+                int32_t k, finite = t->dtype != COLIBRI_DTYPE_MXFP4 || p[i * unit] != 0xff;   /* E8M0's nan */
+                for (k = 0; k < tr->f16_count; k++) {
+                    uint16_t bits;
+                    memcpy(&bits, p + i * unit + (size_t)tr->f16_at + 2 * (size_t)k, 2);
+                    if ((bits & 0x7c00u) == 0x7c00u) finite = 0;
+                }
+                if (!finite)
                     return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: the scale of block %llu is not finite",
                                         t->name, (unsigned long long)(e * n + i));
             }

@@ -101,14 +101,19 @@ void colibri_ref_latent_scores(float *scores, const float *q_latent, const float
 float colibri_f16_to_f32(uint16_t h);
 float colibri_bf16_to_f32(uint16_t b);
 float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);   /* element i of a row-major tensor */
+/* y (n) = the first n elements of w (n a multiple of the dtype's block), as colibri_load_f32 reads them. */
+void colibri_dequantize(float *y, const void *w, colibri_dtype dtype, size_t n);
 
 /* What a dtype stores: blocks of `block` elements in `block_bytes` bytes each (a plain type is a
- * block of one); block formats begin each block with its f16 scale. */
+ * block of one); a block format's f16 scales are `f16_count` halves from byte `f16_at` of each block
+ * (what verify mode checks for inf and nan). */
 typedef struct colibri_dtype_traits {
     const char *name;
     int32_t block, block_bytes;
     int holds_weights;      /* a float or block format; else an integer table (the tokenizer's) */
     int int8_path;          /* dot products with int8 activation blocks: q8_0, q4_0 */
+    int simd;               /* the arch variants have kernels for it; else they call the reference */
+    int32_t f16_at, f16_count;
 } colibri_dtype_traits;
 extern const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT];
 
@@ -116,6 +121,7 @@ extern const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT];
 size_t colibri_row_bytes(colibri_dtype dtype, size_t n);
 int colibri_dtype_is_block(colibri_dtype dtype);
 int colibri_dtype_int8_path(colibri_dtype dtype);
+int colibri_dtype_simd(colibri_dtype dtype);
 #define COLIBRI_BLOCK 32            /* an int8 activation block, and a q8_0 / q4_0 block */
 
 /* y (n, rows) = x (n, cols) @ W^T as one dot(row of W, dtype, x row, cols) per output, in the

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "quant_tables.h"
 
 float colibri_f16_to_f32(uint16_t h)
 {
@@ -33,19 +34,31 @@ float colibri_bf16_to_f32(uint16_t b)
 }
 
 const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT] = {
-    /*                        name      block  bytes  weights int8 */
-    [COLIBRI_DTYPE_F32]    = { "f32",      1,     4,     1,     0 },
-    [COLIBRI_DTYPE_F16]    = { "f16",      1,     2,     1,     0 },
-    [COLIBRI_DTYPE_BF16]   = { "bf16",     1,     2,     1,     0 },
-    [COLIBRI_DTYPE_U8]     = { "u8",       1,     1,     0,     0 },
-    [COLIBRI_DTYPE_I32]    = { "i32",      1,     4,     0,     0 },
-    [COLIBRI_DTYPE_Q8_0]   = { "q8_0",     32,    34,    1,     1 },
-    [COLIBRI_DTYPE_Q4_0]   = { "q4_0",     32,    18,    1,     1 },
-    [COLIBRI_DTYPE_W4G128] = { "w4g128",   128,   66,    1,     0 },
+    /*                        name      block  bytes  weights int8  simd  f16 at, count */
+    [COLIBRI_DTYPE_F32]    = { "f32",      1,     4,     1,     0,    1,     0, 0 },
+    [COLIBRI_DTYPE_F16]    = { "f16",      1,     2,     1,     0,    1,     0, 0 },
+    [COLIBRI_DTYPE_BF16]   = { "bf16",     1,     2,     1,     0,    1,     0, 0 },
+    [COLIBRI_DTYPE_U8]     = { "u8",       1,     1,     0,     0,    1,     0, 0 },
+    [COLIBRI_DTYPE_I32]    = { "i32",      1,     4,     0,     0,    1,     0, 0 },
+    [COLIBRI_DTYPE_Q8_0]   = { "q8_0",     32,    34,    1,     1,    1,     0, 1 },
+    [COLIBRI_DTYPE_Q4_0]   = { "q4_0",     32,    18,    1,     1,    1,     0, 1 },
+    [COLIBRI_DTYPE_W4G128] = { "w4g128",   128,   66,    1,     0,    1,     0, 1 },
+    [COLIBRI_DTYPE_Q4_K]   = { "q4_k",     256,   144,   1,     0,    0,     0, 2 },
+    [COLIBRI_DTYPE_Q6_K]   = { "q6_k",     256,   210,   1,     0,    0,   208, 1 },
+    [COLIBRI_DTYPE_Q5_K]   = { "q5_k",     256,   176,   1,     0,    0,     0, 2 },
+    [COLIBRI_DTYPE_Q4_1]   = { "q4_1",     32,    20,    1,     0,    0,     0, 2 },
+    [COLIBRI_DTYPE_Q5_0]   = { "q5_0",     32,    22,    1,     0,    0,     0, 1 },
+    [COLIBRI_DTYPE_Q5_1]   = { "q5_1",     32,    24,    1,     0,    0,     0, 2 },
+    [COLIBRI_DTYPE_IQ4_NL] = { "iq4_nl",   32,    18,    1,     0,    0,     0, 1 },
+    [COLIBRI_DTYPE_IQ4_XS] = { "iq4_xs",   256,   136,   1,     0,    0,     0, 1 },
+    [COLIBRI_DTYPE_MXFP4]  = { "mxfp4",    32,    17,    1,     0,    0,     0, 0 },   /* an E8M0 scale */
+    [COLIBRI_DTYPE_Q3_K]   = { "q3_k",     256,   110,   1,     0,    0,   108, 1 },
+    [COLIBRI_DTYPE_Q2_K]   = { "q2_k",     256,   84,    1,     0,    0,    80, 2 },
 };
 
 int colibri_dtype_is_block(colibri_dtype dtype) { return colibri_dtypes[dtype].block > 1; }
 int colibri_dtype_int8_path(colibri_dtype dtype) { return colibri_dtypes[dtype].int8_path; }
+int colibri_dtype_simd(colibri_dtype dtype) { return colibri_dtypes[dtype].simd; }
 
 size_t colibri_row_bytes(colibri_dtype dtype, size_t n)
 {
@@ -55,21 +68,105 @@ size_t colibri_row_bytes(colibri_dtype dtype, size_t n)
 /* Quant j (0..31) of a q4_0 nibble group: byte j low, byte j - 16 high; 0..15. */
 static int q4_nibble(const uint8_t *group, size_t j) { return j < 16 ? group[j] & 0x0f : group[j - 16] >> 4; }
 
+static float f16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return colibri_f16_to_f32(h);
+}
+
+/* Sub-block s (0..7) of a q4_k / q5_k block's 12 scale bytes: a 6-bit scale and a 6-bit min,
+ * s < 4 in bytes s and s + 4, s >= 4 split over byte s + 4 (low bits) and the top two bits of
+ * bytes s - 4 and s. */
+static void k4_scale_min(const uint8_t *sc, size_t s, int *scale, int *min)
+{
+    if (s < 4) {
+        *scale = sc[s] & 63;
+        *min = sc[s + 4] & 63;
+    } else {
+        *scale = (sc[s + 4] & 0x0f) | ((sc[s - 4] >> 6) << 4);
+        *min = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+    }
+}
+
+/* Element j of one block, in llama.cpp's arithmetic (float, in its order): the block formats'
+ * one definition, which every kernel of theirs is tested against. */
+static float block_element(const uint8_t *b, colibri_dtype dtype, size_t j)
+{
+    switch (dtype) {
+    case COLIBRI_DTYPE_Q8_0: return f16_at(b) * (float)(int8_t)b[2 + j];
+    case COLIBRI_DTYPE_Q4_0: case COLIBRI_DTYPE_W4G128:   /* q4_0: one group; w4g128: four */
+        return f16_at(b) * (float)(q4_nibble(b + 2 + j / 32 * 16, j % 32) - 8);
+    case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: {
+        /* d, dmin, scales[12], (q5_k: qh[32]), qs[128]: 64 weights per 32 bytes of qs, low
+         * nibbles then high; sub-block s = j / 32; q5_k's fifth bit is bit s of qh[j % 32] */
+        size_t s = j / 32, l = j % 32;
+        const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48) + j / 64 * 32;
+        int scale, min, q = s % 2 ? qs[l] >> 4 : qs[l] & 0x0f;
+        if (dtype == COLIBRI_DTYPE_Q5_K) q |= ((b[16 + l] >> s) & 1) << 4;
+        k4_scale_min(b + 4, s, &scale, &min);
+        return f16_at(b) * (float)scale * (float)q - f16_at(b + 2) * (float)min;
+    }
+    case COLIBRI_DTYPE_Q6_K: {
+        /* ql[128], qh[64], scales[16] int8, d; per half of 128 weights: 64 bytes of ql (low
+         * nibbles then high), 32 of qh (2 bits each, 32 weights per shift) */
+        size_t h = j / 128, r = j % 128;
+        int lo = (b[h * 64 + r % 64] >> (r / 64 * 4)) & 0x0f, hi = (b[128 + h * 32 + r % 32] >> (r / 32 * 2)) & 3;
+        return f16_at(b + 208) * (float)(int8_t)b[192 + j / 16] * (float)((lo | hi << 4) - 32);
+    }
+    case COLIBRI_DTYPE_Q4_1: return f16_at(b) * (float)q4_nibble(b + 4, j) + f16_at(b + 2);
+    case COLIBRI_DTYPE_Q5_0: case COLIBRI_DTYPE_Q5_1: {   /* d, (m), qh[4]: bit j, qs[16] as q4_0 */
+        size_t at = dtype == COLIBRI_DTYPE_Q5_0 ? 2 : 4;
+        int q = q4_nibble(b + at + 4, j) | ((b[at + j / 8] >> (j % 8)) & 1) << 4;
+        return dtype == COLIBRI_DTYPE_Q5_0 ? f16_at(b) * (float)(q - 16) : f16_at(b) * (float)q + f16_at(b + 2);
+    }
+    case COLIBRI_DTYPE_IQ4_NL: return f16_at(b) * (float)colibri_iq4nl_values[q4_nibble(b + 2, j)];
+    case COLIBRI_DTYPE_IQ4_XS: {   /* d, scales_h (2 bits each), scales_l[4] (nibbles), qs[128]: q4_0 groups */
+        size_t s = j / 32;
+        int scale = ((b[4 + s / 2] >> (s % 2 * 4)) & 0x0f) | ((b[2 + s / 4] >> (s % 4 * 2)) & 3) << 4;
+        return f16_at(b) * (float)(scale - 32) * (float)colibri_iq4nl_values[q4_nibble(b + 8 + s * 16, j % 32)];
+    }
+    case COLIBRI_DTYPE_MXFP4: {   /* e, then q4_0's nibbles: E2M1 values (doubled) times 2^(e - 128) */
+        uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
+        float half_scale;
+        memcpy(&half_scale, &bits, 4);
+        return half_scale * (float)colibri_mxfp4_values[q4_nibble(b + 1, j)];
+    }
+    case COLIBRI_DTYPE_Q3_K: {
+        /* hmask[32], qs[64], scales[12], d: a 2-bit quant (shift 2 (j % 128 / 32) of qs[j / 128 * 32
+         * + j % 32]) less 4 where bit j / 32 of hmask[j % 32] is clear; 16 6-bit scales less 32, low
+         * nibbles in bytes 0..7 (the first 8 low, the next 8 high), top 2 bits in bytes 8..11 */
+        size_t r = j % 128, k = j / 16;
+        int q = (b[32 + j / 128 * 32 + r % 32] >> (r / 32 * 2)) & 3;
+        int scale = ((k < 8 ? b[96 + k] : b[96 + k - 8] >> 4) & 0x0f) | ((b[104 + k % 4] >> (k / 4 * 2)) & 3) << 4;
+        if (!((b[j % 32] >> (j / 32)) & 1)) q -= 4;
+        return f16_at(b + 108) * (float)(scale - 32) * (float)q;
+    }
+    case COLIBRI_DTYPE_Q2_K: {   /* scales[16] (scale low, min high nibble), qs[64], d, dmin */
+        size_t r = j % 128;
+        int q = (b[16 + j / 128 * 32 + r % 32] >> (r / 32 * 2)) & 3, sc = b[j / 16];
+        return f16_at(b + 80) * (float)(sc & 0x0f) * (float)q - f16_at(b + 82) * (float)(sc >> 4);
+    }
+    default: return 0.0f;   /* not a block format */
+    }
+}
+
 float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i)
 {
     uint16_t h;
     if (dtype == COLIBRI_DTYPE_F32) return ((const float *)w)[i];
     if (colibri_dtype_is_block(dtype)) {   /* rows are whole blocks, so element i is in block i / block */
         size_t j = i % (size_t)colibri_dtypes[dtype].block;
-        const uint8_t *block = (const uint8_t *)w + colibri_row_bytes(dtype, i - j);
-        int q;
-        memcpy(&h, block, 2);
-        if (dtype == COLIBRI_DTYPE_Q8_0) q = (int8_t)block[2 + j];
-        else q = q4_nibble(block + 2 + j / 32 * 16, j % 32) - 8;   /* q4_0: one group; w4g128: four */
-        return colibri_f16_to_f32(h) * (float)q;
+        return block_element((const uint8_t *)w + colibri_row_bytes(dtype, i - j), dtype, j);
     }
     memcpy(&h, (const uint8_t *)w + 2 * i, 2);
     return dtype == COLIBRI_DTYPE_F16 ? colibri_f16_to_f32(h) : colibri_bf16_to_f32(h);
+}
+
+void colibri_dequantize(float *y, const void *w, colibri_dtype dtype, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) y[i] = colibri_load_f32(w, dtype, i);
 }
 
 void colibri_matmul_by_rows(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t n, int32_t cols,
