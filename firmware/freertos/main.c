@@ -6,7 +6,7 @@
  * tables and session live in the static block the build planned (model_image.S).
  *
  *   qemu-system-arm -M mps2-an386 -nographic -monitor none -serial none -chardev stdio,id=out \
- *       -semihosting-config enable=on,target=native,chardev=out,arg=ids=1:591:47,arg=max_tokens=20,arg=report=r.txt \
+ *       -semihosting-config enable=on,target=native,chardev=out,arg=text=ROMEO%3A,arg=max_tokens=20,arg=report=r.txt \
  *       -kernel colibri-freertos.elf
  *
  * The text is the bare-metal image's.  The report (report=FILE) gets, after the app's lines:
