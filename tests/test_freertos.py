@@ -30,6 +30,20 @@ def freertos_image(board):
 
 
 @pytest.mark.parametrize("board", [b.name for b in fw.BOARDS.values() if b.freertos])
+def test_a_task_encodes_text_as_the_host(board):
+    """text= encoded in the task (the encoder's frames on the task's stack) prints what the host's
+    `colibri generate` prints, and the stack stays inside its budget."""
+    import sys
+
+    text = "ROMEO: café 😀 日本\nJULIET,"
+    r = fw.run(board, freertos_image(board), fw.arguments(text, 16, ignore_eos=True), timeout=120)
+    host = subprocess.run([sys.executable, "-m", "colibri", "generate", "--prompt", text, "--max-tokens", "16",
+                           "--temperature", "0", "--ignore-eos"], capture_output=True, check=True, timeout=300).stdout
+    assert r.status == 0 and r.output == host, (r.status, r.output, host)
+    assert 0 < r.report["stack_used"] < r.report["stack_reserved"] == fw.DEFAULT_STACK, r.report
+
+
+@pytest.mark.parametrize("board", [b.name for b in fw.BOARDS.values() if b.freertos])
 def test_a_task_prints_the_host_text_while_the_heartbeat_runs(board):
     elf = freertos_image(board)
     r = fw.run(board, elf, fw.arguments(PROMPT, 20, ignore_eos=True), timeout=120)
