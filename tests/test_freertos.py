@@ -40,7 +40,7 @@ def test_a_task_encodes_text_as_the_host(board):
     host = subprocess.run([sys.executable, "-m", "colibri", "generate", "--prompt", text, "--max-tokens", "16",
                            "--temperature", "0", "--ignore-eos"], capture_output=True, check=True, timeout=300).stdout
     assert r.status == 0 and r.output == host, (r.status, r.output, host)
-    assert 0 < r.report["stack_used"] < r.report["stack_reserved"] == fw.DEFAULT_STACK, r.report
+    assert 0 < r.report["stack_used"] < r.report["stack_reserved"], r.report
 
 
 @pytest.mark.parametrize("board", [b.name for b in fw.BOARDS.values() if b.freertos])
