@@ -18,7 +18,6 @@ from support import FIXTURES, load_make_fixtures
 BOARDS = list(fw.BOARDS)
 PROMPT = [1, 591, 47, 39, 49, 28]   # <s> ROMEO:
 TEXTS = ["ROMEO:", "ROMEO: café 😀 日本\nJULIET, (a,b) 100%"]   # encoded on the board
-TEXT_BOARDS = ["mps2-an386", "virt-rv32"]
 TINY = FIXTURES / "tiny-mixtral.colibri"
 
 
@@ -67,7 +66,7 @@ def generate(*args):
 
 
 @pytest.mark.parametrize("text", TEXTS)
-@pytest.mark.parametrize("board", TEXT_BOARDS)
+@pytest.mark.parametrize("board", BOARDS)
 def test_text_prompts_are_encoded_on_the_board_as_on_the_host(board, text, tmp_path):
     """The image encodes text= with the model's encoder and prints what `colibri generate` prints,
     greedy and seeded; the ids it fed are Model.tokenize's (the prompt's logits, bit for bit, are
