@@ -78,7 +78,8 @@ def test_text_prompts_are_encoded_on_the_board_as_on_the_host(board, text, tmp_p
                                       "--top-p", 0.9, "--seed", 5)
     ids = colibri.Model(MODEL_DIR).tokenize(text)
     assert greedy.report["prompt_tokens"] == len(ids)
-    host("--model", MODEL_DIR, "--tokens", ",".join(map(str, ids)), "--max_tokens", 0, "--logits", tmp_path / "host.f32")
+    host("--model", MODEL_DIR, "--tokens", ",".join(map(str, ids)), "--max_tokens", 0, "--logits",
+         tmp_path / "host.f32")
     prompt_bits = np.fromfile(tmp_path / "board.f32", dtype="<u4")[:len(ids) * 1024]
     assert np.array_equal(prompt_bits, np.fromfile(tmp_path / "host.f32", dtype="<u4"))
     assert 0 < greedy.report["stack_used"] < greedy.report["stack_reserved"]   # the encoder's frames included

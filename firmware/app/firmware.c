@@ -85,8 +85,8 @@ int fw_parse_args(int argc, char **argv, fw_request *r)
         else if (option(a, "report", &v)) r->report_path = v;
         else if (option(a, "experts", &v)) r->experts_path = v;
         else {
-            printf("unknown argument '%s': text=PROMPT%%20IN%%20UTF-8 (or ids=1:591:47) max_tokens=N temperature=T top_k=K top_p=P seed=S "
-                   "ignore_eos logits=FILE report=FILE experts=FILE\n", a);
+            printf("unknown argument '%s': text=PROMPT%%20IN%%20UTF-8 (or ids=1:591:47) max_tokens=N temperature=T "
+                   "top_k=K top_p=P seed=S ignore_eos logits=FILE report=FILE experts=FILE\n", a);
             return 1;
         }
     }

@@ -15,8 +15,10 @@
 
 #include "colibri/colibri.h"
 
-/* Prompt ids: 1 KiB of .bss.  A text prompt comes through the semihosting command line, whose
- * length bounds it well below this (see fw_parse_args); the context bounds ids= anyway. */
+/* Prompt ids: 1 KiB of .bss, as many as the default context holds (a longer prompt could not run).
+ * A text prompt that encodes to more is refused with its count.  Its bytes come through the
+ * semihosting command line, at most 1,022 characters in all (picolibc's start-up buffer), which
+ * words encode to far fewer tokens; growing this costs 4 bytes of RAM a token. */
 #define FW_MAX_PROMPT 256
 
 /* From the generated model_image.S. */
