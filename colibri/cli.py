@@ -616,7 +616,7 @@ def build_parser():
     def generation_arguments(p, tokens_help):
         """The prompt and sampling options `generate` and `firmware run` share."""
         src = p.add_mutually_exclusive_group()
-        src.add_argument("--prompt", default="", help="prompt text (needs the model's tokenizer.json)")
+        src.add_argument("--prompt", default="", help="prompt text, encoded by the encoder the model carries")
         src.add_argument("--tokens", help=tokens_help)
         p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
         p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
