@@ -70,8 +70,9 @@ int fw_generate(fw_request *request, fw_token_hook hook, void *context, size_t (
 uint64_t fw_ticks(void);
 uint32_t fw_ticks_per_second(void);
 
-/* Stack high-water mark: fw_stack_paint at the start of main, fw_stack_used at the end
- * (bytes of the budget below `top` that were written). */
+/* Stack high-water mark: fw_stack_paint at the start of main, fw_stack_used at the end (bytes
+ * below `top` down to the lowest one written; `bottom` below the budget paints a guard, so a
+ * stack that outgrew the budget shows as more than the budget). */
 void fw_stack_paint(unsigned char *bottom, unsigned char *top);
 size_t fw_stack_used(const unsigned char *bottom, const unsigned char *top);
 
