@@ -506,17 +506,17 @@ def cmd_firmware_build(args):
 
 
 def cmd_firmware_run(args):
-    """The board's image under QEMU: the text as `colibri generate` prints it (with the model's
-    own byte table), then with --verbose the image's timing and memory on stderr."""
+    """The board's image under QEMU: the prompt text encoded on the board, then the text as
+    `colibri generate` prints it (with the model's own byte table), then with --verbose the image's timing and memory on stderr."""
     from colibri.targets import firmware
 
     model = _model(args.model)
-    ids = _prompt_ids(model, args)
+    prompt = args.prompt if args.tokens is None else _prompt_ids(model, args)   # text: encoded on the board
     session = _firmware_session(args)
     image = firmware.build_image(*session)
     experts = Path(model.path) / "weights.bin" if session[-1] else None
     result = firmware.run(args.board, image, firmware.arguments(
-        ids, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos,
+        prompt, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos,
         experts=experts), timeout=args.timeout)
     sys.stdout.buffer.write(result.output)
     if args.verbose and result.report:
@@ -616,7 +616,7 @@ def build_parser():
     def generation_arguments(p, tokens_help):
         """The prompt and sampling options `generate` and `firmware run` share."""
         src = p.add_mutually_exclusive_group()
-        src.add_argument("--prompt", default="", help="prompt text (needs the model's tokenizer.json)")
+        src.add_argument("--prompt", default="", help="prompt text, encoded by the encoder the model carries")
         src.add_argument("--tokens", help=tokens_help)
         p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
         p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
@@ -696,7 +696,8 @@ def build_parser():
     firmware_parser("build", "build the board's image of a model; print its size").set_defaults(
         func=cmd_firmware_build)
     fr = firmware_parser("run", "build the board's image and generate with it under QEMU")
-    generation_arguments(fr, "prompt as comma-separated token ids")
+    generation_arguments(fr, "prompt as comma-separated token ids (for a model without an encoder; --prompt "
+                             "text is encoded on the board)")
     fr.add_argument("--timeout", type=float, default=600, help="seconds before a hung image is stopped (default 600)")
     fr.add_argument("--verbose", action="store_true", help="the image's timing and memory on stderr")
     fr.set_defaults(func=cmd_firmware_run)

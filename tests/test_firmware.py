@@ -1,12 +1,15 @@
 """Bare-metal firmware on every board (colibri.targets.firmware): the core with no OS and no heap,
 the model linked into flash, run under QEMU system emulation.  The reference is the host's
 colibri-infer in the strict mode (--reference), which every board must match bit for bit."""
+import json
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import colibri
 from colibri.demo import MODEL_DIR
 from colibri.targets import build, env_for, infer_command
 from colibri.targets import firmware as fw
@@ -14,6 +17,7 @@ from support import FIXTURES, load_make_fixtures
 
 BOARDS = list(fw.BOARDS)
 PROMPT = [1, 591, 47, 39, 49, 28]   # <s> ROMEO:
+TEXTS = ["ROMEO:", "ROMEO: café 😀 日本\nJULIET, (a,b) 100%"]   # encoded on the board
 TINY = FIXTURES / "tiny-mixtral.colibri"
 
 
@@ -51,6 +55,72 @@ def test_greedy_and_sampled_text_match_the_host(board):
     sampled = run_ok(board, image(board), PROMPT, 24, temperature=0.9, top_k=50, top_p=0.9, seed=5)
     assert sampled.output == host("--model", MODEL_DIR, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", 24,
                                   "--temperature", 0.9, "--top_k", 50, "--top_p", 0.9, "--seed", 5)
+
+
+def generate(*args):
+    """What the host's `colibri generate` prints."""
+    r = subprocess.run([sys.executable, "-m", "colibri", "generate", *map(str, args)], capture_output=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r.stdout
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("board", BOARDS)
+def test_text_prompts_are_encoded_on_the_board_as_on_the_host(board, text, tmp_path):
+    """The image encodes text= with the model's encoder and prints what `colibri generate` prints,
+    greedy and seeded; the ids it fed are Model.tokenize's (the prompt's logits, bit for bit, are
+    the host's for those ids)."""
+    greedy = run_ok(board, image(board), text, 24, ignore_eos=True, logits=tmp_path / "board.f32")
+    assert greedy.output == generate("--prompt", text, "--max-tokens", 24, "--temperature", 0, "--ignore-eos")
+    sampled = run_ok(board, image(board), text, 24, temperature=0.9, top_k=50, top_p=0.9, seed=5)
+    assert sampled.output == generate("--prompt", text, "--max-tokens", 24, "--temperature", 0.9, "--top-k", 50,
+                                      "--top-p", 0.9, "--seed", 5)
+    ids = colibri.Model(MODEL_DIR).tokenize(text)
+    assert greedy.report["prompt_tokens"] == len(ids)
+    host("--model", MODEL_DIR, "--tokens", ",".join(map(str, ids)), "--max_tokens", 0, "--logits",
+         tmp_path / "host.f32")
+    prompt_bits = np.fromfile(tmp_path / "board.f32", dtype="<u4")[:len(ids) * 1024]
+    assert np.array_equal(prompt_bits, np.fromfile(tmp_path / "host.f32", dtype="<u4"))
+    assert 0 < greedy.report["stack_used"] < greedy.report["stack_reserved"]   # the encoder's frames included
+
+
+def test_text_arguments_carry_any_byte():
+    """Spaces, commas, newlines and '%' go as %XX (QEMU splits at spaces, doubles commas); ids stay ids."""
+    assert fw.arguments("a b,\n%é", 1)[0] == "text=a%20b%2C%0A%25%C3%A9"
+    assert fw.arguments([1, 2], 1)[0] == "ids=1:2"
+    assert fw.arguments("", 1)[0] == "text="
+
+
+def test_bad_text_and_a_model_without_an_encoder_are_reported(tmp_path):
+    """A malformed %XX, text with ids, a prompt longer than the image's buffer or the command line,
+    and text for a model that carries no encoder: each a message, never a run."""
+    elf = image("mps2-an386")
+    for args, message in [(["text=ab%2"], b"must start %XX"), (["text=a", "ids=1"], b"give the prompt once"),
+                          (["text=" + "a" * 400], b"the image holds at most 256")]:
+        r = fw.run("mps2-an386", elf, [*args, "max_tokens=1"], timeout=120)
+        assert r.status != 0 and message in r.output, (args, r.output)
+    with pytest.raises(fw.FirmwareError, match="semihosting passes at most 1022"):
+        fw.run("mps2-an386", elf, fw.arguments("x" * 1000, 1), timeout=120)
+    shutil.copytree(TINY, tmp_path / "m")   # as a model converted before models carried an encoder
+    meta = json.loads((tmp_path / "m" / "colibri_model.json").read_text())
+    del meta["encoder"]
+    meta["tensors"] = [t for t in meta["tensors"] if t["name"] in ("tokenizer.token_bytes", "tokenizer.token_offsets")
+                       or not t["name"].startswith("tokenizer.")]
+    (tmp_path / "m" / "colibri_model.json").write_text(json.dumps(meta))
+    elf = fw.build_image("mps2-an386", tmp_path / "m", ctx=48, batch=5)
+    r = fw.run("mps2-an386", elf, fw.arguments("hello", 1), timeout=120)
+    assert r.status == 1 and b"carries no encoder" in r.output and b"ids=" in r.output, r.output
+    assert run_ok("mps2-an386", elf, [1, 5], 2).status == 0   # ids still run
+
+
+def test_a_stack_too_small_for_the_encoder_is_reported():
+    """4 KiB holds a generation from ids but not the encoder's frames: the guard painted below
+    the budget shows it, even where a frame skips the budget's last bytes."""
+    elf = fw.build_image("mps2-an386", MODEL_DIR, stack=4096)
+    assert run_ok("mps2-an386", elf, PROMPT, 2).report["stack_used"] < 4096
+    r = fw.run("mps2-an386", elf, fw.arguments("ROMEO:", 2), timeout=120)
+    assert r.status == 1 and b"the stack outgrew its budget of 4096 bytes encoding the prompt" in r.output, r.output
 
 
 @pytest.mark.parametrize("board", BOARDS)
@@ -127,6 +197,9 @@ def test_the_cli_runs_the_board_as_generate_runs_the_host():
     cli = subprocess.run([sys.executable, "-m", "colibri", "firmware", "run", "--board", "virt-rv32", "--prompt",
                           "ROMEO:", "--max-tokens", "20", "--temperature", "0", "--verbose"],
                          capture_output=True, check=True, timeout=600)
-    assert cli.stdout == host("--model", MODEL_DIR, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens", 20,
-                              "--temperature", 0)
+    assert cli.stdout == generate("--prompt", "ROMEO:", "--max-tokens", 20, "--temperature", 0)
     assert b"tok/s" in cli.stderr and b"emulated" in cli.stderr
+    ids = subprocess.run([sys.executable, "-m", "colibri", "firmware", "run", "--board", "virt-rv32", "--tokens",
+                          ",".join(map(str, PROMPT)), "--max-tokens", "20", "--temperature", "0"],
+                         capture_output=True, check=True, timeout=600)
+    assert ids.stdout == cli.stdout   # --tokens passes ids, for a model with no encoder

@@ -1,9 +1,10 @@
 /* The core's encoder against the `tokenizers` library: each case of CASES (written by
  * tests/test_tokenizer.py from that library: a line of the text's bytes in hex, a line of its ids)
  * tokenized with the model's encoder gives those ids; short buffers report the count; bytes that
- * are not UTF-8 come back as themselves (the concatenated token bytes are the input).
+ * are not UTF-8 come back as themselves (the concatenated token bytes are the input; not with
+ * --cases-only, for a SentencePiece-style model, whose "▁" before the text is a byte of its tokens).
  *
- *   test_tokenize MODEL_DIR CASES */
+ *   test_tokenize MODEL_DIR CASES [--cases-only] */
 #include <string.h>
 
 #include "model_files.h"
@@ -23,7 +24,10 @@ int main(int argc, char **argv)
     size_t n, len, n_want, k, cases = 0;
     FILE *f;
 
-    if (argc != 3) { fprintf(stderr, "usage: test_tokenize MODEL_DIR CASES\n"); return 2; }
+    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "--cases-only") == 0)) {
+        fprintf(stderr, "usage: test_tokenize MODEL_DIR CASES [--cases-only]\n");
+        return 2;
+    }
     if (load_model_files(argv[1], 0, &model, &err)) { fprintf(stderr, "%s\n", err.message); return 1; }
     f = fopen(argv[2], "r");
     if (!f) { fprintf(stderr, "cannot read %s\n", argv[2]); return 1; }
@@ -58,6 +62,12 @@ int main(int argc, char **argv)
     fclose(f);
     if (cases == 0) { fprintf(stderr, "no cases in %s\n", argv[2]); return 1; }
 
+    if (argc == 4) {
+        printf("%zu cases tokenized as the tokenizers library does\n", cases);
+        colibri_model_close(model);
+        free_model_files();
+        return 0;
+    }
     /* not UTF-8: every byte survives, as its own token or inside one */
     if (colibri_tokenize(model, invalid, sizeof invalid - 1, ids, MAX_TEXT, &n, &err)) {
         fprintf(stderr, "invalid UTF-8: %s\n", err.message);

@@ -6,6 +6,9 @@ system emulation with output and files through semihosting.
     colibri firmware run   --board mps2-an386 --prompt "ROMEO:" --max-tokens 64
     colibri firmware run   --board mps2-an386 --model BIG --expert-budget 2M --tokens 1,2,3   # experts streamed
 
+`run` passes the prompt as text: the image encodes it with the encoder the model carries
+(colibri_tokenize, on the board); --tokens passes ids, for a model converted without one.
+
 An image is the board's build of the core and firmware/ plus one generated assembly file that holds
 everything model-specific (firmware/plan/model_image.c), so its code is the same for every model.
 `plan` measures that code once per board, from the image of the bundled model (build/<board>),
@@ -20,6 +23,7 @@ standing in for an SD card, so a model whose experts exceed the flash runs."""
 import hashlib
 import subprocess
 import tempfile
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +47,10 @@ class Board:
 
 
 _SYSTEM = ("-nographic", "-monitor", "none", "-serial", "none", "-chardev", "stdio,id=out")
-DEFAULT_CTX, DEFAULT_BATCH, DEFAULT_STACK = 256, 16, 8192   # as meson.options
+# picolibc's semihosting start-up reads the command line into 1 KiB; a longer one reaches main as
+# no arguments (measured on every board: 1,022 characters pass, 1,023 do not).
+MAX_COMMAND_LINE = 1022
+DEFAULT_CTX, DEFAULT_BATCH, DEFAULT_STACK = 256, 16, 12288   # as meson.options; the encoder takes ~5.6 KiB
 
 
 def _boards():
@@ -262,7 +269,7 @@ class Run:
 
 
 def run(board, image, arguments, timeout=600):
-    """Runs `image` on the board under QEMU with the firmware's arguments ("ids=1:591:47",
+    """Runs `image` on the board under QEMU with the firmware's arguments ("text=ROMEO%3A",
     "max_tokens=20", ...).  A fault ends QEMU with status 1 and the registers printed; a hang
     is stopped after `timeout` seconds and reported with everything QEMU printed."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -270,6 +277,9 @@ def run(board, image, arguments, timeout=600):
         args = [*arguments, f"report={report}"]
         if any(c.isspace() for a in args for c in a):   # the image's command line is split at spaces
             raise FirmwareError(f"{board}: an argument holds a space, which semihosting cannot pass: {args}")
+        if len(" ".join(args)) > MAX_COMMAND_LINE:   # else the image would start with no arguments at all
+            raise FirmwareError(f"{board}: the image's command line is {len(' '.join(args))} characters, semihosting "
+                                f"passes at most {MAX_COMMAND_LINE}: shorten the prompt")
         config = "enable=on,target=native,chardev=out," + ",".join("arg=" + a.replace(",", ",,") for a in args)
         command = [*_board(board).qemu, "-semihosting-config", config, "-kernel", str(image)]
         try:
@@ -286,12 +296,19 @@ def run(board, image, arguments, timeout=600):
         return Run(r.returncode, r.stdout + r.stderr, values)
 
 
-def arguments(ids, max_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, ignore_eos=False, logits=None,
+def arguments(prompt, max_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, ignore_eos=False, logits=None,
               experts=None):
-    """The firmware's argument list for one generation; `experts`: the weights.bin a streaming
-    image reads its experts from."""
-    args = ["ids=" + ":".join(map(str, ids)), f"max_tokens={max_tokens}", f"temperature={temperature!r}",
-            f"top_k={top_k}", f"top_p={top_p!r}", f"seed={seed}"]
+    """The firmware's argument list for one generation.  `prompt`: text, which the image encodes
+    with the model's encoder (its UTF-8 bytes go as text=, every byte but letters, digits and
+    "-._~" as %XX, so spaces, commas and newlines survive QEMU's command line), or a list of ids
+    (ids=, for a model that carries no encoder).  `experts`: the weights.bin a streaming image
+    reads its experts from."""
+    if isinstance(prompt, str):
+        args = ["text=" + urllib.parse.quote(prompt.encode("utf-8"), safe="")]
+    else:
+        args = ["ids=" + ":".join(map(str, prompt))]
+    args += [f"max_tokens={max_tokens}", f"temperature={temperature!r}", f"top_k={top_k}", f"top_p={top_p!r}",
+             f"seed={seed}"]
     if ignore_eos:
         args.append("ignore_eos")
     if logits:

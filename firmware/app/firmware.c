@@ -36,6 +36,33 @@ static int parse_ids(const char *text, fw_request *r)
     return 0;
 }
 
+static int hex_digit(int c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    c |= 0x20;
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* %XX to its byte, in place: the decoded text is never longer than the argument. */
+static int parse_text(char *text, fw_request *r)
+{
+    char *out = text;
+    const char *p = text;
+    while (*p) {
+        int hi, lo;
+        if (*p != '%') { *out++ = *p++; continue; }
+        if ((hi = hex_digit(p[1])) < 0 || (lo = hex_digit(p[2])) < 0) {
+            printf("text: '%%' must start %%XX, two hex digits of a byte (at byte %ld)\n", (long)(p - text));
+            return 1;
+        }
+        *out++ = (char)(hi * 16 + lo);
+        p += 3;
+    }
+    r->text = text;
+    r->text_len = (size_t)(out - text);
+    return 0;
+}
+
 int fw_parse_args(int argc, char **argv, fw_request *r)
 {
     int i;
@@ -47,6 +74,7 @@ int fw_parse_args(int argc, char **argv, fw_request *r)
         const char *a = argv[i], *v;
         if (strstr(a, ".elf")) continue;   /* QEMU passes the image's own path first */
         if (option(a, "ids", &v)) { if (parse_ids(v, r)) return 1; }
+        else if (option(a, "text", &v)) { if (parse_text(argv[i] + (v - a), r)) return 1; }
         else if (option(a, "max_tokens", &v)) r->max_tokens = atoi(v);
         else if (option(a, "temperature", &v)) r->sampling.temperature = (float)strtod(v, NULL);
         else if (option(a, "top_k", &v)) r->sampling.top_k = atoi(v);
@@ -57,10 +85,14 @@ int fw_parse_args(int argc, char **argv, fw_request *r)
         else if (option(a, "report", &v)) r->report_path = v;
         else if (option(a, "experts", &v)) r->experts_path = v;
         else {
-            printf("unknown argument '%s': ids=1:591:47 max_tokens=N temperature=T top_k=K top_p=P seed=S "
-                   "ignore_eos logits=FILE report=FILE experts=FILE\n", a);
+            printf("unknown argument '%s': text=PROMPT%%20IN%%20UTF-8 (or ids=1:591:47) max_tokens=N temperature=T "
+                   "top_k=K top_p=P seed=S ignore_eos logits=FILE report=FILE experts=FILE\n", a);
             return 1;
         }
+    }
+    if (r->text && r->n_prompt) {
+        printf("give the prompt once: text= or ids=\n");
+        return 1;
     }
     return 0;
 }
@@ -71,12 +103,55 @@ static int failed(const char *step, const colibri_error *err)
     return 1;
 }
 
+/* Text goes out as it comes, but an unfinished UTF-8 character (at most 3 bytes) waits for the
+ * token that completes it, so no write splits a character (as colibri-infer prints). */
+static uint8_t held[4];
+static size_t n_held;
+
+static void put_text(const uint8_t *bytes, size_t len)
+{
+    while (len > 0) {
+        size_t take = len < sizeof held - n_held ? len : sizeof held - n_held, whole;
+        memcpy(held + n_held, bytes, take);
+        n_held += take;
+        bytes += take;
+        len -= take;
+        whole = colibri_utf8_whole(held, n_held);
+        fwrite(held, 1, whole, stdout);
+        memmove(held, held + whole, n_held - whole);
+        n_held -= whole;
+    }
+    fflush(stdout);
+}
+
+static void flush_text(void)
+{
+    fwrite(held, 1, n_held, stdout);
+    n_held = 0;
+}
+
 static void put_token_text(const colibri_model *model, int32_t token)
 {
     const uint8_t *bytes;
     size_t len;
-    if (colibri_token_bytes(model, token, &bytes, &len) == COLIBRI_OK) fwrite(bytes, 1, len, stdout);
-    fflush(stdout);
+    if (colibri_token_bytes(model, token, &bytes, &len) == COLIBRI_OK) put_text(bytes, len);
+}
+
+/* The text prompt to ids in r->prompt, with the encoder the model carries. */
+static int encode_prompt(const colibri_model *model, fw_request *r)
+{
+    colibri_error err;
+    colibri_status st = colibri_tokenize(model, r->text, r->text_len, r->prompt, FW_MAX_PROMPT, &r->n_prompt, &err);
+    if (st == COLIBRI_E_TENSOR) {
+        printf("colibri firmware: the model carries no encoder (%s): give the prompt as ids=\n", err.message);
+        return 1;
+    }
+    if (st == COLIBRI_E_ARG && r->n_prompt > FW_MAX_PROMPT) {
+        printf("colibri firmware: the prompt is %lu tokens, the image holds at most %d\n",
+               (unsigned long)r->n_prompt, FW_MAX_PROMPT);
+        return 1;
+    }
+    return st ? failed("encoding the prompt", &err) : 0;
 }
 
 /* Semihosting files through picolibc's open/write: no FILE, so no allocation. */
@@ -124,7 +199,18 @@ static void report_line(int fd, const char *key, uint64_t value)
     if (fd >= 0 && n > 0) write_all(fd, line, (size_t)n);
 }
 
-int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (*stack_used)(void))
+/* The stack outgrew its budget, over what lies below it: the high-water mark is above the budget,
+ * or (where nothing below is painted) the paint is gone to the budget's very bottom. */
+static int stack_exhausted(size_t (*stack_used)(void), const char *step)
+{
+    size_t used = stack_used ? stack_used() : 0;
+    if (used < colibri_fw_image.stack_bytes) return 0;
+    printf("\ncolibri firmware: the stack outgrew its budget of %lu bytes %s (%lu bytes or more): build with a "
+           "larger stack\n", (unsigned long)colibri_fw_image.stack_bytes, step, (unsigned long)used);
+    return 1;
+}
+
+int fw_generate(fw_request *r, fw_token_hook hook, void *context, size_t (*stack_used)(void))
 {
     const fw_image *img = &colibri_fw_image;
     unsigned char *meta = colibri_fw_ram, *arena = colibri_fw_ram + img->meta_bytes;
@@ -171,12 +257,21 @@ int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (
     if (colibri_session_create(model, &so, &session, &err)) return failed("session", &err);
     vocab = colibri_model_hparams(model)->vocab_size;
     ids = colibri_token_bytes(model, 0, &unused, &unused_len) != COLIBRI_OK;   /* no vocabulary: print ids */
+    if (r->text && (encode_prompt(model, r) || stack_exhausted(stack_used, "encoding the prompt"))) return 1;
+    if (r->n_prompt == 0) {   /* no prompt, or text that encodes to nothing: the BOS, as colibri-infer */
+        if (colibri_model_hparams(model)->bos_token_id < 0) {
+            printf("colibri firmware: the prompt is empty and the model has no BOS token\n");
+            return 1;
+        }
+        r->prompt[r->n_prompt++] = colibri_model_hparams(model)->bos_token_id;
+    }
 
     if (r->logits_path && (logits_fd = open(r->logits_path, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
         printf("cannot write %s\n", r->logits_path);
         return 1;
     }
-    for (i = 0; i < r->n_prompt && !ids; i++) put_token_text(model, r->prompt[i]);
+    if (r->text && !ids) put_text((const uint8_t *)r->text, r->text_len);   /* as given, as colibri generate */
+    else for (i = 0; i < r->n_prompt && !ids; i++) put_token_text(model, r->prompt[i]);
 
     /* prefill: one chunked forward, or position by position when every row's logits are wanted */
     t0 = fw_ticks();
@@ -202,6 +297,7 @@ int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (
             rc = 1;
     }
     t2 = fw_ticks();
+    flush_text();
     printf("\n");
     if (logits_fd >= 0 && close(logits_fd) != 0) rc = 1;
     if (rc) printf("colibri firmware: short write to %s\n", r->logits_path);
@@ -233,11 +329,7 @@ int fw_generate(const fw_request *r, fw_token_hook hook, void *context, size_t (
     }
     if (report_fd >= 0) close(report_fd);
     if (storage.fd >= 0) close(storage.fd);
-    if (stack_used && stack_used() >= img->stack_bytes) {   /* the paint is gone to the very bottom */
-        printf("colibri firmware: the stack budget of %lu bytes was exhausted: build with a larger stack\n",
-               (unsigned long)img->stack_bytes);
-        rc = 1;
-    }
+    if (stack_exhausted(stack_used, "generating")) rc = 1;
     colibri_session_destroy(session);
     colibri_model_close(model);
     return rc;

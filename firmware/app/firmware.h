@@ -15,6 +15,10 @@
 
 #include "colibri/colibri.h"
 
+/* Prompt ids: 1 KiB of .bss, as many as the default context holds (a longer prompt could not run).
+ * A text prompt that encodes to more is refused with its count.  Its bytes come through the
+ * semihosting command line, at most 1,022 characters in all (picolibc's start-up buffer), which
+ * words encode to far fewer tokens; growing this costs 4 bytes of RAM a token. */
 #define FW_MAX_PROMPT 256
 
 /* From the generated model_image.S. */
@@ -32,8 +36,10 @@ extern const char colibri_fw_json[];
 extern unsigned char colibri_fw_ram[];               /* (meta_bytes + arena_bytes), 64-byte aligned */
 
 typedef struct fw_request {
-    int32_t prompt[FW_MAX_PROMPT];
+    int32_t prompt[FW_MAX_PROMPT];  /* ids=, or what fw_generate encodes text into */
     size_t n_prompt;
+    const char *text;               /* text=, decoded in place in argv; NULL: the prompt is ids */
+    size_t text_len;
     int32_t max_tokens;
     int stop_at_eos;
     colibri_sampling sampling;
@@ -46,23 +52,27 @@ typedef struct fw_request {
 /* Called after each generated token: FreeRTOS uses it to show the rest of the system ran. */
 typedef void (*fw_token_hook)(int32_t index, void *context);
 
-/* Reads "ids=1:591:47 max_tokens=64 temperature=0 top_k=0 top_p=1 seed=0 ignore_eos
+/* Reads "text=ROMEO%3A max_tokens=64 temperature=0 top_k=0 top_p=1 seed=0 ignore_eos
  * logits=FILE report=FILE experts=FILE" (any order; arguments naming the image itself are skipped).
- * Returns 0, or prints what is wrong and returns 1. */
+ * text= is the prompt's UTF-8 bytes with any byte as %XX (QEMU splits the command line at spaces),
+ * encoded on the board by the model's encoder; ids=1:591:47 gives ids instead, for a model that
+ * carries no encoder.  Neither: the model's BOS.  Returns 0, or prints what is wrong and returns 1. */
 int fw_parse_args(int argc, char **argv, fw_request *request);
 
-/* Loads the linked model, runs the request, prints the prompt's and the generated text as
- * colibri-infer does (the generated ids, comma-separated, for a model without a vocabulary),
- * writes the report (stack_used: the caller's high-water mark, may be
- * NULL).  Returns 0, or prints the failing step with the core's message and returns 1. */
-int fw_generate(const fw_request *request, fw_token_hook hook, void *context, size_t (*stack_used)(void));
+/* Loads the linked model, encodes a text prompt into request->prompt, runs the request, prints
+ * the prompt and the generated text as colibri-infer does (streamed, a UTF-8 character never
+ * split; the generated ids, comma-separated, for a model without a vocabulary), writes the report
+ * (stack_used: the caller's high-water mark, may be NULL).  Returns 0, or prints the failing step
+ * with the core's message and returns 1. */
+int fw_generate(fw_request *request, fw_token_hook hook, void *context, size_t (*stack_used)(void));
 
 /* The board's clock (firmware/boards/, or the FreeRTOS tick count). */
 uint64_t fw_ticks(void);
 uint32_t fw_ticks_per_second(void);
 
-/* Stack high-water mark: fw_stack_paint at the start of main, fw_stack_used at the end
- * (bytes of the budget below `top` that were written). */
+/* Stack high-water mark: fw_stack_paint at the start of main, fw_stack_used at the end (bytes
+ * below `top` down to the lowest one written; `bottom` below the budget paints a guard, so a
+ * stack that outgrew the budget shows as more than the budget). */
 void fw_stack_paint(unsigned char *bottom, unsigned char *top);
 size_t fw_stack_used(const unsigned char *bottom, const unsigned char *top);
 

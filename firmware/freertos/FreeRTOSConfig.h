@@ -46,10 +46,10 @@
 #define configGENERATE_RUN_TIME_STATS           0
 #define configENABLE_BACKWARD_COMPATIBILITY     0
 /* Each task's stack is filled with a pattern when created: the overflow check looks at its
- * far end on every switch, and uxTaskGetStackHighWaterMark measures the inference task's use. */
+ * far end on every switch, and main.c measures the inference task's use (and a guard below it). */
 #define configCHECK_FOR_STACK_OVERFLOW          2
 #define INCLUDE_vTaskDelay                      1
-#define INCLUDE_uxTaskGetStackHighWaterMark     1
+#define INCLUDE_uxTaskGetStackHighWaterMark     0
 #define INCLUDE_vTaskDelete                     0
 #define INCLUDE_vTaskSuspend                    0
 #define INCLUDE_xTaskGetSchedulerState          0

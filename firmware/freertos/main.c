@@ -6,7 +6,7 @@
  * tables and session live in the static block the build planned (model_image.S).
  *
  *   qemu-system-arm -M mps2-an386 -nographic -monitor none -serial none -chardev stdio,id=out \
- *       -semihosting-config enable=on,target=native,chardev=out,arg=ids=1:591:47,arg=max_tokens=20,arg=report=r.txt \
+ *       -semihosting-config enable=on,target=native,chardev=out,arg=text=ROMEO%3A,arg=max_tokens=20,arg=report=r.txt \
  *       -kernel colibri-freertos.elf
  *
  * The text is the bare-metal image's.  The report (report=FILE) gets, after the app's lines:
@@ -14,7 +14,8 @@
  *   heartbeats_min_per_token: the fewest in any one token's interval (the first token's
  *       interval holds loading and prefill)
  * Timing is the FreeRTOS tick (ticks_per_second: configTICK_RATE_HZ).  stack_reserved is the
- * inference task's stack (-Dfirmware_stack), stack_used its high-water mark.  picolibc's main
+ * inference task's stack (-Dfirmware_stack), stack_used its high-water mark (a guard below it
+ * shows an overflow).  picolibc's main
  * stack, of the same size, is main's only until the scheduler starts: then the Cortex-M port
  * takes it for interrupts, while the RISC-V port has its own (configISR_STACK_SIZE_WORDS).
  *
@@ -41,8 +42,17 @@
  * __stack_size and colibri_fw_image.stack_bytes. */
 #define INFERENCE_STACK_WORDS (COLIBRI_FW_STACK_BYTES / sizeof(StackType_t))
 
+/* Below the inference task's stack (both ports' stacks grow down), a guard painted as the kernel
+ * fills a new stack: a stack that outgrows its budget, even by a frame that skips the budget's
+ * last words (the kernel's overflow check looks at those only), shows as stack_used above
+ * stack_reserved, which fw_generate reports. */
+#define STACK_GUARD_WORDS (4096 / sizeof(StackType_t))
+
 static StaticTask_t inference_tcb, heartbeat_tcb, idle_tcb;
-static StackType_t inference_stack[INFERENCE_STACK_WORDS];
+static struct {
+    StackType_t guard[STACK_GUARD_WORDS];
+    StackType_t stack[INFERENCE_STACK_WORDS];
+} inference;
 static StackType_t heartbeat_stack[HEARTBEAT_STACK_WORDS];
 static StackType_t idle_stack[configMINIMAL_STACK_SIZE];
 
@@ -79,7 +89,8 @@ static void on_token(int32_t index, void *context)
 
 static size_t inference_stack_used(void)
 {
-    return sizeof inference_stack - (size_t)uxTaskGetStackHighWaterMark(NULL) * sizeof(StackType_t);
+    return fw_stack_used((const unsigned char *)inference.guard, (const unsigned char *)(inference.stack +
+                                                                                        INFERENCE_STACK_WORDS));
 }
 
 /* Appends to the report fw_generate wrote; returns nonzero if it could not. */
@@ -157,15 +168,16 @@ extern void freertos_risc_v_trap_handler(void);
 
 int main(int argc, char **argv)
 {
-    if (colibri_fw_image.stack_bytes != sizeof inference_stack) {   /* the report's stack_reserved would lie */
+    if (colibri_fw_image.stack_bytes != sizeof inference.stack) {   /* the report's stack_reserved would lie */
         printf("colibri freertos: the image plans a %lu-byte stack, the task has %lu\n",
-               (unsigned long)colibri_fw_image.stack_bytes, (unsigned long)sizeof inference_stack);
+               (unsigned long)colibri_fw_image.stack_bytes, (unsigned long)sizeof inference.stack);
         return 4;
     }
     if (fw_parse_args(argc, argv, &request)) return 2;
+    fw_stack_paint((unsigned char *)inference.guard, (unsigned char *)inference.stack);   /* 0xA5, the kernel's fill */
     xTaskCreateStatic(heartbeat_task, "heartbeat", HEARTBEAT_STACK_WORDS, NULL, HEARTBEAT_PRIORITY, heartbeat_stack,
                       &heartbeat_tcb);
-    xTaskCreateStatic(inference_task, "colibri", INFERENCE_STACK_WORDS, NULL, INFERENCE_PRIORITY, inference_stack,
+    xTaskCreateStatic(inference_task, "colibri", INFERENCE_STACK_WORDS, NULL, INFERENCE_PRIORITY, inference.stack,
                       &inference_tcb);
 #if defined(__riscv)
     __asm__ volatile("csrw mtvec, %0" : : "r"(freertos_risc_v_trap_handler));   /* crt0 left its own */
