@@ -48,13 +48,14 @@ def token_bytes(tokenizer_json_path, vocab_size):
     byte_level = _uses(doc.get("decoder"), "ByteLevel") or _uses(doc.get("pre_tokenizer"), "ByteLevel")
     alphabet = _byte_level_alphabet()
     out = [b""] * vocab_size
+    added_ids = {t["id"] for t in doc.get("added_tokens", [])}
     for piece, i in list(vocab.items()) + [(t["content"], t["id"]) for t in doc.get("added_tokens", [])]:
         if not 0 <= i < vocab_size or piece in special:
             continue
-        if byte_level:
-            if any(c not in alphabet for c in piece):
+        if byte_level:   # an added token's characters outside the alphabet decode as themselves (ByteLevel's decoder)
+            if any(c not in alphabet for c in piece) and i not in added_ids:
                 return None
-            out[i] = bytes(alphabet[c] for c in piece)
+            out[i] = b"".join(bytes([alphabet[c]]) if c in alphabet else c.encode("utf-8") for c in piece)
         elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             out[i] = bytes([int(piece[3:5], 16)])
         else:
@@ -93,6 +94,10 @@ def _template_bos(processor, added):
 LLAMA3_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|" \
     r"\s*[\r\n]+|\s+(?!\S)|\s+"
 
+# Qwen2's (Qwen2, Qwen3): Llama 3's with each digit a word of its own.
+QWEN2_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|" \
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+
 # DeepSeek V3's three isolating splits (CR and LF stand in its tokenizer.json as the characters).
 DEEPSEEK_REGEXES = [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
                     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
@@ -111,9 +116,14 @@ def _isolating_split(part, regex):
 
 
 def _pre_tokenizer(pre):
-    """"gpt2" or "llama3" for a pre-tokenizer the core reproduces, else None."""
+    """("gpt2" | "llama3" | "qwen2" | "deepseek", prefix space) for a pre-tokenizer the core reproduces, else
+    (None, False).  A prefix space only with ByteLevel alone: in a Sequence it would go before every word."""
     if pre.get("type") == "ByteLevel":
-        return "gpt2" if pre.get("use_regex", True) and not pre.get("add_prefix_space", False) else None
+        return ("gpt2", bool(pre.get("add_prefix_space", False))) if pre.get("use_regex", True) else (None, False)
+    return _split_pre_tokenizer(pre), False
+
+
+def _split_pre_tokenizer(pre):
     parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
     if not parts or parts[-1].get("type") != "ByteLevel" or parts[-1].get("use_regex", True) or \
             parts[-1].get("add_prefix_space", False):
@@ -121,30 +131,87 @@ def _pre_tokenizer(pre):
     splits = parts[:-1]
     if len(splits) == 1 and _isolating_split(splits[0], LLAMA3_REGEX):
         return "llama3"
+    if len(splits) == 1 and _isolating_split(splits[0], QWEN2_REGEX):
+        return "qwen2"
     if len(splits) == 3 and all(_isolating_split(p, r) for p, r in zip(splits, DEEPSEEK_REGEXES)):
         return "deepseek"
     return None
 
 
+_DECOMPOSITION_PARTS = None
+
+
+def _nfc_inert(text):
+    """Whether NFC leaves every character of `text` as it is and makes none of them from others, so
+    the library's matching of a normalized added token in NFC text is the core's in the raw text:
+    class 0, no canonical decomposition, part of none, not Hangul."""
+    global _DECOMPOSITION_PARTS
+    import unicodedata
+
+    if _DECOMPOSITION_PARTS is None:
+        _DECOMPOSITION_PARTS = set()
+        for cp in range(0x110000):
+            d = unicodedata.decomposition(chr(cp))
+            if d and not d.startswith("<"):
+                _DECOMPOSITION_PARTS.update(chr(int(x, 16)) for x in d.split())
+    return all(not unicodedata.combining(c) and unicodedata.normalize("NFD", c) == c and c not in _DECOMPOSITION_PARTS
+               and not 0x1100 <= ord(c) < 0x1200 for c in text)
+
+
+def _metaspace(pre):
+    """(prepend_scheme, split) of a Metaspace pre-tokenizer with "▁", else None."""
+    if pre.get("type") != "Metaspace" or pre.get("replacement") != "\u2581":
+        return None
+    scheme = "never" if pre.get("add_prefix_space") is False else pre.get("prepend_scheme", "always")
+    return (scheme, bool(pre.get("split", True))) if scheme in ("always", "first", "never") else None
+
+
+def _added_flags(added, normalizer):
+    """Each added token's flags (lstrip 1, rstrip 2, normalized 4: matched in the second pass), or None
+    when the core would not match them as the library does: single_word (its \\w is not tabled here),
+    a token normalized by the SentencePiece normalizer, or by NFC unless NFC leaves it be, and an
+    rstrip token in a pass whose tokens may start with whitespace (the library then overlaps them)."""
+    flags = []
+    for t in added:
+        normalized = t.get("normalized", not t.get("special"))
+        if t.get("single_word") or not t["content"] or \
+                (normalized and (normalizer == "spm" or (normalizer == "nfc" and not _nfc_inert(t["content"])))):
+            return None
+        flags.append(bool(t.get("lstrip")) | bool(t.get("rstrip")) << 1 | bool(normalized) << 2)
+    for p in (0, 4):
+        in_pass = [t for t, f in zip(added, flags) if f & 4 == p]
+        if any(flags[added.index(t)] & 2 for t in in_pass) and any(t["content"][0].isspace() for t in in_pass):
+            return None
+    return flags
+
+
 def encoder(tokenizer_json_path, vocab_size):
     """(the "encoder" entry of colibri_model.json, [(tensor name, array)]) for colibri_tokenize, or
-    None when the tokenizer is of a kind the core does not encode exactly: byte-level BPE with
-    GPT-2's pre-tokenizer (ByteLevel, its regex, no prefix space), no normalizer, added tokens
-    without strip or word options, and a template of at most a leading special token."""
+    None when the tokenizer is of a kind the core does not encode exactly.  Byte-level BPE: GPT-2's
+    pre-tokenizer (ByteLevel with its regex, a prefix space or not), or Llama 3's, Qwen2's or DeepSeek
+    V3's Splits then ByteLevel; no normalizer or NFC.  SentencePiece-style BPE with byte fallback: the
+    Prepend and Replace normalizer, or no normalizer and a Metaspace pre-tokenizer.  Added tokens
+    without single_word, and a template of at most a leading special token."""
     doc = json.loads(open(tokenizer_json_path, encoding="utf-8").read())
     model, pre = doc.get("model", {}), doc.get("pre_tokenizer") or {}
     normalizer = doc.get("normalizer")
-    spm = normalizer == SPM_NORMALIZER and not pre and bool(model.get("byte_fallback")) and \
-        not model.get("ignore_merges")
-    kind = "metaspace" if spm else _pre_tokenizer(pre)
+    byte_fallback = bool(model.get("byte_fallback")) and not model.get("ignore_merges")
+    metaspace = _metaspace(pre) if normalizer is None and byte_fallback else None
+    spm = (normalizer == SPM_NORMALIZER and not pre and byte_fallback) or metaspace is not None
+    kind, prefix_space = ("metaspace", False) if spm else _pre_tokenizer(pre)
+    norm = None
+    if normalizer in ({"type": "NFC"}, {"type": "Sequence", "normalizers": [{"type": "NFC"}]}) and not spm:
+        norm, normalizer = "nfc", None
     if normalizer == {"type": "Sequence", "normalizers": []} or spm:   # DeepSeek's does nothing; SentencePiece's: the core
+        norm = "spm" if normalizer == SPM_NORMALIZER else norm
         normalizer = None
     if model.get("type") != "BPE" or normalizer is not None or kind is None or model.get("dropout") or \
             model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or \
             (model.get("byte_fallback") and not spm):
         return None
     added = doc.get("added_tokens", [])
-    if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") or not t["content"] for t in added):
+    flags = _added_flags(added, norm)
+    if flags is None:
         return None
     bos = _template_bos(doc.get("post_processor"), added)
     if bos is None or not -1 <= bos < vocab_size:
@@ -155,7 +222,7 @@ def encoder(tokenizer_json_path, vocab_size):
     byte_pieces = {f"<0x{b:02X}>": b for b in range(256)}
     if spm:   # every byte's token for the fallback; words start at each "▁" after another character
         if any(vocab.get(p, vocab_size) >= vocab_size for p in byte_pieces) or \
-                any(re.search("[^\u2581]\u2581", p) for p in vocab):
+                (not (metaspace and metaspace[1]) and any(re.search("[^\u2581]\u2581", p) for p in vocab)):
             return None
         for p, b in byte_pieces.items():
             byte_ids[b] = vocab[p]
@@ -177,15 +244,23 @@ def encoder(tokenizer_json_path, vocab_size):
     order = np.lexsort((merges[:, 1], merges[:, 0])).astype("<i4")
     tensors = [("tokenizer.merges", merges), ("tokenizer.merge_order", order), ("tokenizer.byte_ids", byte_ids)]
     if added:
-        texts = sorted(((t["content"].encode("utf-8"), t["id"]) for t in added if t["id"] < vocab_size),
+        texts = sorted(((t["content"].encode("utf-8"), t["id"], f) for t, f in zip(added, flags) if t["id"] < vocab_size),
                        key=lambda t: -len(t[0]))
         rows, at = [], 0
-        for text, i in texts:
-            rows.append((i, at, len(text)))
+        for text, i, f in texts:   # the flags above the length's 24 bits
+            if len(text) >= 1 << 24:
+                return None
+            rows.append((i, at, len(text) | f << 24))
             at += len(text)
         tensors += [("tokenizer.added", np.array(rows, dtype="<i4").reshape(-1, 3)),
-                    ("tokenizer.added_bytes", np.frombuffer(b"".join(t for t, _ in texts), dtype=np.uint8).copy())]
+                    ("tokenizer.added_bytes", np.frombuffer(b"".join(t[0] for t in texts), dtype=np.uint8).copy())]
     entry = {"kind": "sentencepiece_bpe" if spm else "byte_level_bpe", "pre_tokenizer": kind, "bos": int(bos)}
+    if norm == "nfc":
+        entry["normalizer"] = "nfc"
+    if prefix_space:
+        entry["prefix_space"] = True
+    if metaspace:
+        entry["prepend_scheme"], entry["split"] = metaspace
     if spm:   # each character's token: the vocabulary by bytes ("▁" as " ", as in token_bytes), to find it
         added_ids = {t["id"] for t in added}
         pieces = {p.replace("\u2581", " ").encode("utf-8"): i for p, i in vocab.items()
