@@ -254,13 +254,14 @@ def prefix_space(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def added_options(tmp_path_factory):
-    """Added tokens with lstrip and rstrip, special and not, normalized and not."""
+    """Added tokens with lstrip, rstrip and single_word, special and not, normalized and not."""
     from tokenizers import AddedToken, pre_tokenizers
 
     tok = byte_level(None, pre_tokenizers.ByteLevel(add_prefix_space=False))
     tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True), AddedToken("<|im_end|>", rstrip=True, special=True)])
     tok.add_tokens([AddedToken("[X]", lstrip=True, rstrip=True), AddedToken("ab", normalized=True),
-                    AddedToken("bc", normalized=False)])
+                    AddedToken("bc", normalized=False), AddedToken("cat", single_word=True),
+                    AddedToken("<w>", single_word=True, lstrip=True, normalized=False)])
     return converted(tmp_path_factory, "added_options", tok, pre_tokenizer="gpt2")
 
 
@@ -291,7 +292,7 @@ def metaspace_always(tmp_path_factory, sentencepiece):
 NEW = ["qwen2", "gpt2_nfc", "prefix_space", "metaspace_first", "metaspace_always", "added_options"]
 EXTRA = ["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345",
          "#include <x.h> ab12cd 日本語テキスト・カタカナ ゛x a\u0301b \u200b\u200bz 1,2 ++x ..\r\n",
-         "a  <mask> b <mask>  c<mask>\u3000<mask>\n", "<|im_end|>  \n x<|im_end|>y [X] [X]  z\t[X]\t", "abc bc ab",
+         "a  <mask> b <mask>  c<mask>\u3000<mask>\n", "<|im_end|>  \n x<|im_end|>y [X] [X]  z\t[X]\t", "abc bc ab", "cat cats cat. xcat _cat \u24d0cat \u00bdcat 2cat cat\u0301 \u200dcat <w>x <w> ,<w>, a <w>",
          "<s>a<s> b</s>  c", " <s>", "<s> x"]
 
 

@@ -167,17 +167,18 @@ def _metaspace(pre):
 
 
 def _added_flags(added, normalizer):
-    """Each added token's flags (lstrip 1, rstrip 2, normalized 4: matched in the second pass), or None
-    when the core would not match them as the library does: single_word (its \\w is not tabled here),
-    a token normalized by the SentencePiece normalizer, or by NFC unless NFC leaves it be, and an
-    rstrip token in a pass whose tokens may start with whitespace (the library then overlaps them)."""
+    """Each added token's flags (lstrip 1, rstrip 2, normalized 4: matched in the second pass,
+    single_word 8), or None when the core would not match them as the library does: a token
+    normalized by the SentencePiece normalizer, or by NFC unless NFC leaves it be, and an rstrip
+    token in a pass whose tokens may start with whitespace (the library then overlaps them)."""
     flags = []
     for t in added:
         normalized = t.get("normalized", not t.get("special"))
-        if t.get("single_word") or not t["content"] or \
+        if not t["content"] or \
                 (normalized and (normalizer == "spm" or (normalizer == "nfc" and not _nfc_inert(t["content"])))):
             return None
-        flags.append(bool(t.get("lstrip")) | bool(t.get("rstrip")) << 1 | bool(normalized) << 2)
+        flags.append(bool(t.get("lstrip")) | bool(t.get("rstrip")) << 1 | bool(normalized) << 2 |
+                     bool(t.get("single_word")) << 3)
     for p in (0, 4):
         in_pass = [t for t, f in zip(added, flags) if f & 4 == p]
         if any(flags[added.index(t)] & 2 for t in in_pass) and any(t["content"][0].isspace() for t in in_pass):
@@ -190,8 +191,8 @@ def encoder(tokenizer_json_path, vocab_size):
     None when the tokenizer is of a kind the core does not encode exactly.  Byte-level BPE: GPT-2's
     pre-tokenizer (ByteLevel with its regex, a prefix space or not), or Llama 3's, Qwen2's or DeepSeek
     V3's Splits then ByteLevel; no normalizer or NFC.  SentencePiece-style BPE with byte fallback: the
-    Prepend and Replace normalizer, or no normalizer and a Metaspace pre-tokenizer.  Added tokens
-    without single_word, and a template of at most a leading special token."""
+    Prepend and Replace normalizer, or no normalizer and a Metaspace pre-tokenizer.  Added tokens as
+    _added_flags takes them, and a template of at most a leading special token."""
     doc = json.loads(open(tokenizer_json_path, encoding="utf-8").read())
     model, pre = doc.get("model", {}), doc.get("pre_tokenizer") or {}
     normalizer = doc.get("normalizer")

@@ -20,6 +20,11 @@ import unicodedata
 
 WHITE_SPACE = [(0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
                (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000)]
+# Other_Alphabetic characters outside the marks (PropList.txt; unicodedata does not expose it): the
+# circled and squared Latin letters.  With them and U+200C/D (Join_Control), Rust regex's \w, which
+# `tokenizers` uses for single_word tokens: Alphabetic, M, Nd, Pc, Join_Control.
+WORD_SYMBOLS = [(0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189), (0x200C, 0x200D)]
+
 # found by comparing the library's NFC and NFD (tokenizers 0.23) with unicodedata's, code point by code point
 LIBRARY_OLDER = [0x7fd, *range(0x898, 0x8a0), *range(0x8ca, 0x8d4), 0x9fe, 0xc3c, 0xd3b, 0xd3c, 0xeba, 0x1715,
                  *range(0x1abf, 0x1acf), *range(0x1df6, 0x1dfb), 0xa82c, *range(0x10d24, 0x10d28), 0x10eab, 0x10eac,
@@ -57,7 +62,27 @@ def main():
     for i in range(0, len(runs), 8):
         out.write("    " + " ".join("0x%07x," % (cp << 3 | c) for cp, c in runs[i:i + 8]) + "\n")
     out.write("};\n")
+    word_table(out, spaces)
     nfc_tables(out)
+
+
+def word_table(out, spaces):
+    """Where \\w differs from the classes letter, mark and number: No (not a word character), Pc,
+    WORD_SYMBOLS (word characters)."""
+    word = {c for a, b in WORD_SYMBOLS for c in range(a, b + 1)}
+    ranges, start = [], None
+    for cp in range(0x110001):
+        flip = cp < 0x110000 and (cls(cp, spaces) in (LETTER, MARK, NUMBER)) != (
+            cp in word or unicodedata.category(chr(cp)) in ("Nd", "Nl", "Pc") or
+            unicodedata.category(chr(cp))[0] in "LM")
+        if flip and start is None:
+            start = cp
+        if not flip and start is not None:
+            ranges.append((start, cp - 1))
+            start = None
+    out.write("\n/* \\w (Rust regex): the letters, marks and numbers, less or plus these ranges (first, last), sorted. */\n")
+    out.write("#define COLIBRI_WORD_FLIPS %d\n" % len(ranges))
+    table(out, "uint32_t", "colibri_word_flips[COLIBRI_WORD_FLIPS][2]", ["{0x%x, 0x%x}" % r for r in ranges], 6)
 
 
 def ccc(cp):

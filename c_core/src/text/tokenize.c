@@ -67,6 +67,20 @@ static int char_class(uint32_t cp)
     return (int)(colibri_unicode_runs[lo] & 7);
 }
 
+/* Rust regex's \w, which `tokenizers` tests single_word tokens' neighbours with. */
+static int is_word(uint32_t cp)
+{
+    int cls = char_class(cp), flip = 0;
+    size_t lo = 0, hi = COLIBRI_WORD_FLIPS;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < colibri_word_flips[mid][0]) hi = mid;
+        else if (cp > colibri_word_flips[mid][1]) lo = mid + 1;
+        else { flip = 1; break; }
+    }
+    return (cls == C_LETTER || cls == C_MARK || cls == C_NUMBER) != flip;
+}
+
 static int class_full_at(const uint8_t *s, size_t i, size_t e, size_t *len)
 {
     return char_class(utf8_at(s, i, e, len));
@@ -751,6 +765,21 @@ typedef struct added_pass {
 /* s[start, e) with the added tokens of a pass (`normalized`: the second) split out, as `tokenizers`
  * extracts them: leftmost, longest first, and grown over the whitespace before (lstrip) or after
  * (rstrip) them; the text between them goes on to the second pass, or is encoded. */
+/* Whether a word character (\w) ends s[start, i) or starts s[i, e). */
+static int word_before(const uint8_t *s, size_t start, size_t i)
+{
+    size_t p = i - 1, len;
+    if (i == start) return 0;
+    while (p > start && i - p < 4 && (s[p] & 0xc0) == 0x80) p--;   /* back to the last character's lead byte */
+    return is_word(utf8_at(s, p, i, &len)) && p + len == i;
+}
+
+static int word_after(const uint8_t *s, size_t i, size_t e)
+{
+    size_t len;
+    return i < e && is_word(utf8_at(s, i, e, &len));
+}
+
 static void split_added(const colibri_model *m, const added_pass *ap, const uint8_t *s, size_t start, size_t e,
                         int normalized, bpe_word *w, sink *out)
 {
@@ -765,6 +794,10 @@ static void split_added(const colibri_model *m, const added_pass *ap, const uint
         if (k >= 0) {
             row = enc->added + 3 * (size_t)k;
             b = i + ADDED_LENGTH(row);
+            if ((ADDED_FLAGS(row) & COLIBRI_ADDED_SINGLE_WORD) && (word_before(s, start, i) || word_after(s, b, e))) {
+                i = b;   /* not a word of its own: passed over, the search goes on after it */
+                continue;
+            }
             if (ADDED_FLAGS(row) & COLIBRI_ADDED_LSTRIP)
                 while (a > from) {   /* back over whole whitespace characters, not past the last token */
                     size_t p = a - 1;
@@ -887,8 +920,9 @@ static colibri_status check_tables(loader *L, colibri_model *m, size_t added_byt
     for (i = 0; i < enc->n_added; i++) {
         const int32_t *a = enc->added + 3 * (size_t)i;
         if (a[0] < 0 || a[0] >= V) return table_fail(L, "added", "row %lld: id %lld outside [0, vocab)", i, a[0]);
-        if (a[2] < 0 || ADDED_FLAGS(a) & ~(COLIBRI_ADDED_LSTRIP | COLIBRI_ADDED_RSTRIP | COLIBRI_ADDED_NORMALIZED))
-            return table_fail(L, "added", "row %lld: flags %lld, only lstrip 1, rstrip 2 and normalized 4 exist", i,
+        if (a[2] < 0 || ADDED_FLAGS(a) & ~(COLIBRI_ADDED_LSTRIP | COLIBRI_ADDED_RSTRIP | COLIBRI_ADDED_NORMALIZED |
+                                         COLIBRI_ADDED_SINGLE_WORD))
+            return table_fail(L, "added", "row %lld: flags %lld, only lstrip 1, rstrip 2, normalized 4 and single_word 8 exist", i,
                               a[2] >> COLIBRI_ADDED_LENGTH_BITS);
         if (ADDED_LENGTH(a) < 1 || a[1] < 0 || (size_t)a[1] > added_bytes || ADDED_LENGTH(a) > added_bytes - (size_t)a[1])
             return table_fail(L, "added", "row %lld: bytes outside tokenizer.added_bytes (%lld)", i, (int64_t)added_bytes);

@@ -18,8 +18,9 @@ enum { COLIBRI_NORM_NONE = 0, COLIBRI_NORM_NFC = 1 };
 enum { COLIBRI_PREPEND_NORMALIZER = 0, COLIBRI_PREPEND_ALWAYS = 1, COLIBRI_PREPEND_FIRST = 2, COLIBRI_PREPEND_NEVER = 3 };
 /* an added token's flags, tokenizer.added's third column above COLIBRI_ADDED_LENGTH_BITS:
  * LSTRIP / RSTRIP take the whitespace before / after it, NORMALIZED: matched in what the other
- * added tokens leave (the second pass of `tokenizers`) */
-enum { COLIBRI_ADDED_LSTRIP = 1, COLIBRI_ADDED_RSTRIP = 2, COLIBRI_ADDED_NORMALIZED = 4 };
+ * added tokens leave (the second pass of `tokenizers`), SINGLE_WORD: only with no word character
+ * (\w) next to it */
+enum { COLIBRI_ADDED_LSTRIP = 1, COLIBRI_ADDED_RSTRIP = 2, COLIBRI_ADDED_NORMALIZED = 4, COLIBRI_ADDED_SINGLE_WORD = 8 };
 #define COLIBRI_ADDED_LENGTH_BITS 24
 
 typedef struct colibri_encoder {
