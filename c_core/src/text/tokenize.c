@@ -256,7 +256,7 @@ static size_t deepseek_word(const uint8_t *s, size_t i, size_t end)
  * decomposition is walked in place, a run of non-starters given out class by class (lowest first,
  * each class in text order: the stable sort), and each starter's final composite found by a look
  * ahead over the same walk before it is written.  A chunk longer than the space left is written
- * in parts, the walk replayed from its start each time (skipping what was written). */
+ * in parts, its state kept between them. */
 
 enum { HANGUL_S = 0xac00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11a7, HANGUL_SN = 11172 };
 
@@ -432,58 +432,74 @@ static int put_utf8(uint8_t *out, size_t *n, size_t cap, uint32_t cp)
     return 1;
 }
 
-/* The NFC of chunk s[0, e), less its first `skip` code points, into out[*n, cap) while a
- * character fits; returns the code points given so far (skipped ones too), *done once all are. */
-static size_t nfc_chunk(const uint8_t *s, size_t e, size_t skip, uint8_t *out, size_t *n, size_t cap, int *done)
+/* A chunk being normalized: its walk, the starter and what was kept since, and a code point that
+ * did not fit in the output yet. */
+typedef struct nfc_chunk {
+    nfc_walk w;
+    uint32_t starter, pending;
+    int have_starter, last, has_pending, active;
+    size_t end;   /* the chunk's end in the raw text */
+} nfc_chunk;
+
+/* Chunk s[0, e)'s NFC onto out[*n, cap), from where it stopped (c->active) or its start; returns
+ * whether it is all written. */
+static int nfc_chunk_write(nfc_chunk *c, const uint8_t *s, size_t e, uint8_t *out, size_t *n, size_t cap)
 {
-    nfc_walk w, ahead;
-    uint32_t c, starter = 0;
-    int have_starter = 0, last = -1, cls;
-    size_t count = 0;
-    memset(&w, 0, sizeof w);
-    w.s = s; w.e = e;
-    pos_load(s, e, &w.at);
-    *done = 0;
-    while (walk_next(&w, &c)) {
-        cls = ccc_of(c);
-        if (have_starter && composes(&starter, last, c, cls)) continue;
+    uint32_t cp;
+    int cls;
+    if (!c->active) {
+        memset(&c->w, 0, sizeof c->w);
+        c->w.s = s; c->w.e = e;
+        pos_load(s, e, &c->w.at);
+        c->have_starter = c->has_pending = 0;
+        c->last = -1;
+        c->active = 1;
+    }
+    if (c->has_pending) {
+        if (!put_utf8(out, n, cap, c->pending)) return 0;
+        c->has_pending = 0;
+    }
+    while (walk_next(&c->w, &cp)) {
+        cls = ccc_of(cp);
+        if (c->have_starter && composes(&c->starter, c->last, cp, cls)) continue;
         if (cls == 0) {   /* a new starter: written as what it composes into */
-            uint32_t final = c, d;
+            nfc_walk ahead = c->w;
+            uint32_t final = cp, d;
             int l = -1, dc;
-            ahead = w;
             while (walk_next(&ahead, &d)) {
                 dc = ccc_of(d);
                 if (composes(&final, l, d, dc)) continue;
                 if (!dc) break;
                 l = dc;
             }
-            starter = c; have_starter = 1; last = -1;
-            c = final;
+            c->starter = cp; c->have_starter = 1; c->last = -1;
+            cp = final;
         } else {
-            last = cls;
+            c->last = cls;
         }
-        if (count >= skip && !put_utf8(out, n, cap, c)) return count;
-        count++;
+        if (!put_utf8(out, n, cap, cp)) { c->pending = cp; c->has_pending = 1; return 0; }
     }
-    *done = 1;
-    return count;
+    c->active = 0;
+    return 1;
 }
 
-/* Raw text s[*i, e) normalized onto out[*n, cap) while a character fits; *skip: the code points
- * of the chunk at *i already written.  Returns whether raw text is left. */
-static int nfc_fill(const uint8_t *s, size_t e, size_t *i, size_t *skip, uint8_t *out, size_t *n, size_t cap)
+/* Raw text s[*i, e) normalized onto out[*n, cap) while a character fits; c: the chunk at *i, when
+ * one was left part written.  Returns whether raw text is left. */
+static int nfc_fill(const uint8_t *s, size_t e, size_t *i, nfc_chunk *c, uint8_t *out, size_t *n, size_t cap)
 {
     while (*i < e) {
-        size_t j, len, count;
-        int done;
+        size_t len;
         if (cap - *n < 4) return 1;
-        if (s[*i] < 0x80 && (*i + 1 == e || s[*i + 1] < 0x80)) { out[(*n)++] = s[(*i)++]; continue; }   /* ASCII: as is */
-        utf8_at(s, *i, e, &len);
-        for (j = *i + len; j < e && !safe_start(utf8_at(s, j, e, &len)); j += len) {}
-        count = nfc_chunk(s + *i, j - *i, *skip, out, n, cap, &done);
-        if (!done) { *skip = count; return 1; }
-        *i = j;
-        *skip = 0;
+        if (!c->active && s[*i] < 0x80 && (*i + 1 == e || s[*i + 1] < 0x80)) {   /* ASCII: as is */
+            out[(*n)++] = s[(*i)++];
+            continue;
+        }
+        if (!c->active) {
+            utf8_at(s, *i, e, &len);
+            for (c->end = *i + len; c->end < e && !safe_start(utf8_at(s, c->end, e, &len)); c->end += len) {}
+        }
+        if (!nfc_chunk_write(c, s + *i, c->end - *i, out, n, cap)) return 1;
+        *i = c->end;
     }
     return 0;
 }
@@ -684,13 +700,15 @@ static void encode_windowed(const colibri_model *m, const uint8_t *s, size_t e, 
 {
     const colibri_encoder *enc = &m->enc;
     uint8_t win[COLIBRI_WINDOW];
-    size_t i = 0, skip = 0, n = 0, at, len;
+    nfc_chunk chunk;
+    size_t i = 0, n = 0, at, len;
     int more = 1;
+    chunk.active = 0;
     if (enc->prefix_space && e && s[0] != ' ') win[n++] = ' ';
     while (more) {
         size_t piece = 0;
         if (enc->normalizer == COLIBRI_NORM_NFC) {
-            more = nfc_fill(s, e, &i, &skip, win, &n, sizeof win);
+            more = nfc_fill(s, e, &i, &chunk, win, &n, sizeof win);
         } else {
             size_t k = e - i < sizeof win - n ? e - i : sizeof win - n;
             if (k < e - i) k = colibri_utf8_whole(s + i, k);   /* whole characters, but for the text's last bytes */
