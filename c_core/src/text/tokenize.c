@@ -539,7 +539,7 @@ typedef struct bpe_word {
     int32_t id[COLIBRI_WORD_BYTES];
     int32_t rank[COLIBRI_WORD_BYTES];   /* of the pair (i, next[i]); -1: none */
     int16_t prev[COLIBRI_WORD_BYTES], next[COLIBRI_WORD_BYTES];   /* -1: none; prev -2: merged away */
-    uint32_t heap[3 * COLIBRI_WORD_BYTES];   /* rank << 8 | position; each merge pushes at most 2 */
+    uint32_t heap[2 * COLIBRI_WORD_BYTES];   /* rank << 8 | position: the first pairs, then each merge pops 1, pushes at most 2 */
     int32_t n_heap;
 } bpe_word;
 
