@@ -1,7 +1,9 @@
 /* Text to token ids, as the model's own tokenizer encodes it: added tokens matched first (exact
- * bytes, leftmost, longest first), the rest split into words by the pre-tokenizer's regular
- * expressions (hand-written scanners: GPT-2's, Llama 3's, DeepSeek V3's), each word's bytes merged
- * by BPE rank.
+ * bytes, leftmost, longest first; those `tokenizers` matches after normalizing, in a second pass),
+ * the rest normalized (NFC, or nothing) and split into words by the pre-tokenizer's regular
+ * expressions (hand-written scanners: GPT-2's, Llama 3's, Qwen2's, DeepSeek V3's), each word's
+ * bytes merged by BPE rank.  Normalized text (or text given a prefix space) passes through a window
+ * on the stack, the unfinished word at its end carried into the next.
  *
  * Byte-level BPE (GPT-2): a word starts as one token per byte (byte_ids) and the pair of
  * neighbours with the lowest merge rank merges, leftmost first, until no pair has a rank.  A
