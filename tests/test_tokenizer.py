@@ -235,11 +235,13 @@ def qwen2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpt2_nfc(tmp_path_factory):
-    """GPT-NeoX's form (OLMoE): NFC, ByteLevel with GPT-2's regex, runs of spaces as normalized added tokens."""
+    """GPT-NeoX's form (OLMoE): NFC, ByteLevel with GPT-2's regex, runs of spaces and others as
+    normalized added tokens (ones NFC cannot make or unmake)."""
     from tokenizers import AddedToken, normalizers, pre_tokenizers
 
     tok = byte_level(normalizers.NFC(), pre_tokenizers.ByteLevel(add_prefix_space=False),
-                     [AddedToken(" " * n, normalized=True) for n in (2, 4, 8)])
+                     [AddedToken(" " * n, normalized=True) for n in (2, 4, 8)] +
+                     [AddedToken(t, normalized=True) for t in ("|||IP_ADDRESS|||", "abq")])
     return converted(tmp_path_factory, "gpt2_nfc", tok, pre_tokenizer="gpt2", normalizer="nfc")
 
 
@@ -293,7 +295,8 @@ NEW = ["qwen2", "gpt2_nfc", "prefix_space", "metaspace_first", "metaspace_always
 EXTRA = ["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345",
          "#include <x.h> ab12cd 日本語テキスト・カタカナ ゛x a\u0301b \u200b\u200bz 1,2 ++x ..\r\n",
          "a  <mask> b <mask>  c<mask>\u3000<mask>\n", "<|im_end|>  \n x<|im_end|>y [X] [X]  z\t[X]\t", "abc bc ab", "cat cats cat. xcat _cat \u24d0cat \u00bdcat 2cat cat\u0301 \u200dcat <w>x <w> ,<w>, a <w>",
-         "<s>a<s> b</s>  c", " <s>", "<s> x"]
+         "<s>a<s> b</s>  c", " <s>", "<s> x",
+         "|||IP_ADDRESS|||\u0301 ab\u0301q abq\u0307 \u0301abq x|||IP_ADDRESS|||y a\u0308bq abq   \u00e9  "]
 
 
 @pytest.mark.parametrize("which", ["bundled", "trained", "llama3", "deepseek", "sentencepiece"] + NEW)

@@ -138,24 +138,34 @@ def _split_pre_tokenizer(pre):
     return None
 
 
-_DECOMPOSITION_PARTS = None
+_NFC_SETS = None
 
 
-def _nfc_inert(text):
-    """Whether NFC leaves every character of `text` as it is and makes none of them from others, so
-    the library's matching of a normalized added token in NFC text is the core's in the raw text:
-    class 0, no canonical decomposition, part of none, not Hangul."""
-    global _DECOMPOSITION_PARTS
+def _nfc_stable(text):
+    """Whether the library's matching of the normalized added token `text` in NFC text is the core's
+    in the raw text: NFC leaves it as it is, and an occurrence is neither made by NFC (none of its
+    characters comes from another: no decomposition, no singleton's or excluded composite's part)
+    nor unmade (class 0 throughout, its first character composes with nothing before it, its last
+    with nothing after it).  Python's tables, newer than the library's: the stricter."""
+    global _NFC_SETS
     import unicodedata
 
-    if _DECOMPOSITION_PARTS is None:
-        _DECOMPOSITION_PARTS = set()
+    if _NFC_SETS is None:
+        made, firsts, seconds = set(), set(), set()
         for cp in range(0x110000):
-            d = unicodedata.decomposition(chr(cp))
-            if d and not d.startswith("<"):
-                _DECOMPOSITION_PARTS.update(chr(int(x, 16)) for x in d.split())
-    return all(not unicodedata.combining(c) and unicodedata.normalize("NFD", c) == c and c not in _DECOMPOSITION_PARTS
-               and not 0x1100 <= ord(c) < 0x1200 for c in text)
+            c = chr(cp)
+            made.update(x for x in unicodedata.normalize("NFC", c) if x != c)
+            d = unicodedata.decomposition(c)
+            if d and not d.startswith("<") and len(d.split()) == 2 and unicodedata.normalize("NFC", c) == c:
+                first, second = (chr(int(x, 16)) for x in d.split())
+                firsts.add(first)
+                seconds.add(second)
+        hangul = {chr(cp) for cp in range(0x1100, 0x1200)} | {chr(cp) for cp in range(0xac00, 0xd7a4)}
+        _NFC_SETS = made | hangul, firsts | hangul, seconds | hangul
+    made, firsts, seconds = _NFC_SETS
+    return bool(text) and unicodedata.normalize("NFC", text) == text and text[0] not in seconds and \
+        text[-1] not in firsts and all(not unicodedata.combining(c) and unicodedata.normalize("NFD", c) == c and
+                                       c not in made for c in text)
 
 
 def _metaspace(pre):
@@ -175,7 +185,7 @@ def _added_flags(added, normalizer):
     for t in added:
         normalized = t.get("normalized", not t.get("special"))
         if not t["content"] or \
-                (normalized and (normalizer == "spm" or (normalizer == "nfc" and not _nfc_inert(t["content"])))):
+                (normalized and (normalizer == "spm" or (normalizer == "nfc" and not _nfc_stable(t["content"])))):
             return None
         flags.append(bool(t.get("lstrip")) | bool(t.get("rstrip")) << 1 | bool(normalized) << 2 |
                      bool(t.get("single_word")) << 3)
