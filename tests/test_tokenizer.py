@@ -1,7 +1,11 @@
 """The core's encoder (colibri_tokenize, Model.tokenize) against the `tokenizers` library: identical
-ids for the bundled model and for byte-level BPE tokenizers trained here, on a corpus of English,
-code, digits, whitespace runs, emoji, CJK, combining marks and the empty string, and on random
-Unicode strings; text the core decodes is what the library decodes."""
+ids for the bundled model and for tokenizers trained or put together here (GPT-2's, Llama 3's,
+DeepSeek V3's and Qwen2's pre-tokenizers, NFC, a ByteLevel prefix space, SentencePiece-style BPE in
+its normalizer and Metaspace forms, added tokens with lstrip, rstrip, single_word and normalized),
+on a corpus of English, code, digits, whitespace runs, emoji, CJK, combining marks and the empty
+string, on one of what NFC changes (with 100 KB of mixed text), and on random Unicode strings; text
+the core decodes is what the library decodes.  The fixtures qwen2, gpt2_nfc, prefix_space,
+metaspace_first, metaspace_always and added_options are module-scope colibri.Model objects."""
 import shutil
 from pathlib import Path
 
