@@ -1035,11 +1035,8 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.bos must be -1 or a token id below %d",
                             m->hp.vocab_size);
     enc->bos = (int32_t)v;
-    i = json_object_get(L->text, L->tok, obj, "ignore_merges");
-    if (i >= 0 && L->tok[i].type != JSON_TRUE && L->tok[i].type != JSON_FALSE)
-        return colibri_fail(L->err, COLIBRI_E_TYPE, "model.encoder.ignore_merges must be a boolean");
-    enc->ignore_merges = i >= 0 && L->tok[i].type == JSON_TRUE;
-    st = read_options(L, obj, kind, enc, schemes);
+    st = read_flag(L, obj, "ignore_merges", &enc->ignore_merges);
+    if (!st) st = read_options(L, obj, kind, enc, schemes);
     if (st) return st;
     if ((enc->ignore_merges || kind == COLIBRI_ENCODER_SENTENCEPIECE_BPE) != (enc->vocab_order != NULL))
         return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `tokenizer.vocab_order` goes with model.encoder.ignore_merges "
