@@ -1,7 +1,11 @@
 """The core's encoder (colibri_tokenize, Model.tokenize) against the `tokenizers` library: identical
-ids for the bundled model and for byte-level BPE tokenizers trained here, on a corpus of English,
-code, digits, whitespace runs, emoji, CJK, combining marks and the empty string, and on random
-Unicode strings; text the core decodes is what the library decodes."""
+ids for the bundled model and for tokenizers trained or put together here (GPT-2's, Llama 3's,
+DeepSeek V3's and Qwen2's pre-tokenizers, NFC, a ByteLevel prefix space, SentencePiece-style BPE in
+its normalizer and Metaspace forms, added tokens with lstrip, rstrip, single_word and normalized),
+on a corpus of English, code, digits, whitespace runs, emoji, CJK, combining marks and the empty
+string, on one of what NFC changes (with 100 KB of mixed text), and on random Unicode strings; text
+the core decodes is what the library decodes.  The fixtures qwen2, gpt2_nfc, prefix_space,
+metaspace_first, metaspace_always and added_options are module-scope colibri.Model objects."""
 import shutil
 from pathlib import Path
 
@@ -29,18 +33,56 @@ CORPUS = [
     "special <s> and </s> and <unk> inline<s></s>", "x" * 250 + " " + "ab" * 120, " " * 50 + "z",
     "mixed123abc 456  789\t0", "\u200bzero\u200dwidth\ufeff", "'''quotes''' \"\" `` ''s",
 ]
+def _mixed(n_bytes, seed=9):
+    """Mixed text of about n_bytes: CORPUS, NFC_CORPUS's short cases and random strings, joined."""
+    parts, size, k = [], 0, 0
+    pieces = CORPUS + NFC_SHORT + random_strings(seed, 200, nfc=True)
+    while size < n_bytes:
+        parts.append(pieces[k % len(pieces)])
+        size += len(parts[-1].encode()) + 1
+        k += 1
+    return " ".join(parts)
+
+
+NFC_SHORT = [
+    "cafe\u0301 nai\u0308ve e\u0301\u0301 A\u030a \u212b \u2126 \u212a o\u0308\u0304 \u1e0b\u0323 d\u0323\u0307 d\u0307\u0323",
+    "q\u0307\u0323 a\u0328\u0301 \u0345\u0301\u0313 \u03b1\u0313\u0300\u0345 \u1f82 \u0344 \u0f73 \u0f71\u0f72",
+    "\u1100\u1161\u11a8 \u1100\u1161 \uac00\u11a8 \u1112\u1161\u11ab\u1100\u1173\u11af \u1100\u11a8 \u1161\u1100",
+    "\u0958 \u0915\u093c \u09dc \u0b47\u0b3e \u0b4b \u0dd9\u0dcf\u0dca \u2adc \u2add\u0338 \uf900 \U0002f800",
+    "\u0041\u0300\u0316 \u0041\u0316\u0300 x\u0301\u0323\u0308 \u00e9\u0323 \u1e9b\u0323 \u0301start",
+    "Ṩ s\u0323\u0307 s\u0307\u0323 \u1ea0\u0302 a\u0323\u0302 \U00011935\U00011930 \u1df6e\u0301",
+    "e\u0301 \u00e9  e\u0301\n\ne\u0301\t \u00e9\u0301\u0301 x  \u2000\u2001 1\u0301 '\u0301s a\u0301'\u0301re",
+]
+NFC_CORPUS = NFC_SHORT + [
+    "a" + "\u0301\u0316\u0300\u0323" * 300 + " b",   # one chunk longer than the window
+    "\u0301" * 700 + "x " + "e" + "\u0308" * 400,
+    ("word\u0301 " * 200) + ("\uac00\u11a8" * 300),
+    " " * 200 + "e\u0301 " + "\n" + " " * 250 + "\n" + "x\u0301" * 60,   # words of at most 256 bytes (see FORMAT.md)
+    "Ελληνικά " * 80 + "1234567890 " * 60,
+]
+
+
 TRAIN_TEXT = CORPUS + [
     "The quick brown fox jumps over the lazy dog. " * 3, "import numpy as np\nx = np.zeros((3, 4))\n" * 2,
     "Unicode: café naïve über straße 東京 北京 😀😀 1234567890", "    indented\n        more\n",
 ]
 
 
-def random_strings(seed, count=300):
+def random_strings(seed, count=300, nfc=False):
     """Strings of code points drawn from ASCII, Latin, combining marks, other scripts' letters and
-    digits, Unicode spaces, CJK and emoji, with runs of spaces."""
+    digits, Unicode spaces, CJK and emoji, with runs of spaces; `nfc`: more of what NFC changes
+    (combining marks after letters, Hangul jamo, composition exclusions, singletons, Indic vowel signs).
+    The library's NFC tables predate Unicode 10; gen_unicode.py's LIBRARY_OLDER gives its values for
+    the marks assigned since, so they may be drawn too."""
     pools = [range(0x20, 0x7f), range(0x09, 0x0e), range(0xa0, 0x250), range(0x300, 0x370), range(0x370, 0x530),
              range(0x600, 0x6ff), range(0x900, 0x97f), range(0x2000, 0x2070), range(0x3000, 0x3100),
              range(0x4e00, 0x4f00), range(0xac00, 0xad00), range(0x1f300, 0x1f650), [0x20] * 8, [0x27] * 2]
+    if nfc:
+        pools += [range(0x300, 0x370)] * 4 + [range(0x1100, 0x1200), range(0x1e00, 0x2000), range(0x1ab0, 0x1b00),
+                                              range(0x1dc0, 0x1e00), range(0x20d0, 0x2100), range(0x0958, 0x0960),
+                                              range(0xb3e, 0xb58), range(0x0f70, 0x0f80), [0x212b, 0x2126, 0x212a, 0x0344],
+                                              range(0xf900, 0xf940), range(0x11930, 0x11940), range(0x10f46, 0x10f51),
+                                              range(0x61, 0x7b)]
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
@@ -147,22 +189,142 @@ def sentencepiece(tmp_path_factory):
     return model
 
 
-@pytest.mark.parametrize("which", ["bundled", "trained", "llama3", "deepseek", "sentencepiece"])
+def hf_dir(tmp_path_factory, name, tok):
+    src = tmp_path_factory.mktemp(f"{name}-hf")
+    for f in (FIXTURES / "shakespeare-hf").iterdir():
+        if f.name not in ("tokenizer.json", "reference.npz"):
+            shutil.copy(f, src / f.name)
+    tok.save(str(src / "tokenizer.json"))
+    return src
+
+
+def converted(tmp_path_factory, name, tok, **want):
+    """The bundled checkpoint with `tok`, converted; its encoder entry has the fields `want`."""
+    import json
+
+    src = hf_dir(tmp_path_factory, name, tok)
+    model = colibri.Model(convert(src, src.parent / f"{name}.colibri", dtype="f16", progress=False))
+    entry = json.loads((Path(model.path) / "colibri_model.json").read_text())["encoder"]
+    assert {k: entry.get(k) for k in want} == want, entry
+    return model
+
+
+def byte_level(normalizer, pre_tokenizer, added=(), ignore_merges=False):
+    """A byte-level BPE tokenizer trained here (as trained_model's), with `normalizer`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|endoftext|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator((TRAIN_TEXT + NFC_SHORT) * 4, trainer)
+    tok.add_tokens(list(added))
+    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+    return tok
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    """Qwen2's form: NFC, its regex, ByteLevel without a regex."""
+    from tokenizers import Regex, normalizers, pre_tokenizers
+
+    from colibri.convert.vocab import QWEN2_REGEX
+
+    tok = byte_level(normalizers.NFC(), pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(QWEN2_REGEX), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))
+    return converted(tmp_path_factory, "qwen2", tok, pre_tokenizer="qwen2", normalizer="nfc")
+
+
+@pytest.fixture(scope="module")
+def gpt2_nfc(tmp_path_factory):
+    """GPT-NeoX's form (OLMoE): NFC, ByteLevel with GPT-2's regex, runs of spaces and others as
+    normalized added tokens (ones NFC cannot make or unmake)."""
+    from tokenizers import AddedToken, normalizers, pre_tokenizers
+
+    tok = byte_level(normalizers.NFC(), pre_tokenizers.ByteLevel(add_prefix_space=False),
+                     [AddedToken(" " * n, normalized=True) for n in (2, 4, 8)] +
+                     [AddedToken(t, normalized=True) for t in ("|||IP_ADDRESS|||", "abq")])
+    return converted(tmp_path_factory, "gpt2_nfc", tok, pre_tokenizer="gpt2", normalizer="nfc")
+
+
+@pytest.fixture(scope="module")
+def prefix_space(tmp_path_factory):
+    """GPT-2's ByteLevel with add_prefix_space: a space before each stretch that lacks one."""
+    from tokenizers import pre_tokenizers
+
+    tok = byte_level(None, pre_tokenizers.ByteLevel(add_prefix_space=True))
+    return converted(tmp_path_factory, "prefix_space", tok, pre_tokenizer="gpt2", prefix_space=True)
+
+
+@pytest.fixture(scope="module")
+def added_options(tmp_path_factory):
+    """Added tokens with lstrip, rstrip and single_word, special and not, normalized and not."""
+    from tokenizers import AddedToken, pre_tokenizers
+
+    tok = byte_level(None, pre_tokenizers.ByteLevel(add_prefix_space=False))
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True), AddedToken("<|im_end|>", rstrip=True, special=True)])
+    tok.add_tokens([AddedToken("[X]", lstrip=True, rstrip=True), AddedToken("ab", normalized=True),
+                    AddedToken("bc", normalized=False), AddedToken("cat", single_word=True),
+                    AddedToken("<w>", single_word=True, lstrip=True, normalized=False)])
+    return converted(tmp_path_factory, "added_options", tok, pre_tokenizer="gpt2")
+
+
+def metaspace_model(tmp_path_factory, scheme, split):
+    """The sentencepiece fixture's vocabulary and merges with no normalizer and a Metaspace pre-tokenizer."""
+    import json
+
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    doc = json.loads((Path(tmp_path_factory.getbasetemp()) / "sentencepiece-hf0" / "tokenizer.json").read_text())
+    doc["normalizer"] = None
+    tok = Tokenizer.from_str(json.dumps(doc))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=scheme, split=split)
+    return converted(tmp_path_factory, f"metaspace_{scheme}", tok, kind="sentencepiece_bpe", prepend_scheme=scheme,
+                     split=split)
+
+
+@pytest.fixture(scope="module")
+def metaspace_first(tmp_path_factory, sentencepiece):
+    return metaspace_model(tmp_path_factory, "first", True)
+
+
+@pytest.fixture(scope="module")
+def metaspace_always(tmp_path_factory, sentencepiece):
+    return metaspace_model(tmp_path_factory, "always", False)
+
+
+NEW = ["qwen2", "gpt2_nfc", "prefix_space", "metaspace_first", "metaspace_always", "added_options"]
+EXTRA = ["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345",
+         "#include <x.h> ab12cd 日本語テキスト・カタカナ ゛x a\u0301b \u200b\u200bz 1,2 ++x ..\r\n",
+         "a  <mask> b <mask>  c<mask>\u3000<mask>\n", "<|im_end|>  \n x<|im_end|>y [X] [X]  z\t[X]\t", "abc bc ab", "cat cats cat. xcat _cat \u24d0cat \u00bdcat 2cat cat\u0301 \u200dcat <w>x <w> ,<w>, a <w>",
+         "<s>a<s> b</s>  c", " <s>", "<s> x",
+         "|||IP_ADDRESS|||\u0301 ab\u0301q abq\u0307 \u0301abq x|||IP_ADDRESS|||y a\u0308bq abq   \u00e9  "]
+
+
+@pytest.mark.parametrize("which", ["bundled", "trained", "llama3", "deepseek", "sentencepiece"] + NEW)
 def test_corpus_ids_are_the_tokenizers_library(which, request):
     model = request.getfixturevalue(which)
-    texts = CORPUS + (["<|endoftext|>x<|pad|><|pad|> <|endoftext|>", "IT'S 'Re 'VE \r\n\r\n  \n\t x !!word 12345",
-                       "#include <x.h> ab12cd 日本語テキスト・カタカナ ゛x a\u0301b \u200b\u200bz 1,2 ++x ..\r\n"]
-                      if which != "bundled" else [])
+    texts = CORPUS + (EXTRA if which != "bundled" else [])
     for text in texts:
         assert model.tokenize(text) == model.tokenizer.encode(text).ids, repr(text)
 
 
 @pytest.mark.parametrize("which,seed", [("bundled", 1), ("trained", 2), ("llama3", 5), ("deepseek", 6),
-                                        ("sentencepiece", 7)])
+                                        ("sentencepiece", 7)] + [(w, 10 + k) for k, w in enumerate(NEW)])
 def test_random_strings_are_the_tokenizers_library(which, seed, request):
     model = request.getfixturevalue(which)
     for text in random_strings(seed):
         assert model.tokenize(text) == model.tokenizer.encode(text).ids, repr(text)
+
+
+@pytest.mark.parametrize("which", ["qwen2", "gpt2_nfc", "trained"])
+def test_nfc_corpus_is_the_tokenizers_library(which, request):
+    """What NFC changes, a combining run longer than the core's window, and 100 KB of mixed text."""
+    model = request.getfixturevalue(which)
+    for text in NFC_CORPUS + random_strings(20, 300, nfc=True):
+        assert model.tokenize(text) == model.tokenizer.encode(text).ids, (len(text), repr(text[:100]))
 
 
 def test_decode_is_the_tokenizers_library(bundled):
@@ -192,6 +354,9 @@ def test_model_without_an_encoder_says_so(tmp_path):
     with pytest.raises(colibri.Error, match="carries no encoder: reconvert it with colibri convert"):
         model.tokenize("hello")
     assert model.session().generate([1, 5], max_tokens=2, temperature=0.0)   # ids still run
+
+
+NFC_CORPUS.append(_mixed(100_000))   # random_strings is defined by now
 
 
 def write_cases():

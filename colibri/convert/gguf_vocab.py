@@ -164,7 +164,7 @@ def _encoder(reader, spm, tokens, types, ids, merges, bos_id):
         raise NoEncoder("gguf tokenizer.ggml.add_bos_token without a tokenizer.ggml.bos_token_id in the vocabulary")
     alphabet = set(_byte_level_alphabet())
     # matched as their text; transformers leaves out byte-level ones not spelled in the alphabet
-    added = [(t, i, kind != USER_DEFINED) for i, (t, kind) in enumerate(zip(tokens, types))
+    added = [(t, i, kind != USER_DEFINED, 0) for i, (t, kind) in enumerate(zip(tokens, types))
              if kind in (CONTROL, UNKNOWN, USER_DEFINED) and t and (spm or set(t) <= alphabet)]
     return encoder_tables(ids, merges, added, bos_id if add_bos else -1, len(tokens), pre,
                           ignore_merges=ignore_merges, **entry)

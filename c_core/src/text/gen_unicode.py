@@ -7,12 +7,30 @@ Letters are the general categories L*, numbers N*, marks M*, punctuation P*, sym
 Python's unicodedata.  Whitespace is the
 Unicode White_Space property (PropList.txt, unchanged since Unicode 6.3), which is what the regex
 engine of the `tokenizers` library (Oniguruma) matches with \\s; unicodedata does not expose it,
-so it is listed here (str.isspace() also takes U+001C..U+001F, which \\s does not)."""
+so it is listed here (str.isspace() also takes U+001C..U+001F, which \\s does not).
+
+For the NFC normalizer: each code point's canonical combining class (runs), its one-level canonical
+decomposition (with a bit for a primary composite: one that NFC composes back, not excluded), the
+composing entries sorted by their two parts, and the starters that compose with what precedes them.
+The `tokenizers` library normalizes with older tables (it predates Unicode 10): LIBRARY_OLDER lists
+what differs there, combining marks it does not know (class 0) and U+11938 (no decomposition);
+the generator gives them the library's values, so the core encodes as it does."""
 import sys
 import unicodedata
 
 WHITE_SPACE = [(0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
                (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000)]
+# Other_Alphabetic characters outside the marks (PropList.txt; unicodedata does not expose it): the
+# circled and squared Latin letters.  With them and U+200C/D (Join_Control), Rust regex's \w, which
+# `tokenizers` uses for single_word tokens: Alphabetic, M, Nd, Pc, Join_Control.
+WORD_SYMBOLS = [(0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189), (0x200C, 0x200D)]
+
+# found by comparing the library's NFC and NFD (tokenizers 0.23) with unicodedata's, code point by code point
+LIBRARY_OLDER = [0x7fd, *range(0x898, 0x8a0), *range(0x8ca, 0x8d4), 0x9fe, 0xc3c, 0xd3b, 0xd3c, 0xeba, 0x1715,
+                 *range(0x1abf, 0x1acf), *range(0x1df6, 0x1dfb), 0xa82c, *range(0x10d24, 0x10d28), 0x10eab, 0x10eac,
+                 *range(0x10f46, 0x10f51), *range(0x10f82, 0x10f86), 0x11070, 0x1133b, 0x1145e, 0x11839, 0x1183a,
+                 0x1193d, 0x1193e, 0x11943, 0x119e0, 0x11a34, 0x11a47, 0x11a99, 0x11d42, 0x11d44, 0x11d45, 0x11d97,
+                 0x16ff0, 0x16ff1, *range(0x1e130, 0x1e137), 0x1e2ae, *range(0x1e2ec, 0x1e2f0), 0x11938]
 OTHER, LETTER, NUMBER, SPACE, MARK, PUNCT, SYMBOL = range(7)
 
 
@@ -43,6 +61,75 @@ def main():
     out.write("static const uint32_t colibri_unicode_runs[COLIBRI_UNICODE_RUNS] = {\n")
     for i in range(0, len(runs), 8):
         out.write("    " + " ".join("0x%07x," % (cp << 3 | c) for cp, c in runs[i:i + 8]) + "\n")
+    out.write("};\n")
+    word_table(out, spaces)
+    nfc_tables(out)
+
+
+def word_table(out, spaces):
+    """Where \\w differs from the classes letter, mark and number: No (not a word character), Pc,
+    WORD_SYMBOLS (word characters)."""
+    word = {c for a, b in WORD_SYMBOLS for c in range(a, b + 1)}
+    ranges, start = [], None
+    for cp in range(0x110001):
+        flip = cp < 0x110000 and (cls(cp, spaces) in (LETTER, MARK, NUMBER)) != (
+            cp in word or unicodedata.category(chr(cp)) in ("Nd", "Nl", "Pc") or
+            unicodedata.category(chr(cp))[0] in "LM")
+        if flip and start is None:
+            start = cp
+        if not flip and start is not None:
+            ranges.append((start, cp - 1))
+            start = None
+    out.write("\n/* \\w (Rust regex): the letters, marks and numbers, less or plus these ranges (first, last), sorted. */\n")
+    out.write("#define COLIBRI_WORD_FLIPS %d\n" % len(ranges))
+    table(out, "uint32_t", "colibri_word_flips[COLIBRI_WORD_FLIPS][2]", ["{0x%x, 0x%x}" % r for r in ranges], 6)
+
+
+def ccc(cp):
+    return 0 if cp in LIBRARY_OLDER else unicodedata.combining(chr(cp))
+
+
+def decomposition(cp):
+    """The one-level canonical decomposition, [] for none (Hangul syllables are algorithmic)."""
+    d = unicodedata.decomposition(chr(cp))
+    return [] if cp in LIBRARY_OLDER or not d or d.startswith("<") else [int(x, 16) for x in d.split()]
+
+
+def nfc_tables(out):
+    runs, last = [], 0
+    for cp in range(0x110000):
+        if ccc(cp) != last:
+            runs.append((cp, ccc(cp)))
+            last = ccc(cp)
+    entries, seconds = [], set()
+    for cp in range(0x110000):
+        d = decomposition(cp)
+        if not d:
+            continue
+        assert len(d) <= 2 and (len(d) == 1 or not decomposition(d[1]))   # only the first part decomposes further
+        composes = len(d) == 2 and unicodedata.normalize("NFC", chr(cp)) == chr(cp)
+        if composes and ccc(d[1]) == 0:
+            seconds.add(d[1])
+        entries.append((cp, composes, d[0], d[1] if len(d) == 2 else 0))
+    comp = sorted((i for i, e in enumerate(entries) if e[1]), key=lambda i: (entries[i][2], entries[i][3]))
+    out.write("\n/* NFC.  Combining classes: (first code point << 8) | class, sorted; the class holds up to the next\n"
+              " * entry.  Decompositions: (code point << 43) | (primary composite << 42) | (first << 21) | second\n"
+              " * (0: a singleton), sorted; the first part may decompose further, the second never does.\n"
+              " * Compositions: the primary composites' entries sorted by (first, second).  Starters that compose\n"
+              " * with a preceding character (Hangul's aside). */\n")
+    out.write("#define COLIBRI_CCC_RUNS %d\n#define COLIBRI_DECOMPOSITIONS %d\n#define COLIBRI_COMPOSITIONS %d\n"
+              "#define COLIBRI_SECOND_STARTERS %d\n" % (len(runs), len(entries), len(comp), len(seconds)))
+    table(out, "uint32_t", "colibri_ccc_runs[COLIBRI_CCC_RUNS]", ["0x%x" % (cp << 8 | c) for cp, c in runs], 10)
+    table(out, "uint64_t", "colibri_decompositions[COLIBRI_DECOMPOSITIONS]",
+          ["0x%xu" % (cp << 43 | c << 42 | a << 21 | b) for cp, c, a, b in entries], 6)
+    table(out, "uint16_t", "colibri_compositions[COLIBRI_COMPOSITIONS]", [str(i) for i in comp], 16)
+    table(out, "uint32_t", "colibri_second_starters[COLIBRI_SECOND_STARTERS]", ["0x%x" % c for c in sorted(seconds)], 12)
+
+
+def table(out, ctype, name, items, per_line):
+    out.write("static const %s %s = {\n" % (ctype, name))
+    for i in range(0, len(items), per_line):
+        out.write("    " + ", ".join(items[i:i + per_line]) + ",\n")
     out.write("};\n")
 
 
