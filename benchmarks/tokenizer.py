@@ -5,8 +5,9 @@ family the core has.
     python benchmarks/tokenizer.py [--kib 100]
 
 The text: this checkout's README, docs and C sources (English prose, code, whitespace runs), cut
-to --kib KiB.  gpt2 is the bundled model's tokenizer; llama3 and deepseek are byte-level BPE
-tokenizers of 1024 tokens trained on the text with those families' pre-tokenizers, sentencepiece
+to --kib KiB.  gpt2 is the bundled model's tokenizer; llama3, qwen2 (its NFC normalizer too) and
+deepseek are byte-level BPE tokenizers of 1024 tokens trained on the text with those families'
+pre-tokenizers, sentencepiece
 one of Llama 2's kind (spaces as U+2581, byte fallback) (the bundled checkpoint converted with each).
 Each side encodes the text whole, one thread, the two interleaved --repeat times: medians, and the
 ratio as the median of each pair's.  Prints a markdown table and writes it to --out."""
@@ -50,7 +51,7 @@ def trained(family, data, tmp):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from colibri.convert import convert
-    from colibri.convert.vocab import DEEPSEEK_REGEXES, LLAMA3_REGEX
+    from colibri.convert.vocab import DEEPSEEK_REGEXES, LLAMA3_REGEX, QWEN2_REGEX
 
     if family == "sentencepiece":   # Llama 2's layout: <unk> <s> </s>, the 256 byte tokens, the pieces
         from tokenizers import normalizers
@@ -69,8 +70,12 @@ def trained(family, data, tmp):
         tok.normalizer = spaces
         tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     else:
-        regexes = {"llama3": [LLAMA3_REGEX], "deepseek": DEEPSEEK_REGEXES}[family]
+        from tokenizers import normalizers
+
+        regexes = {"llama3": [LLAMA3_REGEX], "qwen2": [QWEN2_REGEX], "deepseek": DEEPSEEK_REGEXES}[family]
         tok = Tokenizer(models.BPE(ignore_merges=family == "llama3"))
+        if family == "qwen2":
+            tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), "isolated") for r in regexes] +
                                                     [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         tok.decoder = decoders.ByteLevel()
@@ -94,7 +99,7 @@ def main():
     mb = len(s.encode()) / 1e6
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ("gpt2", "llama3", "deepseek", "sentencepiece"):
+        for family in ("gpt2", "llama3", "qwen2", "deepseek", "sentencepiece"):
             model = colibri.Model(args.model if family == "gpt2" else trained(family, s, Path(tmp)))
             tok = model.tokenizer
             ids = model.tokenize(s)

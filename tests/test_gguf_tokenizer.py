@@ -78,10 +78,10 @@ def byte_level_vocab(pre):
     `pre` names: two control tokens first, a user-defined <think> last."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
-    from colibri.convert.vocab import DEEPSEEK_REGEXES, LLAMA3_REGEX
+    from colibri.convert.vocab import DEEPSEEK_REGEXES, LLAMA3_REGEX, QWEN2_REGEX
 
     tok = Tokenizer(models.BPE())
-    regexes = {"gpt-2": [], "llama-bpe": [LLAMA3_REGEX], "deepseek-v3": DEEPSEEK_REGEXES}[pre]
+    regexes = {"gpt-2": [], "llama-bpe": [LLAMA3_REGEX], "deepseek-v3": DEEPSEEK_REGEXES, "qwen2": [QWEN2_REGEX]}[pre]
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), "isolated") for r in regexes] +
         [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not regexes)])
@@ -119,13 +119,14 @@ def reference(path, family):
     """transformers' conversion of the GGUF vocabulary, as a `tokenizers` Tokenizer, with llama.cpp's
     semantics where they differ: "llama-bpe" merges ignored for a word that is a token (transformers
     keeps merging); "deepseek-v3" split by DeepSeek V3's three expressions (transformers uses GPT-2's
-    ByteLevel regex); SentencePiece a "▁" before each stretch of text, as llama.cpp and Llama 2's
+    ByteLevel regex); "qwen2" NFC then Qwen2's expression, as Qwen2's own tokenizer.json (transformers'
+    conversion applies no NFC, nor does llama.cpp); SentencePiece a "▁" before each stretch of text, as llama.cpp and Llama 2's
     tokenizer.json (transformers' Metaspace puts it only before the first stretch and only where
     the text does not start with a space)."""
     from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
     from transformers import AutoTokenizer
 
-    from colibri.convert.vocab import DEEPSEEK_REGEXES
+    from colibri.convert.vocab import DEEPSEEK_REGEXES, QWEN2_REGEX
 
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).backend_tokenizer
     if family == "llama-bpe":
@@ -136,13 +137,17 @@ def reference(path, family):
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), "isolated") for r in DEEPSEEK_REGEXES] +
             [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif family == "qwen2":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_REGEX), "isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     elif family == "llama":
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
         tok.pre_tokenizer = None
     return tok
 
 
-@pytest.fixture(scope="module", params=["gpt-2", "llama-bpe", "deepseek-v3", "llama"])
+@pytest.fixture(scope="module", params=["gpt-2", "llama-bpe", "deepseek-v3", "qwen2", "llama"])
 def imported(request, tmp_path_factory):
     """(family, the imported colibri model, the reference tokenizer, transformers' own conversion)."""
     family, tmp = request.param, tmp_path_factory.mktemp(f"gguf-{request.param}")
@@ -166,6 +171,7 @@ def test_encoder_entry(imported):
     assert entry == {"gpt-2": {"kind": "byte_level_bpe", "pre_tokenizer": "gpt2", "bos": -1},
                      "llama-bpe": {"kind": "byte_level_bpe", "pre_tokenizer": "llama3", "bos": 0, "ignore_merges": True},
                      "deepseek-v3": {"kind": "byte_level_bpe", "pre_tokenizer": "deepseek", "bos": 0},
+                     "qwen2": {"kind": "byte_level_bpe", "pre_tokenizer": "qwen2", "bos": 0, "normalizer": "nfc"},
                      "llama": {"kind": "sentencepiece_bpe", "pre_tokenizer": "metaspace", "bos": 1}}[family]
 
 
@@ -187,6 +193,8 @@ def test_where_transformers_conversion_is_llama_cpp_it_is_colibri(imported):
     family, model, _, raw = imported
     if family == "deepseek-v3":
         pytest.skip("transformers splits deepseek-v3 text with GPT-2's regex, llama.cpp with DeepSeek V3's")
+    if family == "qwen2":
+        pytest.skip("transformers' conversion of a qwen2 vocabulary applies no NFC, Qwen2's tokenizer.json does")
     texts = CORPUS + EXTRA + random_strings(13)
     if family == "llama":
         texts = [t for t in texts if not t.startswith(" ") and not any(s in t for s in ("<s>", "</s>", "<unk>", "<think>"))]

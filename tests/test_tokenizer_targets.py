@@ -10,7 +10,8 @@ import pytest
 import test_tokenizer
 from colibri.targets import TARGETS, build, cross_files, env_for
 
-FAMILIES = ["bundled", "trained", "llama3", "deepseek", "sentencepiece"]
+FAMILIES = ["bundled", "trained", "llama3", "deepseek", "sentencepiece", "qwen2", "gpt2_nfc", "prefix_space",
+            "metaspace_first", "metaspace_always", "added_options"]
 globals().update({name: getattr(test_tokenizer, name) for name in FAMILIES})   # the fixtures, by name
 
 BOARDS = list(cross_files("colibri_board"))
@@ -32,11 +33,16 @@ def round_trips(model):
     return b"".join(model.token_bytes(i) for i in model.tokenize(INVALID)[1:]) == INVALID
 
 
-def write_cases(model, path):
+NFC_FAMILIES = ("qwen2", "gpt2_nfc", "trained")   # test_tokenizer's NFC corpus runs on these
+
+
+def write_cases(model, family, path):
     """test_tokenize's cases file: each text's bytes in hex, then its ids from the tokenizers library,
-    which the host's encoder gives too."""
+    which the host's encoder gives too.  The NFC corpus's texts of a few KB (not the 100 KB one, past
+    test_tokenize's line) run through the normalizer's windows."""
     lines = []
-    for text in test_tokenizer.CORPUS + test_tokenizer.random_strings(7, 40):
+    nfc = [t for t in test_tokenizer.NFC_CORPUS if len(t.encode()) < 4096] if family in NFC_FAMILIES else []
+    for text in test_tokenizer.CORPUS + test_tokenizer.random_strings(7, 40, nfc=True) + nfc:
         ids = model.tokenizer.encode(text).ids
         assert model.tokenize(text) == ids, text
         lines += [text.encode("utf-8").hex(), ",".join(map(str, ids))]
@@ -48,7 +54,7 @@ def write_cases(model, path):
 @pytest.mark.parametrize("target", EMULATED)
 def test_the_encoder_is_the_tokenizers_library_on_every_target(target, family, request, tmp_path):
     model = request.getfixturevalue(family)
-    n = write_cases(model, tmp_path / "cases.txt")
+    n = write_cases(model, family, tmp_path / "cases.txt")
     program = build(target) / "c_core" / "tests" / "test_tokenize"
     only = [] if round_trips(model) else ["--cases-only"]
     r = subprocess.run([*runner(target), str(program), str(model.path), str(tmp_path / "cases.txt"), *only],

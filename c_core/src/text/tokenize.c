@@ -782,9 +782,6 @@ typedef struct added_pass {
     int two;                /* some tokens are matched in the second pass */
 } added_pass;
 
-/* s[start, e) with the added tokens of a pass (`normalized`: the second) split out, as `tokenizers`
- * extracts them: leftmost, longest first, and grown over the whitespace before (lstrip) or after
- * (rstrip) them; the text between them goes on to the second pass, or is encoded. */
 /* Whether a word character (\w) ends s[start, i) or starts s[i, e). */
 static int word_before(const uint8_t *s, size_t start, size_t i)
 {
@@ -800,6 +797,9 @@ static int word_after(const uint8_t *s, size_t i, size_t e)
     return i < e && is_word(utf8_at(s, i, e, &len));
 }
 
+/* s[start, e) with the added tokens of a pass (`normalized`: the second) split out, as `tokenizers`
+ * extracts them: leftmost, longest first, and grown over the whitespace before (lstrip) or after
+ * (rstrip) them; the text between them goes on to the second pass, or is encoded. */
 static void split_added(const colibri_model *m, const added_pass *ap, const uint8_t *s, size_t start, size_t e,
                         int normalized, bpe_word *w, sink *out)
 {
