@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../arch.h"
+#include "../../src/ops/quant_tables.h"
 
 /* xq (n, cols / 32) = x (n, cols) in blocks of 32, as colibri_ref_quantize_q8 (same rounding). */
 static inline void quantize_q8_neon(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
@@ -30,10 +31,156 @@ static inline void quantize_q8_neon(colibri_q8_block *xq, const float *x, int32_
     }
 }
 
+typedef int32x4_t (*dot16_fn)(int32x4_t acc, int8x16_t a, int8x16_t b);
+
+/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, iq4_xs, iq4_nl, mxfp4 (see
+ * colibri_ref_matmul_q8 for the sums), one weight block at a time: per activation block a 4-lane
+ * integer dot of signed bytes, converted and added in times d * scale * dx; q4_k's and q5_k's mins
+ * as dmin * m * dx * sum(q), summed apart. */
+
+/* 32 weights (w0: the first 16) against one activation block. */
+static inline __attribute__((always_inline)) int32x4_t dot32(int8x16_t w0, int8x16_t w1, const colibri_q8_block *xb, dot16_fn dot16)
+{
+    return dot16(dot16(vdupq_n_s32(0), w0, vld1q_s8(xb->q)), w1, vld1q_s8(xb->q + 16));
+}
+
+static inline float32x4_t add_scaled(float32x4_t acc, int32x4_t dot, float f) { return vfmaq_n_f32(acc, vcvtq_f32_s32(dot), f); }
+
+static inline float f16_scale(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return colibri_f16_to_f32(h);
+}
+
+static inline int8x16_t s8(uint8x16_t v) { return vreinterpretq_s8_u8(v); }
+
+/* A q4_k / q5_k block's 12 scale bytes as 8 scales then 8 mins (6 bits each): bytes s and s + 4
+ * for s < 4; for s >= 4 the low nibbles of bytes 8..11 and the top two bits of bytes 0..7. */
+static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
+{
+    uint32_t u[4], lo_mins;
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    lo_mins = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = lo_mins;
+    u[0] &= 0x3f3f3f3fu;
+    memcpy(out, u, 16);
+}
+
+/* One q4_k or q5_k block (256 weights, 8 sub-blocks of 32) against its 8 activation blocks. */
+static inline __attribute__((always_inline)) void k4_block(const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
+                                                           float32x4_t *acc0, float32x4_t *acc1, float *mins, dot16_fn dot16)
+{
+    const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48);
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), f = vdupq_n_u8(16);
+    uint8x16_t qh0 = vld1q_u8(b + 16), qh1 = vld1q_u8(b + 32);   /* q5_k's fifth bits (q4_k: unused) */
+    float d = f16_scale(b), m = 0.0f;
+    uint8_t sm[16];
+    int k;
+    k4_unpack(b + 4, sm);
+    for (k = 0; k < 4; k++, xb += 2) {   /* sub-blocks 2k (low nibbles) and 2k + 1 (high) */
+        uint8x16_t v0 = vld1q_u8(qs + 32 * k), v1 = vld1q_u8(qs + 32 * k + 16);
+        uint8x16_t lo0 = vandq_u8(v0, m4), lo1 = vandq_u8(v1, m4), hi0 = vshrq_n_u8(v0, 4), hi1 = vshrq_n_u8(v1, 4);
+        if (dtype == COLIBRI_DTYPE_Q5_K) {   /* bit s of qh[j] */
+            uint8x16_t bl = vdupq_n_u8((uint8_t)(1u << (2 * k))), bh = vdupq_n_u8((uint8_t)(2u << (2 * k)));
+            lo0 = vorrq_u8(lo0, vandq_u8(vtstq_u8(qh0, bl), f));
+            lo1 = vorrq_u8(lo1, vandq_u8(vtstq_u8(qh1, bl), f));
+            hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(qh0, bh), f));
+            hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(qh1, bh), f));
+        }
+        *acc0 = add_scaled(*acc0, dot32(s8(lo0), s8(lo1), xb, dot16), d * (float)sm[2 * k] * xb[0].d);
+        *acc1 = add_scaled(*acc1, dot32(s8(hi0), s8(hi1), xb + 1, dot16), d * (float)sm[2 * k + 1] * xb[1].d);
+        m += (float)sm[8 + 2 * k] * (xb[0].d * (float)xb[0].sum) + (float)sm[9 + 2 * k] * (xb[1].d * (float)xb[1].sum);
+    }
+    *mins += f16_scale(b + 2) * m;
+}
+
+/* One q6_k block: two halves of 128, each 64 bytes of low nibbles and 32 of 2-bit pairs; per
+ * activation block two int8 scales, one for each 16. */
+static inline __attribute__((always_inline)) void q6_k_block(const uint8_t *b, const colibri_q8_block *xb, float32x4_t *acc0,
+                                                             float32x4_t *acc1, dot16_fn dot16)
+{
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), m2 = vdupq_n_u8(0x30);
+    const int8_t *sc = (const int8_t *)b + 192;
+    float d = f16_scale(b + 208);
+    int h, g, i;
+    for (h = 0; h < 2; h++) {
+        uint8x16_t q[4][2];
+        for (i = 0; i < 2; i++) {   /* bytes 16 i.. of each run */
+            uint8x16_t l0 = vld1q_u8(b + 64 * h + 16 * i), l1 = vld1q_u8(b + 64 * h + 32 + 16 * i);
+            uint8x16_t qh = vld1q_u8(b + 128 + 32 * h + 16 * i);
+            q[0][i] = vorrq_u8(vandq_u8(l0, m4), vandq_u8(vshlq_n_u8(qh, 4), m2));
+            q[1][i] = vorrq_u8(vandq_u8(l1, m4), vandq_u8(vshlq_n_u8(qh, 2), m2));
+            q[2][i] = vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(qh, m2));
+            q[3][i] = vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(qh, 2), m2));
+        }
+        for (g = 0; g < 4; g++, xb++, sc += 2) {
+            int8x16_t w0 = vsubq_s8(s8(q[g][0]), vdupq_n_s8(32)), w1 = vsubq_s8(s8(q[g][1]), vdupq_n_s8(32));
+            int32x4_t dot = vmulq_n_s32(dot16(vdupq_n_s32(0), w0, vld1q_s8(xb->q)), sc[0]);
+            dot = vmlaq_n_s32(dot, dot16(vdupq_n_s32(0), w1, vld1q_s8(xb->q + 16)), sc[1]);
+            if (g % 2) *acc1 = add_scaled(*acc1, dot, d * xb->d);
+            else *acc0 = add_scaled(*acc0, dot, d * xb->d);
+        }
+    }
+}
+
+/* A q4_0-ordered nibble group's 32 values through a 16-entry table, against one activation block. */
+static inline __attribute__((always_inline)) int32x4_t table_dot(const uint8_t *q, int8x16_t table, const colibri_q8_block *xb,
+                                                                 dot16_fn dot16)
+{
+    uint8x16_t v = vld1q_u8(q);
+    return dot32(vqtbl1q_s8(table, vandq_u8(v, vdupq_n_u8(0x0f))), vqtbl1q_s8(table, vshrq_n_u8(v, 4)), xb, dot16);
+}
+
+/* One iq4_xs block: 8 sub-blocks of 32, each a q4_0 nibble group and a 6-bit scale less 32. */
+static inline __attribute__((always_inline)) void iq4_xs_block(const uint8_t *b, const colibri_q8_block *xb, float32x4_t *acc0,
+                                                               float32x4_t *acc1, int8x16_t table, dot16_fn dot16)
+{
+    uint16_t high;
+    float d = f16_scale(b);
+    int s;
+    memcpy(&high, b + 2, 2);
+    for (s = 0; s < 8; s += 2, xb += 2) {
+        int ls0 = ((b[4 + s / 2] & 0x0f) | ((high >> 2 * s) & 3) << 4) - 32;
+        int ls1 = ((b[4 + s / 2] >> 4) | ((high >> (2 * s + 2)) & 3) << 4) - 32;
+        *acc0 = add_scaled(*acc0, table_dot(b + 8 + 16 * s, table, xb, dot16), d * (float)ls0 * xb[0].d);
+        *acc1 = add_scaled(*acc1, table_dot(b + 24 + 16 * s, table, xb + 1, dot16), d * (float)ls1 * xb[1].d);
+    }
+}
+
+/* y (n, rows) = xq @ W^T for one of those formats (a constant once inlined): row by row, each
+ * row against every token while it is in L1. */
+static inline __attribute__((always_inline)) void matmul_kq_neon(float *y, const colibri_q8_block *xq, const uint8_t *w,
+                                                                 colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
+                                                                 size_t block_bytes, dot16_fn dot16)
+{
+    const int8x16_t iq4 = vld1q_s8(colibri_iq4nl_values), fp4 = vld1q_s8(colibri_mxfp4_values);
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
+    int32_t r, t, b, blocks = cols / COLIBRI_BLOCK, per = block_bytes < 32 ? 1 : 8;
+    for (r = 0; r < rows; r++)
+        for (t = 0; t < n; t++) {
+            const uint8_t *wb = w + (size_t)r * row_bytes;
+            const colibri_q8_block *xb = xq + (size_t)t * blocks;
+            float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+            float mins = 0.0f;
+            for (b = 0; b < blocks; b += per, xb += per, wb += block_bytes) {
+                switch (dtype) {
+                case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(wb, dtype, xb, &acc0, &acc1, &mins, dot16); break;
+                case COLIBRI_DTYPE_Q6_K: q6_k_block(wb, xb, &acc0, &acc1, dot16); break;
+                case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(wb, xb, &acc0, &acc1, iq4, dot16); break;
+                case COLIBRI_DTYPE_IQ4_NL: acc0 = add_scaled(acc0, table_dot(wb + 2, iq4, xb, dot16), f16_scale(wb) * xb->d); break;
+                default: acc0 = add_scaled(acc0, table_dot(wb + 1, fp4, xb, dot16), colibri_e8m0_half(wb[0]) * xb->d); break;
+                }
+            }
+            y[(size_t)t * rows + r] = vaddvq_f32(vaddq_f32(acc0, acc1)) - mins;
+        }
+}
+
 /* y (n, rows) = xq @ W^T for q8_0 / q4_0 W; q4_0's nibbles minus 8 are signed bytes like q8_0's. */
-static inline void matmul_q8_neon_with(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
-                                       int32_t n, int32_t cols, int32_t rows,
-                                       int32x4_t (*dot16)(int32x4_t acc, int8x16_t a, int8x16_t b))
+static inline void matmul_q8_0_neon(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                                    int32_t n, int32_t cols, int32_t rows, dot16_fn dot16)
 {
     size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), block_bytes = dtype == COLIBRI_DTYPE_Q8_0 ? 34 : 18;
     int32_t r, t, b, blocks = cols / COLIBRI_BLOCK;
@@ -60,6 +207,21 @@ static inline void matmul_q8_neon_with(float *y, const colibri_q8_block *xq, con
             }
             y[(size_t)t * rows + r] = vaddvq_f32(acc);
         }
+    }
+}
+
+/* y (n, rows) = xq @ W^T for an int8_path W; every weight a signed byte. */
+static inline void matmul_q8_neon_with(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
+                                       int32_t n, int32_t cols, int32_t rows, dot16_fn dot16)
+{
+    switch (dtype) {
+    case COLIBRI_DTYPE_Q8_0: case COLIBRI_DTYPE_Q4_0: matmul_q8_0_neon(y, xq, w, dtype, n, cols, rows, dot16); return;
+    case COLIBRI_DTYPE_Q4_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q4_K, n, cols, rows, 144, dot16); return;
+    case COLIBRI_DTYPE_Q5_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q5_K, n, cols, rows, 176, dot16); return;
+    case COLIBRI_DTYPE_Q6_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q6_K, n, cols, rows, 210, dot16); return;
+    case COLIBRI_DTYPE_IQ4_XS: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_IQ4_XS, n, cols, rows, 136, dot16); return;
+    case COLIBRI_DTYPE_IQ4_NL: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows, 18, dot16); return;
+    default: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, 17, dot16); return;
     }
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../arch.h"
+#include "../../src/ops/quant_tables.h"
 
 static inline float hsum8(__m256 v)
 {
@@ -167,14 +168,175 @@ static inline __attribute__((always_inline)) void matmul_q8_format(int RN, float
             tile_q8_x86(1, 1, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
 }
 
-/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W, given the variant's dot_us and how many tokens its
- * registers hold in a tile (RN). */
+/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, iq4_xs, iq4_nl, mxfp4 (see
+ * colibri_ref_matmul_q8 for the sums), one weight block at a time: per activation block an 8-lane
+ * integer dot, converted and added in times d * scale * dx; q4_k's and q5_k's mins as
+ * dmin * m * dx * sum(q), summed apart. */
+
+/* 32 signed weights w against the activations x: |w| unsigned, w's sign moved onto x. */
+static inline __m256i dot_signed(__m256i w, __m256i x, dot_us_fn dot_us)
+{
+    return dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+static inline __m256i xq_load(const colibri_q8_block *xb) { return _mm256_loadu_si256((const __m256i *)xb->q); }
+
+/* acc += dot's 8 lanes times f. */
+static inline __m256 add_scaled(__m256 acc, __m256i dot, float f)
+{
+    return _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(dot), acc);
+}
+
+/* A q4_k / q5_k block's 12 scale bytes as 8 scales then 8 mins (6 bits each): bytes s and s + 4
+ * for s < 4; for s >= 4 the low nibbles of bytes 8..11 and the top two bits of bytes 0..7. */
+static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
+{
+    uint32_t u[4], lo_mins;
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    lo_mins = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = lo_mins;
+    u[0] &= 0x3f3f3f3fu;
+    memcpy(out, u, 16);
+}
+
+/* One q4_k or q5_k block (256 weights, 8 sub-blocks of 32) against its 8 activation blocks. */
+static inline __attribute__((always_inline)) void k4_block(const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
+                                                           __m256 *acc0, __m256 *acc1, float *mins, dot_us_fn dot_us)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48);
+    __m256i qh = dtype == COLIBRI_DTYPE_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+    float d = w_scale(b), m = 0.0f;
+    uint8_t sm[16];
+    int k;
+    k4_unpack(b + 4, sm);
+    for (k = 0; k < 4; k++, xb += 2) {   /* sub-blocks 2k (low nibbles) and 2k + 1 (high) */
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (dtype == COLIBRI_DTYPE_Q5_K) {   /* the fifth bit: bit s of qh[j] */
+            __m256i bl = _mm256_set1_epi8((char)(1 << (2 * k))), bh = _mm256_set1_epi8((char)(2 << (2 * k))), f = _mm256_set1_epi8(16);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), f));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), f));
+        }
+        *acc0 = add_scaled(*acc0, dot_us(lo, xq_load(xb)), d * (float)sm[2 * k] * xb[0].d);
+        *acc1 = add_scaled(*acc1, dot_us(hi, xq_load(xb + 1)), d * (float)sm[2 * k + 1] * xb[1].d);
+        m += (float)sm[8 + 2 * k] * (xb[0].d * (float)xb[0].sum) + (float)sm[9 + 2 * k] * (xb[1].d * (float)xb[1].sum);
+    }
+    *mins += w_scale(b + 2) * m;
+}
+
+/* One q6_k block: two halves of 128, each 64 bytes of low nibbles and 32 of 2-bit pairs; per
+ * activation block two int8 scales, one for each 16 (lanes 0..3 and 4..7 of a dot). */
+static inline __attribute__((always_inline)) void q6_k_block(const uint8_t *b, const colibri_q8_block *xb, __m256 *acc0,
+                                                             __m256 *acc1, dot_us_fn dot_us)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
+    const int8_t *sc = (const int8_t *)b + 192;
+    float d = w_scale(b + 208);
+    int h, g;
+    for (h = 0; h < 2; h++) {
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h)), l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+        for (g = 0; g < 4; g++, xb++, sc += 2) {
+            __m256i dot = dot_signed(_mm256_sub_epi8(q[g], c32), xq_load(xb), dot_us);
+            dot = _mm256_mullo_epi32(dot, _mm256_set_m128i(_mm_set1_epi32(sc[1]), _mm_set1_epi32(sc[0])));
+            if (g % 2) *acc1 = add_scaled(*acc1, dot, d * xb->d);
+            else *acc0 = add_scaled(*acc0, dot, d * xb->d);
+        }
+    }
+}
+
+/* The 32 values of a q4_0-ordered nibble group through a 16-entry table (iq4_nl's, mxfp4's). */
+static inline __m256i table_nibbles(const uint8_t *q, __m256i table) { return _mm256_shuffle_epi8(table, q4_nibbles(q)); }
+
+/* One iq4_xs block: 8 sub-blocks of 32, each a q4_0 nibble group and a 6-bit scale less 32. */
+static inline __attribute__((always_inline)) void iq4_xs_block(const uint8_t *b, const colibri_q8_block *xb, __m256 *acc0,
+                                                               __m256 *acc1, __m256i table, dot_us_fn dot_us)
+{
+    uint16_t high;
+    float d = w_scale(b);
+    int s;
+    memcpy(&high, b + 2, 2);
+    for (s = 0; s < 8; s += 2, xb += 2) {
+        int ls0 = ((b[4 + s / 2] & 0x0f) | ((high >> 2 * s) & 3) << 4) - 32;
+        int ls1 = ((b[4 + s / 2] >> 4) | ((high >> (2 * s + 2)) & 3) << 4) - 32;
+        *acc0 = add_scaled(*acc0, dot_signed(table_nibbles(b + 8 + 16 * s, table), xq_load(xb), dot_us), d * (float)ls0 * xb[0].d);
+        *acc1 = add_scaled(*acc1, dot_signed(table_nibbles(b + 24 + 16 * s, table), xq_load(xb + 1), dot_us), d * (float)ls1 * xb[1].d);
+    }
+}
+
+/* Bytes of one weight block, a constant once inlined. */
+static inline size_t kq_block_bytes(colibri_dtype dtype)
+{
+    switch (dtype) {
+    case COLIBRI_DTYPE_Q4_K: return 144;
+    case COLIBRI_DTYPE_Q5_K: return 176;
+    case COLIBRI_DTYPE_Q6_K: return 210;
+    case COLIBRI_DTYPE_IQ4_XS: return 136;
+    case COLIBRI_DTYPE_IQ4_NL: return 18;
+    default: return 17;   /* mxfp4 */
+    }
+}
+
+/* One row of W (blocks activation blocks long) against one token's blocks. */
+static inline __attribute__((always_inline)) float row_kq_x86(const uint8_t *w, colibri_dtype dtype, const colibri_q8_block *xb,
+                                                              int32_t blocks, dot_us_fn dot_us)
+{
+    const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)colibri_iq4nl_values));
+    const __m256i fp4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)colibri_mxfp4_values));
+    size_t block_bytes = kq_block_bytes(dtype);
+    int32_t b, per = dtype == COLIBRI_DTYPE_IQ4_NL || dtype == COLIBRI_DTYPE_MXFP4 ? 1 : 8;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    float mins = 0.0f;
+    for (b = 0; b < blocks; b += per, xb += per, w += block_bytes) {
+        _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);
+        switch (dtype) {
+        case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(w, dtype, xb, &acc0, &acc1, &mins, dot_us); break;
+        case COLIBRI_DTYPE_Q6_K: q6_k_block(w, xb, &acc0, &acc1, dot_us); break;
+        case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(w, xb, &acc0, &acc1, iq4, dot_us); break;
+        case COLIBRI_DTYPE_IQ4_NL: acc0 = add_scaled(acc0, dot_signed(table_nibbles(w + 2, iq4), xq_load(xb), dot_us), w_scale(w) * xb->d); break;
+        default: acc0 = add_scaled(acc0, dot_signed(table_nibbles(w + 1, fp4), xq_load(xb), dot_us), colibri_e8m0_half(w[0]) * xb->d); break;
+        }
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1)) - mins;
+}
+
+/* y (n, rows) = xq @ W^T for one of those formats (a constant once inlined): row by row, each
+ * row against every token while it is in L1. */
+static inline __attribute__((always_inline)) void matmul_kq_format(float *y, const colibri_q8_block *xq, const uint8_t *w,
+                                                                   colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
+                                                                   dot_us_fn dot_us)
+{
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
+    int32_t r, t, blocks = cols / COLIBRI_BLOCK;
+    for (r = 0; r < rows; r++)
+        for (t = 0; t < n; t++)
+            y[(size_t)t * rows + r] = row_kq_x86(w + (size_t)r * row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
+}
+
+/* y (n, rows) = xq @ W^T for an int8_path W, given the variant's dot_us and how many tokens its
+ * registers hold in a q8_0 / q4_0 tile (RN). */
 static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, float *y, const colibri_q8_block *xq, const void *w,
                                                                 colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
                                                                 dot_us_fn dot_us)
 {
-    if (dtype == COLIBRI_DTYPE_Q8_0) matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q8_0, n, cols, rows, dot_us);
-    else matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_0, n, cols, rows, dot_us);
+    switch (dtype) {
+    case COLIBRI_DTYPE_Q8_0: matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q8_0, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q4_0: matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_0, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q4_K: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_Q4_K, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q5_K: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_Q5_K, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q6_K: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_Q6_K, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_IQ4_XS: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_IQ4_XS, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_IQ4_NL: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows, dot_us); break;
+    default: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, dot_us); break;
+    }
 }
 
 #endif
