@@ -181,6 +181,34 @@ static inline __m256i dot_signed(__m256i w, __m256i x, dot_us_fn dot_us)
 
 static inline __m256i xq_load(const colibri_q8_block *xb) { return _mm256_loadu_si256((const __m256i *)xb->q); }
 
+/* dx, and sum(q) as floats times dx, of 8 consecutive activation blocks: one per lane. */
+static inline __m256 x_scales8(const colibri_q8_block *xb)
+{
+    const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(sizeof *xb / 4));
+    return _mm256_i32gather_ps(&xb->d, at, 4);
+}
+
+static inline __m256 x_sums8(const colibri_q8_block *xb, __m256 dx)
+{
+    const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(sizeof *xb / 4));
+    return _mm256_mul_ps(dx, _mm256_cvtepi32_ps(_mm256_i32gather_epi32((const int *)&xb->sum, at, 4)));
+}
+
+/* Lane i of v in every lane. */
+static inline __m256 lane(__m256 v, int i) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(i)); }
+
+/* 8 bytes as 8 float lanes. */
+static inline __m256 u8x8_ps(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+/* 2^(e - 128): half an mxfp4 block's scale (colibri_e8m0_half, inlined). */
+static inline float e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 /* acc += dot's 8 lanes times f. */
 static inline __m256 add_scaled(__m256 acc, __m256i dot, float f)
 {
@@ -201,30 +229,31 @@ static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
     memcpy(out, u, 16);
 }
 
-/* One q4_k or q5_k block (256 weights, 8 sub-blocks of 32) against its 8 activation blocks. */
+/* One q4_k or q5_k block (256 weights, 8 sub-blocks of 32) against its 8 activation blocks: the
+ * factors d sc dx of the 8 sub-blocks in one vector, their mins' dmin m dx sum(q) added in one. */
 static inline __attribute__((always_inline)) void k4_block(const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
-                                                           __m256 *acc0, __m256 *acc1, float *mins, dot_us_fn dot_us)
+                                                           __m256 *acc0, __m256 *acc1, __m256 *mins, dot_us_fn dot_us)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48);
     __m256i qh = dtype == COLIBRI_DTYPE_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-    float d = w_scale(b), m = 0.0f;
+    __m256 dx = x_scales8(xb), f;
     uint8_t sm[16];
     int k;
     k4_unpack(b + 4, sm);
+    f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w_scale(b)), u8x8_ps(sm)), dx);
+    *mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(w_scale(b + 2)), u8x8_ps(sm + 8)), x_sums8(xb, dx), *mins);
     for (k = 0; k < 4; k++, xb += 2) {   /* sub-blocks 2k (low nibbles) and 2k + 1 (high) */
         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         if (dtype == COLIBRI_DTYPE_Q5_K) {   /* the fifth bit: bit s of qh[j] */
-            __m256i bl = _mm256_set1_epi8((char)(1 << (2 * k))), bh = _mm256_set1_epi8((char)(2 << (2 * k))), f = _mm256_set1_epi8(16);
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), f));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), f));
+            __m256i bl = _mm256_set1_epi8((char)(1 << (2 * k))), bh = _mm256_set1_epi8((char)(2 << (2 * k))), sixteen = _mm256_set1_epi8(16);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), sixteen));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), sixteen));
         }
-        *acc0 = add_scaled(*acc0, dot_us(lo, xq_load(xb)), d * (float)sm[2 * k] * xb[0].d);
-        *acc1 = add_scaled(*acc1, dot_us(hi, xq_load(xb + 1)), d * (float)sm[2 * k + 1] * xb[1].d);
-        m += (float)sm[8 + 2 * k] * (xb[0].d * (float)xb[0].sum) + (float)sm[9 + 2 * k] * (xb[1].d * (float)xb[1].sum);
+        *acc0 = _mm256_fmadd_ps(lane(f, 2 * k), _mm256_cvtepi32_ps(dot_us(lo, xq_load(xb))), *acc0);
+        *acc1 = _mm256_fmadd_ps(lane(f, 2 * k + 1), _mm256_cvtepi32_ps(dot_us(hi, xq_load(xb + 1))), *acc1);
     }
-    *mins += w_scale(b + 2) * m;
 }
 
 /* One q6_k block: two halves of 128, each 64 bytes of low nibbles and 32 of 2-bit pairs; per
@@ -233,22 +262,23 @@ static inline __attribute__((always_inline)) void q6_k_block(const uint8_t *b, c
                                                              __m256 *acc1, dot_us_fn dot_us)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
-    const int8_t *sc = (const int8_t *)b + 192;
-    float d = w_scale(b + 208);
+    __m256 f = _mm256_mul_ps(_mm256_set1_ps(w_scale(b + 208)), x_scales8(xb));   /* d dx per activation block */
     int h, g;
     for (h = 0; h < 2; h++) {
         __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h)), l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
         __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192 + 8 * h)));   /* this half's 8 scales */
         __m256i q[4];
         q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
         q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
         q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2));
         q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
-        for (g = 0; g < 4; g++, xb++, sc += 2) {
+        for (g = 0; g < 4; g++, xb++) {
             __m256i dot = dot_signed(_mm256_sub_epi8(q[g], c32), xq_load(xb), dot_us);
-            dot = _mm256_mullo_epi32(dot, _mm256_set_m128i(_mm_set1_epi32(sc[1]), _mm_set1_epi32(sc[0])));
-            if (g % 2) *acc1 = add_scaled(*acc1, dot, d * xb->d);
-            else *acc0 = add_scaled(*acc0, dot, d * xb->d);
+            __m256i scale = _mm256_permutevar8x32_epi32(sc, _mm256_setr_epi32(2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1));
+            dot = _mm256_mullo_epi32(dot, scale);
+            if (g % 2) *acc1 = _mm256_fmadd_ps(lane(f, 4 * h + g), _mm256_cvtepi32_ps(dot), *acc1);
+            else *acc0 = _mm256_fmadd_ps(lane(f, 4 * h + g), _mm256_cvtepi32_ps(dot), *acc0);
         }
     }
 }
@@ -256,19 +286,28 @@ static inline __attribute__((always_inline)) void q6_k_block(const uint8_t *b, c
 /* The 32 values of a q4_0-ordered nibble group through a 16-entry table (iq4_nl's, mxfp4's). */
 static inline __m256i table_nibbles(const uint8_t *q, __m256i table) { return _mm256_shuffle_epi8(table, q4_nibbles(q)); }
 
-/* One iq4_xs block: 8 sub-blocks of 32, each a q4_0 nibble group and a 6-bit scale less 32. */
+/* One iq4_xs block: 8 sub-blocks of 32, each a q4_0 nibble group and a 6-bit scale less 32 (low
+ * nibbles in bytes 4..7, two bits each in the u16 at 2), the 8 factors d (scale - 32) dx in one vector. */
 static inline __attribute__((always_inline)) void iq4_xs_block(const uint8_t *b, const colibri_q8_block *xb, __m256 *acc0,
                                                                __m256 *acc1, __m256i table, dot_us_fn dot_us)
 {
     uint16_t high;
-    float d = w_scale(b);
+    uint32_t low;
+    __m128i l;
+    __m256i scale;
+    __m256 f;
     int s;
     memcpy(&high, b + 2, 2);
+    memcpy(&low, b + 4, 4);
+    l = _mm_cvtsi32_si128((int)low);
+    l = _mm_unpacklo_epi8(_mm_and_si128(l, _mm_set1_epi8(0x0f)), _mm_and_si128(_mm_srli_epi16(l, 4), _mm_set1_epi8(0x0f)));
+    scale = _mm256_or_si256(_mm256_cvtepu8_epi32(l), _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high),
+                                                       _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), _mm256_set1_epi32(3)), 4));
+    f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w_scale(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(scale, _mm256_set1_epi32(32)))),
+                      x_scales8(xb));
     for (s = 0; s < 8; s += 2, xb += 2) {
-        int ls0 = ((b[4 + s / 2] & 0x0f) | ((high >> 2 * s) & 3) << 4) - 32;
-        int ls1 = ((b[4 + s / 2] >> 4) | ((high >> (2 * s + 2)) & 3) << 4) - 32;
-        *acc0 = add_scaled(*acc0, dot_signed(table_nibbles(b + 8 + 16 * s, table), xq_load(xb), dot_us), d * (float)ls0 * xb[0].d);
-        *acc1 = add_scaled(*acc1, dot_signed(table_nibbles(b + 24 + 16 * s, table), xq_load(xb + 1), dot_us), d * (float)ls1 * xb[1].d);
+        *acc0 = _mm256_fmadd_ps(lane(f, s), _mm256_cvtepi32_ps(dot_signed(table_nibbles(b + 8 + 16 * s, table), xq_load(xb), dot_us)), *acc0);
+        *acc1 = _mm256_fmadd_ps(lane(f, s + 1), _mm256_cvtepi32_ps(dot_signed(table_nibbles(b + 24 + 16 * s, table), xq_load(xb + 1), dot_us)), *acc1);
     }
 }
 
@@ -293,8 +332,7 @@ static inline __attribute__((always_inline)) float row_kq_x86(const uint8_t *w, 
     const __m256i fp4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)colibri_mxfp4_values));
     size_t block_bytes = kq_block_bytes(dtype);
     int32_t b, per = dtype == COLIBRI_DTYPE_IQ4_NL || dtype == COLIBRI_DTYPE_MXFP4 ? 1 : 8;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    float mins = 0.0f;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
     for (b = 0; b < blocks; b += per, xb += per, w += block_bytes) {
         _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);
         switch (dtype) {
@@ -302,10 +340,10 @@ static inline __attribute__((always_inline)) float row_kq_x86(const uint8_t *w, 
         case COLIBRI_DTYPE_Q6_K: q6_k_block(w, xb, &acc0, &acc1, dot_us); break;
         case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(w, xb, &acc0, &acc1, iq4, dot_us); break;
         case COLIBRI_DTYPE_IQ4_NL: acc0 = add_scaled(acc0, dot_signed(table_nibbles(w + 2, iq4), xq_load(xb), dot_us), w_scale(w) * xb->d); break;
-        default: acc0 = add_scaled(acc0, dot_signed(table_nibbles(w + 1, fp4), xq_load(xb), dot_us), colibri_e8m0_half(w[0]) * xb->d); break;
+        default: acc0 = add_scaled(acc0, dot_signed(table_nibbles(w + 1, fp4), xq_load(xb), dot_us), e8m0_half(w[0]) * xb->d); break;
         }
     }
-    return hsum8(_mm256_add_ps(acc0, acc1)) - mins;
+    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), mins));
 }
 
 /* y (n, rows) = xq @ W^T for one of those formats (a constant once inlined): row by row, each
