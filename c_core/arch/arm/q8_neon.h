@@ -55,6 +55,15 @@ static inline float f16_scale(const uint8_t *p)
 
 static inline int8x16_t s8(uint8x16_t v) { return vreinterpretq_s8_u8(v); }
 
+/* 2^(e - 128): half an mxfp4 block's scale (colibri_e8m0_half, inlined). */
+static inline float e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 /* A q4_k / q5_k block's 12 scale bytes as 8 scales then 8 mins (6 bits each): bytes s and s + 4
  * for s < 4; for s >= 4 the low nibbles of bytes 8..11 and the top two bits of bytes 0..7. */
 static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
@@ -171,7 +180,7 @@ static inline __attribute__((always_inline)) void matmul_kq_neon(float *y, const
                 case COLIBRI_DTYPE_Q6_K: q6_k_block(wb, xb, &acc0, &acc1, dot16); break;
                 case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(wb, xb, &acc0, &acc1, iq4, dot16); break;
                 case COLIBRI_DTYPE_IQ4_NL: acc0 = add_scaled(acc0, table_dot(wb + 2, iq4, xb, dot16), f16_scale(wb) * xb->d); break;
-                default: acc0 = add_scaled(acc0, table_dot(wb + 1, fp4, xb, dot16), colibri_e8m0_half(wb[0]) * xb->d); break;
+                default: acc0 = add_scaled(acc0, table_dot(wb + 1, fp4, xb, dot16), e8m0_half(wb[0]) * xb->d); break;
                 }
             }
             y[(size_t)t * rows + r] = vaddvq_f32(vaddq_f32(acc0, acc1)) - mins;
