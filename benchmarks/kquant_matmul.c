@@ -1,9 +1,9 @@
-/* One matrix-vector product y (4096) = W (4096, 4096) x in each block format, per kernel set: the
+/* y (n, 4096) = x (n, 4096) @ W (4096, 4096)^T in each block format, per kernel set: the
  * reference's float matmul, and every int8 path this CPU runs (activations quantized, then
  * matmul_q8, as a session does).  Runs interleaved (each rep times every kernel set once), one
- * thread; prints the median per cell in ms, with the weights' GB/s.
+ * thread; prints the median per cell in ms per token, with the weights' GB/s.
  *
- *   kquant_matmul [REPS [FORMAT...]]      default: 7 reps; q4_k q6_k q5_k iq4_xs iq4_nl mxfp4 q4_0 */
+ *   kquant_matmul [REPS [N [FORMAT...]]]   default: 7 reps, n = 1 (a matvec); q4_k q6_k q5_k iq4_xs iq4_nl mxfp4 q4_0 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,18 +22,25 @@ static int by_value(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     static const char *defaults[] = { "q4_k", "q6_k", "q5_k", "iq4_xs", "iq4_nl", "mxfp4", "q4_0" };
-    const char **formats = argc > 2 ? (const char **)argv + 2 : defaults;
-    int32_t reps = argc > 1 ? atoi(argv[1]) : 7, n_formats = argc > 2 ? argc - 2 : 7, n_sets = 0, f, s, i, r;
+    const char **formats = argc > 3 ? (const char **)argv + 3 : defaults;
+    int32_t reps = argc > 1 ? atoi(argv[1]) : 7, n = argc > 2 ? atoi(argv[2]) : 1, n_formats = argc > 3 ? argc - 3 : 7;
+    int32_t n_sets = 0, f, s, i, r;
     const colibri_kernels *sets[MAX_SETS];
-    float *x = malloc((size_t)COLS * 4), *y = malloc((size_t)ROWS * 4);
-    colibri_q8_block *xq = malloc((size_t)COLS / COLIBRI_BLOCK * sizeof *xq);
-    double *ms = malloc((size_t)MAX_SETS * (size_t)reps * sizeof *ms);
+    float *x, *y;
+    colibri_q8_block *xq;
+    double *ms;
     uint32_t seed = 1;
-    if (!x || !y || !xq || !ms || reps < 1) { fprintf(stderr, "kquant_matmul: bad arguments\n"); return 1; }
+    if (reps < 1 || n < 1) { fprintf(stderr, "kquant_matmul: bad arguments\n"); return 1; }
+    x = malloc((size_t)n * COLS * 4);
+    y = malloc((size_t)n * ROWS * 4);
+    xq = malloc((size_t)n * COLS / COLIBRI_BLOCK * sizeof *xq);
+    ms = malloc((size_t)MAX_SETS * (size_t)reps * sizeof *ms);
+    if (!x || !y || !xq || !ms) { fprintf(stderr, "kquant_matmul: bad arguments\n"); return 1; }
     for (i = 0; colibri_kernels_variant(i) && n_sets < MAX_SETS; i++)
         if (colibri_kernels_runnable(colibri_kernels_variant(i))) sets[n_sets++] = colibri_kernels_variant(i);
-    for (i = 0; i < COLS; i++) { seed = seed * 1664525u + 1013904223u; x[i] = (float)(seed >> 8) / 8388608.0f - 1.0f; }
-    printf("%dx%d matvec, 1 thread, median of %d interleaved runs: ms (weight GB/s)\n\n| format |", ROWS, COLS, (int)reps);
+    for (i = 0; i < n * COLS; i++) { seed = seed * 1664525u + 1013904223u; x[i] = (float)(seed >> 8) / 8388608.0f - 1.0f; }
+    printf("(%d, %d) @ (%d, %d)^T, 1 thread, median of %d interleaved runs: ms per token (weight GB/s per token)\n\n| format |",
+           (int)n, COLS, ROWS, COLS, (int)reps);
     for (s = 0; s < n_sets; s++) printf(" %s |", sets[s]->name);
     printf("\n|---|");
     for (s = 0; s < n_sets; s++) printf("---|");
@@ -57,10 +64,10 @@ int main(int argc, char **argv)
             for (s = 0; s < n_sets; s++) {
                 uint64_t start = colibri_platform_now_ns();
                 if (sets[s]->matmul_q8 && tr->int8_path) {
-                    sets[s]->quantize_q8(xq, x, 1, COLS);
-                    sets[s]->matmul_q8(y, xq, w, dtype, 1, COLS, ROWS);
-                } else sets[s]->matmul(y, x, w, dtype, 1, COLS, ROWS);
-                ms[s * reps + r] = (double)(colibri_platform_now_ns() - start) / 1e6;
+                    sets[s]->quantize_q8(xq, x, n, COLS);
+                    sets[s]->matmul_q8(y, xq, w, dtype, n, COLS, ROWS);
+                } else sets[s]->matmul(y, x, w, dtype, n, COLS, ROWS);
+                ms[s * reps + r] = (double)(colibri_platform_now_ns() - start) / 1e6 / n;
             }
         printf("| %s |", tr->name);
         for (s = 0; s < n_sets; s++) {

@@ -229,21 +229,31 @@ static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
     memcpy(out, u, 16);
 }
 
+/* The blocks below take RN tokens at once (prefill, an expert's group of tokens): each weight
+ * block unpacked once for all of them, token t's activation blocks xs apart from token 0's, its
+ * sums in acc0[t], acc1[t] (and mins[t]) in the order one token alone would take: an output does
+ * not depend on how many tokens came with it. */
+
 /* One q4_k or q5_k block (256 weights, 8 sub-blocks of 32) against its 8 activation blocks: the
  * factors d sc dx of the 8 sub-blocks in one vector, their mins' dmin m dx sum(q) added in one. */
-static inline __attribute__((always_inline)) void k4_block(const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
-                                                           __m256 *acc0, __m256 *acc1, __m256 *mins, dot_us_fn dot_us)
+static inline __attribute__((always_inline)) void k4_block(int RN, const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
+                                                           size_t xs, __m256 *acc0, __m256 *acc1, __m256 *mins, dot_us_fn dot_us)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48);
     __m256i qh = dtype == COLIBRI_DTYPE_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-    __m256 dx = x_scales8(xb), f;
+    __m256 dsc, dm, f[4];
     uint8_t sm[16];
-    int k;
+    int k, t;
     k4_unpack(b + 4, sm);
-    f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w_scale(b)), u8x8_ps(sm)), dx);
-    *mins = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(w_scale(b + 2)), u8x8_ps(sm + 8)), x_sums8(xb, dx), *mins);
-    for (k = 0; k < 4; k++, xb += 2) {   /* sub-blocks 2k (low nibbles) and 2k + 1 (high) */
+    dsc = _mm256_mul_ps(_mm256_set1_ps(w_scale(b)), u8x8_ps(sm));
+    dm = _mm256_mul_ps(_mm256_set1_ps(w_scale(b + 2)), u8x8_ps(sm + 8));
+    for (t = 0; t < RN; t++) {
+        __m256 dx = x_scales8(xb + t * xs);
+        f[t] = _mm256_mul_ps(dsc, dx);
+        mins[t] = _mm256_fmadd_ps(dm, x_sums8(xb + t * xs, dx), mins[t]);
+    }
+    for (k = 0; k < 4; k++) {   /* sub-blocks 2k (low nibbles) and 2k + 1 (high) */
         __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         if (dtype == COLIBRI_DTYPE_Q5_K) {   /* the fifth bit: bit s of qh[j] */
@@ -251,19 +261,23 @@ static inline __attribute__((always_inline)) void k4_block(const uint8_t *b, col
             lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), sixteen));
             hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), sixteen));
         }
-        *acc0 = _mm256_fmadd_ps(lane(f, 2 * k), _mm256_cvtepi32_ps(dot_us(lo, xq_load(xb))), *acc0);
-        *acc1 = _mm256_fmadd_ps(lane(f, 2 * k + 1), _mm256_cvtepi32_ps(dot_us(hi, xq_load(xb + 1))), *acc1);
+        for (t = 0; t < RN; t++) {
+            const colibri_q8_block *x = xb + t * xs + 2 * k;
+            acc0[t] = _mm256_fmadd_ps(lane(f[t], 2 * k), _mm256_cvtepi32_ps(dot_us(lo, xq_load(x))), acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(lane(f[t], 2 * k + 1), _mm256_cvtepi32_ps(dot_us(hi, xq_load(x + 1))), acc1[t]);
+        }
     }
 }
 
 /* One q6_k block: two halves of 128, each 64 bytes of low nibbles and 32 of 2-bit pairs; per
  * activation block two int8 scales, one for each 16 (lanes 0..3 and 4..7 of a dot). */
-static inline __attribute__((always_inline)) void q6_k_block(const uint8_t *b, const colibri_q8_block *xb, __m256 *acc0,
-                                                             __m256 *acc1, dot_us_fn dot_us)
+static inline __attribute__((always_inline)) void q6_k_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
+                                                             __m256 *acc0, __m256 *acc1, dot_us_fn dot_us)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
-    __m256 f = _mm256_mul_ps(_mm256_set1_ps(w_scale(b + 208)), x_scales8(xb));   /* d dx per activation block */
-    int h, g;
+    __m256 f[4];
+    int h, g, t;
+    for (t = 0; t < RN; t++) f[t] = _mm256_mul_ps(_mm256_set1_ps(w_scale(b + 208)), x_scales8(xb + t * xs));   /* d dx per block */
     for (h = 0; h < 2; h++) {
         __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h)), l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
         __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
@@ -273,12 +287,14 @@ static inline __attribute__((always_inline)) void q6_k_block(const uint8_t *b, c
         q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
         q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2));
         q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
-        for (g = 0; g < 4; g++, xb++) {
-            __m256i dot = dot_signed(_mm256_sub_epi8(q[g], c32), xq_load(xb), dot_us);
+        for (g = 0; g < 4; g++) {
+            __m256i w = _mm256_sub_epi8(q[g], c32), w_abs = _mm256_sign_epi8(w, w);
             __m256i scale = _mm256_permutevar8x32_epi32(sc, _mm256_setr_epi32(2 * g, 2 * g, 2 * g, 2 * g, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1));
-            dot = _mm256_mullo_epi32(dot, scale);
-            if (g % 2) *acc1 = _mm256_fmadd_ps(lane(f, 4 * h + g), _mm256_cvtepi32_ps(dot), *acc1);
-            else *acc0 = _mm256_fmadd_ps(lane(f, 4 * h + g), _mm256_cvtepi32_ps(dot), *acc0);
+            for (t = 0; t < RN; t++) {
+                __m256i dot = _mm256_mullo_epi32(dot_us(w_abs, _mm256_sign_epi8(xq_load(xb + t * xs + 4 * h + g), w)), scale);
+                if (g % 2) acc1[t] = _mm256_fmadd_ps(lane(f[t], 4 * h + g), _mm256_cvtepi32_ps(dot), acc1[t]);
+                else acc0[t] = _mm256_fmadd_ps(lane(f[t], 4 * h + g), _mm256_cvtepi32_ps(dot), acc0[t]);
+            }
         }
     }
 }
@@ -288,27 +304,41 @@ static inline __m256i table_nibbles(const uint8_t *q, __m256i table) { return _m
 
 /* One iq4_xs block: 8 sub-blocks of 32, each a q4_0 nibble group and a 6-bit scale less 32 (low
  * nibbles in bytes 4..7, two bits each in the u16 at 2), the 8 factors d (scale - 32) dx in one vector. */
-static inline __attribute__((always_inline)) void iq4_xs_block(const uint8_t *b, const colibri_q8_block *xb, __m256 *acc0,
-                                                               __m256 *acc1, __m256i table, dot_us_fn dot_us)
+static inline __attribute__((always_inline)) void iq4_xs_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
+                                                               __m256 *acc0, __m256 *acc1, __m256i table, dot_us_fn dot_us)
 {
     uint16_t high;
     uint32_t low;
     __m128i l;
     __m256i scale;
-    __m256 f;
-    int s;
+    __m256 ds, f[4];
+    int s, t;
     memcpy(&high, b + 2, 2);
     memcpy(&low, b + 4, 4);
     l = _mm_cvtsi32_si128((int)low);
     l = _mm_unpacklo_epi8(_mm_and_si128(l, _mm_set1_epi8(0x0f)), _mm_and_si128(_mm_srli_epi16(l, 4), _mm_set1_epi8(0x0f)));
     scale = _mm256_or_si256(_mm256_cvtepu8_epi32(l), _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high),
                                                        _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), _mm256_set1_epi32(3)), 4));
-    f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w_scale(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(scale, _mm256_set1_epi32(32)))),
-                      x_scales8(xb));
-    for (s = 0; s < 8; s += 2, xb += 2) {
-        *acc0 = _mm256_fmadd_ps(lane(f, s), _mm256_cvtepi32_ps(dot_signed(table_nibbles(b + 8 + 16 * s, table), xq_load(xb), dot_us)), *acc0);
-        *acc1 = _mm256_fmadd_ps(lane(f, s + 1), _mm256_cvtepi32_ps(dot_signed(table_nibbles(b + 24 + 16 * s, table), xq_load(xb + 1), dot_us)), *acc1);
+    ds = _mm256_mul_ps(_mm256_set1_ps(w_scale(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(scale, _mm256_set1_epi32(32))));
+    for (t = 0; t < RN; t++) f[t] = _mm256_mul_ps(ds, x_scales8(xb + t * xs));
+    for (s = 0; s < 8; s += 2) {
+        __m256i v0 = table_nibbles(b + 8 + 16 * s, table), v1 = table_nibbles(b + 24 + 16 * s, table);
+        for (t = 0; t < RN; t++) {
+            const colibri_q8_block *x = xb + t * xs + s;
+            acc0[t] = _mm256_fmadd_ps(lane(f[t], s), _mm256_cvtepi32_ps(dot_signed(v0, xq_load(x), dot_us)), acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(lane(f[t], s + 1), _mm256_cvtepi32_ps(dot_signed(v1, xq_load(x + 1), dot_us)), acc1[t]);
+        }
     }
+}
+
+/* One iq4_nl or mxfp4 block: 32 table values, one scale. */
+static inline __attribute__((always_inline)) void table_block(int RN, const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
+                                                              size_t xs, __m256 *acc0, __m256i table, dot_us_fn dot_us)
+{
+    __m256i v = table_nibbles(b + (dtype == COLIBRI_DTYPE_IQ4_NL ? 2 : 1), table);
+    float d = dtype == COLIBRI_DTYPE_IQ4_NL ? w_scale(b) : e8m0_half(b[0]);
+    int t;
+    for (t = 0; t < RN; t++) acc0[t] = add_scaled(acc0[t], dot_signed(v, xq_load(xb + t * xs), dot_us), d * xb[t * xs].d);
 }
 
 /* Bytes of one weight block, a constant once inlined. */
@@ -324,43 +354,48 @@ static inline size_t kq_block_bytes(colibri_dtype dtype)
     }
 }
 
-/* One row of W (blocks activation blocks long) against one token's blocks. */
-static inline __attribute__((always_inline)) float row_kq_x86(const uint8_t *w, colibri_dtype dtype, const colibri_q8_block *xb,
-                                                              int32_t blocks, dot_us_fn dot_us)
+/* One row of W (blocks activation blocks long) against RN tokens' blocks (xq, `blocks` apart):
+ * y (RN tokens, `rows` apart). */
+static inline __attribute__((always_inline)) void tile_kq_x86(int RN, float *y, int32_t rows, const uint8_t *w, colibri_dtype dtype,
+                                                              const colibri_q8_block *xq, int32_t blocks, dot_us_fn dot_us)
 {
-    const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)colibri_iq4nl_values));
-    const __m256i fp4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)colibri_mxfp4_values));
-    size_t block_bytes = kq_block_bytes(dtype);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(dtype == COLIBRI_DTYPE_MXFP4 ? colibri_mxfp4_values
+                                                                                                                    : colibri_iq4nl_values)));
+    size_t block_bytes = kq_block_bytes(dtype), xs = (size_t)blocks;
     int32_t b, per = dtype == COLIBRI_DTYPE_IQ4_NL || dtype == COLIBRI_DTYPE_MXFP4 ? 1 : 8;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, mins = acc0;
-    for (b = 0; b < blocks; b += per, xb += per, w += block_bytes) {
+    __m256 acc0[4], acc1[4], mins[4];
+    int t;
+    for (t = 0; t < RN; t++) acc0[t] = acc1[t] = mins[t] = _mm256_setzero_ps();
+    for (b = 0; b < blocks; b += per, w += block_bytes) {
         _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);
         switch (dtype) {
-        case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(w, dtype, xb, &acc0, &acc1, &mins, dot_us); break;
-        case COLIBRI_DTYPE_Q6_K: q6_k_block(w, xb, &acc0, &acc1, dot_us); break;
-        case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(w, xb, &acc0, &acc1, iq4, dot_us); break;
-        case COLIBRI_DTYPE_IQ4_NL: acc0 = add_scaled(acc0, dot_signed(table_nibbles(w + 2, iq4), xq_load(xb), dot_us), w_scale(w) * xb->d); break;
-        default: acc0 = add_scaled(acc0, dot_signed(table_nibbles(w + 1, fp4), xq_load(xb), dot_us), e8m0_half(w[0]) * xb->d); break;
+        case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(RN, w, dtype, xq + b, xs, acc0, acc1, mins, dot_us); break;
+        case COLIBRI_DTYPE_Q6_K: q6_k_block(RN, w, xq + b, xs, acc0, acc1, dot_us); break;
+        case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(RN, w, xq + b, xs, acc0, acc1, table, dot_us); break;
+        default: table_block(RN, w, dtype, xq + b, xs, acc0, table, dot_us); break;
         }
     }
-    return hsum8(_mm256_sub_ps(_mm256_add_ps(acc0, acc1), mins));
+    for (t = 0; t < RN; t++) y[(size_t)t * rows] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc0[t], acc1[t]), mins[t]));
 }
 
 /* y (n, rows) = xq @ W^T for one of those formats (a constant once inlined): row by row, each
- * row against every token while it is in L1. */
-static inline __attribute__((always_inline)) void matmul_kq_format(float *y, const colibri_q8_block *xq, const uint8_t *w,
+ * row against RN tokens at a time (then the rest one by one) while it is in L1. */
+static inline __attribute__((always_inline)) void matmul_kq_format(int RN, float *y, const colibri_q8_block *xq, const uint8_t *w,
                                                                    colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
                                                                    dot_us_fn dot_us)
 {
     size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
     int32_t r, t, blocks = cols / COLIBRI_BLOCK;
-    for (r = 0; r < rows; r++)
-        for (t = 0; t < n; t++)
-            y[(size_t)t * rows + r] = row_kq_x86(w + (size_t)r * row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
+    for (r = 0; r < rows; r++) {
+        for (t = 0; t + RN <= n; t += RN)
+            tile_kq_x86(RN, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
+        for (; t < n; t++)
+            tile_kq_x86(1, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
+    }
 }
 
 /* y (n, rows) = xq @ W^T for an int8_path W, given the variant's dot_us and how many tokens its
- * registers hold in a q8_0 / q4_0 tile (RN). */
+ * registers hold in a tile (RN). */
 static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, float *y, const colibri_q8_block *xq, const void *w,
                                                                 colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
                                                                 dot_us_fn dot_us)
@@ -368,12 +403,12 @@ static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, float *y
     switch (dtype) {
     case COLIBRI_DTYPE_Q8_0: matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q8_0, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_Q4_0: matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_0, n, cols, rows, dot_us); break;
-    case COLIBRI_DTYPE_Q4_K: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_Q4_K, n, cols, rows, dot_us); break;
-    case COLIBRI_DTYPE_Q5_K: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_Q5_K, n, cols, rows, dot_us); break;
-    case COLIBRI_DTYPE_Q6_K: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_Q6_K, n, cols, rows, dot_us); break;
-    case COLIBRI_DTYPE_IQ4_XS: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_IQ4_XS, n, cols, rows, dot_us); break;
-    case COLIBRI_DTYPE_IQ4_NL: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows, dot_us); break;
-    default: matmul_kq_format(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q4_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_K, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q5_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q5_K, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q6_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q6_K, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_IQ4_XS: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_IQ4_XS, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_IQ4_NL: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows, dot_us); break;
+    default: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, dot_us); break;
     }
 }
 
