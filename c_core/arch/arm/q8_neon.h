@@ -78,18 +78,23 @@ static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
     memcpy(out, u, 16);
 }
 
+/* The blocks below take RN tokens at once (prefill, an expert's group of tokens): each weight
+ * block unpacked once for all of them, token t's activation blocks xs apart from token 0's, its
+ * sums in acc0[t], acc1[t] (and mins[t]) in the order one token alone would take: an output does
+ * not depend on how many tokens came with it. */
+
 /* One q4_k or q5_k block (256 weights, 8 sub-blocks of 32) against its 8 activation blocks. */
-static inline __attribute__((always_inline)) void k4_block(const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
-                                                           float32x4_t *acc0, float32x4_t *acc1, float *mins, dot16_fn dot16)
+static inline __attribute__((always_inline)) void k4_block(int RN, const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
+                                                           size_t xs, float32x4_t *acc0, float32x4_t *acc1, float *mins, dot16_fn dot16)
 {
     const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48);
     const uint8x16_t m4 = vdupq_n_u8(0x0f), f = vdupq_n_u8(16);
     uint8x16_t qh0 = vld1q_u8(b + 16), qh1 = vld1q_u8(b + 32);   /* q5_k's fifth bits (q4_k: unused) */
-    float d = f16_scale(b), m = 0.0f;
+    float d = f16_scale(b), dmin = f16_scale(b + 2), m[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
     uint8_t sm[16];
-    int k;
+    int k, t;
     k4_unpack(b + 4, sm);
-    for (k = 0; k < 4; k++, xb += 2) {   /* sub-blocks 2k (low nibbles) and 2k + 1 (high) */
+    for (k = 0; k < 4; k++) {   /* sub-blocks 2k (low nibbles) and 2k + 1 (high) */
         uint8x16_t v0 = vld1q_u8(qs + 32 * k), v1 = vld1q_u8(qs + 32 * k + 16);
         uint8x16_t lo0 = vandq_u8(v0, m4), lo1 = vandq_u8(v1, m4), hi0 = vshrq_n_u8(v0, 4), hi1 = vshrq_n_u8(v1, 4);
         if (dtype == COLIBRI_DTYPE_Q5_K) {   /* bit s of qh[j] */
@@ -99,22 +104,25 @@ static inline __attribute__((always_inline)) void k4_block(const uint8_t *b, col
             hi0 = vorrq_u8(hi0, vandq_u8(vtstq_u8(qh0, bh), f));
             hi1 = vorrq_u8(hi1, vandq_u8(vtstq_u8(qh1, bh), f));
         }
-        *acc0 = add_scaled(*acc0, dot32(s8(lo0), s8(lo1), xb, dot16), d * (float)sm[2 * k] * xb[0].d);
-        *acc1 = add_scaled(*acc1, dot32(s8(hi0), s8(hi1), xb + 1, dot16), d * (float)sm[2 * k + 1] * xb[1].d);
-        m += (float)sm[8 + 2 * k] * (xb[0].d * (float)xb[0].sum) + (float)sm[9 + 2 * k] * (xb[1].d * (float)xb[1].sum);
+        for (t = 0; t < RN; t++) {
+            const colibri_q8_block *x = xb + t * xs + 2 * k;
+            acc0[t] = add_scaled(acc0[t], dot32(s8(lo0), s8(lo1), x, dot16), d * (float)sm[2 * k] * x[0].d);
+            acc1[t] = add_scaled(acc1[t], dot32(s8(hi0), s8(hi1), x + 1, dot16), d * (float)sm[2 * k + 1] * x[1].d);
+            m[t] += (float)sm[8 + 2 * k] * (x[0].d * (float)x[0].sum) + (float)sm[9 + 2 * k] * (x[1].d * (float)x[1].sum);
+        }
     }
-    *mins += f16_scale(b + 2) * m;
+    for (t = 0; t < RN; t++) mins[t] += dmin * m[t];
 }
 
 /* One q6_k block: two halves of 128, each 64 bytes of low nibbles and 32 of 2-bit pairs; per
  * activation block two int8 scales, one for each 16. */
-static inline __attribute__((always_inline)) void q6_k_block(const uint8_t *b, const colibri_q8_block *xb, float32x4_t *acc0,
-                                                             float32x4_t *acc1, dot16_fn dot16)
+static inline __attribute__((always_inline)) void q6_k_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
+                                                             float32x4_t *acc0, float32x4_t *acc1, dot16_fn dot16)
 {
     const uint8x16_t m4 = vdupq_n_u8(0x0f), m2 = vdupq_n_u8(0x30);
     const int8_t *sc = (const int8_t *)b + 192;
     float d = f16_scale(b + 208);
-    int h, g, i;
+    int h, g, i, t;
     for (h = 0; h < 2; h++) {
         uint8x16_t q[4][2];
         for (i = 0; i < 2; i++) {   /* bytes 16 i.. of each run */
@@ -125,66 +133,93 @@ static inline __attribute__((always_inline)) void q6_k_block(const uint8_t *b, c
             q[2][i] = vorrq_u8(vshrq_n_u8(l0, 4), vandq_u8(qh, m2));
             q[3][i] = vorrq_u8(vshrq_n_u8(l1, 4), vandq_u8(vshrq_n_u8(qh, 2), m2));
         }
-        for (g = 0; g < 4; g++, xb++, sc += 2) {
+        for (g = 0; g < 4; g++, sc += 2) {
             int8x16_t w0 = vsubq_s8(s8(q[g][0]), vdupq_n_s8(32)), w1 = vsubq_s8(s8(q[g][1]), vdupq_n_s8(32));
-            int32x4_t dot = vmulq_n_s32(dot16(vdupq_n_s32(0), w0, vld1q_s8(xb->q)), sc[0]);
-            dot = vmlaq_n_s32(dot, dot16(vdupq_n_s32(0), w1, vld1q_s8(xb->q + 16)), sc[1]);
-            if (g % 2) *acc1 = add_scaled(*acc1, dot, d * xb->d);
-            else *acc0 = add_scaled(*acc0, dot, d * xb->d);
+            for (t = 0; t < RN; t++) {
+                const colibri_q8_block *x = xb + t * xs + 4 * h + g;
+                int32x4_t dot = vmulq_n_s32(dot16(vdupq_n_s32(0), w0, vld1q_s8(x->q)), sc[0]);
+                dot = vmlaq_n_s32(dot, dot16(vdupq_n_s32(0), w1, vld1q_s8(x->q + 16)), sc[1]);
+                if (g % 2) acc1[t] = add_scaled(acc1[t], dot, d * x->d);
+                else acc0[t] = add_scaled(acc0[t], dot, d * x->d);
+            }
         }
     }
 }
 
-/* A q4_0-ordered nibble group's 32 values through a 16-entry table, against one activation block. */
-static inline __attribute__((always_inline)) int32x4_t table_dot(const uint8_t *q, int8x16_t table, const colibri_q8_block *xb,
-                                                                 dot16_fn dot16)
+/* A q4_0-ordered nibble group's 32 values through a 16-entry table: the first 16, then the rest. */
+static inline void table_values(const uint8_t *q, int8x16_t table, int8x16_t *v0, int8x16_t *v1)
 {
     uint8x16_t v = vld1q_u8(q);
-    return dot32(vqtbl1q_s8(table, vandq_u8(v, vdupq_n_u8(0x0f))), vqtbl1q_s8(table, vshrq_n_u8(v, 4)), xb, dot16);
+    *v0 = vqtbl1q_s8(table, vandq_u8(v, vdupq_n_u8(0x0f)));
+    *v1 = vqtbl1q_s8(table, vshrq_n_u8(v, 4));
 }
 
 /* One iq4_xs block: 8 sub-blocks of 32, each a q4_0 nibble group and a 6-bit scale less 32. */
-static inline __attribute__((always_inline)) void iq4_xs_block(const uint8_t *b, const colibri_q8_block *xb, float32x4_t *acc0,
-                                                               float32x4_t *acc1, int8x16_t table, dot16_fn dot16)
+static inline __attribute__((always_inline)) void iq4_xs_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
+                                                               float32x4_t *acc0, float32x4_t *acc1, int8x16_t table, dot16_fn dot16)
 {
     uint16_t high;
     float d = f16_scale(b);
-    int s;
+    int s, t;
     memcpy(&high, b + 2, 2);
-    for (s = 0; s < 8; s += 2, xb += 2) {
+    for (s = 0; s < 8; s += 2) {
         int ls0 = ((b[4 + s / 2] & 0x0f) | ((high >> 2 * s) & 3) << 4) - 32;
         int ls1 = ((b[4 + s / 2] >> 4) | ((high >> (2 * s + 2)) & 3) << 4) - 32;
-        *acc0 = add_scaled(*acc0, table_dot(b + 8 + 16 * s, table, xb, dot16), d * (float)ls0 * xb[0].d);
-        *acc1 = add_scaled(*acc1, table_dot(b + 24 + 16 * s, table, xb + 1, dot16), d * (float)ls1 * xb[1].d);
+        int8x16_t a0, a1, b0, b1;
+        table_values(b + 8 + 16 * s, table, &a0, &a1);
+        table_values(b + 24 + 16 * s, table, &b0, &b1);
+        for (t = 0; t < RN; t++) {
+            const colibri_q8_block *x = xb + t * xs + s;
+            acc0[t] = add_scaled(acc0[t], dot32(a0, a1, x, dot16), d * (float)ls0 * x[0].d);
+            acc1[t] = add_scaled(acc1[t], dot32(b0, b1, x + 1, dot16), d * (float)ls1 * x[1].d);
+        }
     }
 }
 
+/* One row of W (blocks activation blocks long) against RN tokens' blocks (xq, `blocks` apart):
+ * y (RN tokens, `rows` apart). */
+static inline __attribute__((always_inline)) void tile_kq_neon(int RN, float *y, int32_t rows, const uint8_t *w, colibri_dtype dtype,
+                                                               const colibri_q8_block *xq, int32_t blocks, size_t block_bytes,
+                                                               dot16_fn dot16)
+{
+    const int8x16_t table = vld1q_s8(dtype == COLIBRI_DTYPE_MXFP4 ? colibri_mxfp4_values : colibri_iq4nl_values);
+    size_t xs = (size_t)blocks;
+    int32_t b, per = block_bytes < 32 ? 1 : 8;
+    float32x4_t acc0[4], acc1[4];
+    float mins[4];
+    int t;
+    for (t = 0; t < RN; t++) { acc0[t] = acc1[t] = vdupq_n_f32(0.0f); mins[t] = 0.0f; }
+    for (b = 0; b < blocks; b += per, w += block_bytes) {
+        switch (dtype) {
+        case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(RN, w, dtype, xq + b, xs, acc0, acc1, mins, dot16); break;
+        case COLIBRI_DTYPE_Q6_K: q6_k_block(RN, w, xq + b, xs, acc0, acc1, dot16); break;
+        case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(RN, w, xq + b, xs, acc0, acc1, table, dot16); break;
+        default: {   /* iq4_nl, mxfp4: 32 table values, one scale */
+            float d = dtype == COLIBRI_DTYPE_IQ4_NL ? f16_scale(w) : e8m0_half(w[0]);
+            int8x16_t v0, v1;
+            table_values(w + (dtype == COLIBRI_DTYPE_IQ4_NL ? 2 : 1), table, &v0, &v1);
+            for (t = 0; t < RN; t++) acc0[t] = add_scaled(acc0[t], dot32(v0, v1, xq + b + t * xs, dot16), d * xq[b + t * xs].d);
+            break;
+        }
+        }
+    }
+    for (t = 0; t < RN; t++) y[(size_t)t * rows] = vaddvq_f32(vaddq_f32(acc0[t], acc1[t])) - mins[t];
+}
+
 /* y (n, rows) = xq @ W^T for one of those formats (a constant once inlined): row by row, each
- * row against every token while it is in L1. */
+ * row against 4 tokens at a time (then the rest one by one) while it is in L1. */
 static inline __attribute__((always_inline)) void matmul_kq_neon(float *y, const colibri_q8_block *xq, const uint8_t *w,
                                                                  colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
                                                                  size_t block_bytes, dot16_fn dot16)
 {
-    const int8x16_t iq4 = vld1q_s8(colibri_iq4nl_values), fp4 = vld1q_s8(colibri_mxfp4_values);
     size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
-    int32_t r, t, b, blocks = cols / COLIBRI_BLOCK, per = block_bytes < 32 ? 1 : 8;
-    for (r = 0; r < rows; r++)
-        for (t = 0; t < n; t++) {
-            const uint8_t *wb = w + (size_t)r * row_bytes;
-            const colibri_q8_block *xb = xq + (size_t)t * blocks;
-            float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
-            float mins = 0.0f;
-            for (b = 0; b < blocks; b += per, xb += per, wb += block_bytes) {
-                switch (dtype) {
-                case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(wb, dtype, xb, &acc0, &acc1, &mins, dot16); break;
-                case COLIBRI_DTYPE_Q6_K: q6_k_block(wb, xb, &acc0, &acc1, dot16); break;
-                case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(wb, xb, &acc0, &acc1, iq4, dot16); break;
-                case COLIBRI_DTYPE_IQ4_NL: acc0 = add_scaled(acc0, table_dot(wb + 2, iq4, xb, dot16), f16_scale(wb) * xb->d); break;
-                default: acc0 = add_scaled(acc0, table_dot(wb + 1, fp4, xb, dot16), e8m0_half(wb[0]) * xb->d); break;
-                }
-            }
-            y[(size_t)t * rows + r] = vaddvq_f32(vaddq_f32(acc0, acc1)) - mins;
-        }
+    int32_t r, t, blocks = cols / COLIBRI_BLOCK;
+    for (r = 0; r < rows; r++) {
+        for (t = 0; t + 4 <= n; t += 4)
+            tile_kq_neon(4, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, dtype, xq + (size_t)t * blocks, blocks, block_bytes, dot16);
+        for (; t < n; t++)
+            tile_kq_neon(1, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, dtype, xq + (size_t)t * blocks, blocks, block_bytes, dot16);
+    }
 }
 
 /* y (n, rows) = xq @ W^T for q8_0 / q4_0 W; q4_0's nibbles minus 8 are signed bytes like q8_0's. */
