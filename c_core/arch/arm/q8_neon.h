@@ -33,7 +33,7 @@ static inline void quantize_q8_neon(colibri_q8_block *xq, const float *x, int32_
 
 typedef int32x4_t (*dot16_fn)(int32x4_t acc, int8x16_t a, int8x16_t b);
 
-/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, iq4_xs, iq4_nl, mxfp4 (see
+/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, iq4_xs, iq4_nl, mxfp4, q4_1, q5_0, q5_1 (see
  * colibri_ref_matmul_q8 for the sums), one weight block at a time: per activation block a 4-lane
  * integer dot of signed bytes, converted and added in times d * scale * dx; q4_k's and q5_k's mins
  * as dmin * m * dx * sum(q), summed apart. */
@@ -176,6 +176,17 @@ static inline __attribute__((always_inline)) void iq4_xs_block(int RN, const uin
     }
 }
 
+/* Bits 16 h .. 16 h + 15 of the u32 at q (bit j: weight j's fifth) as 16 bytes, 16 where set. */
+static inline uint8x16_t fifth_bits(const uint8_t *q, int h)
+{
+    static const uint8_t at[2][16] = { { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1 },
+                                       { 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3 } };
+    static const uint8_t bit[16] = { 1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128 };
+    uint32_t bits;
+    memcpy(&bits, q, 4);
+    return vandq_u8(vtstq_u8(vqtbl1q_u8(vreinterpretq_u8_u32(vdupq_n_u32(bits)), vld1q_u8(at[h])), vld1q_u8(bit)), vdupq_n_u8(16));
+}
+
 /* One row of W (blocks activation blocks long) against RN tokens' blocks (xq, `blocks` apart):
  * y (RN tokens, `rows` apart). */
 static inline __attribute__((always_inline)) void tile_kq_neon(int RN, float *y, int32_t rows, const uint8_t *w, colibri_dtype dtype,
@@ -194,6 +205,21 @@ static inline __attribute__((always_inline)) void tile_kq_neon(int RN, float *y,
         case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(RN, w, dtype, xq + b, xs, acc0, acc1, mins, dot16); break;
         case COLIBRI_DTYPE_Q6_K: q6_k_block(RN, w, xq + b, xs, acc0, acc1, dot16); break;
         case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(RN, w, xq + b, xs, acc0, acc1, table, dot16); break;
+        case COLIBRI_DTYPE_Q4_1: case COLIBRI_DTYPE_Q5_0: case COLIBRI_DTYPE_Q5_1: {   /* d q + m; q5_0: d (q - 16) */
+            size_t at = dtype == COLIBRI_DTYPE_Q4_1 ? 4 : dtype == COLIBRI_DTYPE_Q5_0 ? 6 : 8;
+            uint8x16_t v = vld1q_u8(w + at), lo = vandq_u8(v, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(v, 4);
+            float d = f16_scale(w), m = dtype == COLIBRI_DTYPE_Q5_0 ? 0.0f : f16_scale(w + 2);
+            int8x16_t w0, w1;
+            if (dtype != COLIBRI_DTYPE_Q4_1) { lo = vorrq_u8(lo, fifth_bits(w + at - 4, 0)); hi = vorrq_u8(hi, fifth_bits(w + at - 4, 1)); }
+            w0 = s8(lo); w1 = s8(hi);
+            if (dtype == COLIBRI_DTYPE_Q5_0) { w0 = vsubq_s8(w0, vdupq_n_s8(16)); w1 = vsubq_s8(w1, vdupq_n_s8(16)); }
+            for (t = 0; t < RN; t++) {
+                const colibri_q8_block *x = xq + b + t * xs;
+                acc0[t] = add_scaled(acc0[t], dot32(w0, w1, x, dot16), d * x->d);
+                mins[t] -= m * (x->d * (float)x->sum);
+            }
+            break;
+        }
         default: {   /* iq4_nl, mxfp4: 32 table values, one scale */
             float d = dtype == COLIBRI_DTYPE_IQ4_NL ? f16_scale(w) : e8m0_half(w[0]);
             int8x16_t v0, v1;
@@ -265,6 +291,9 @@ static inline void matmul_q8_neon_with(float *y, const colibri_q8_block *xq, con
     case COLIBRI_DTYPE_Q6_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q6_K, n, cols, rows, 210, dot16); return;
     case COLIBRI_DTYPE_IQ4_XS: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_IQ4_XS, n, cols, rows, 136, dot16); return;
     case COLIBRI_DTYPE_IQ4_NL: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows, 18, dot16); return;
+    case COLIBRI_DTYPE_Q4_1: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows, 20, dot16); return;
+    case COLIBRI_DTYPE_Q5_0: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q5_0, n, cols, rows, 22, dot16); return;
+    case COLIBRI_DTYPE_Q5_1: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q5_1, n, cols, rows, 24, dot16); return;
     default: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, 17, dot16); return;
     }
 }

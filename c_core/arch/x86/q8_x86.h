@@ -168,7 +168,7 @@ static inline __attribute__((always_inline)) void matmul_q8_format(int RN, float
             tile_q8_x86(1, 1, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
 }
 
-/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, iq4_xs, iq4_nl, mxfp4 (see
+/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, iq4_xs, iq4_nl, mxfp4, q4_1, q5_0, q5_1 (see
  * colibri_ref_matmul_q8 for the sums), one weight block at a time: per activation block an 8-lane
  * integer dot, converted and added in times d * scale * dx; q4_k's and q5_k's mins as
  * dmin * m * dx * sum(q), summed apart. */
@@ -341,6 +341,37 @@ static inline __attribute__((always_inline)) void table_block(int RN, const uint
     for (t = 0; t < RN; t++) acc0[t] = add_scaled(acc0[t], dot_signed(v, xq_load(xb + t * xs), dot_us), d * xb[t * xs].d);
 }
 
+/* 32 bits (bit j: weight j's fifth) as 32 bytes, 16 where the bit is set, else 0. */
+static inline __m256i fifth_bits(const uint8_t *q)
+{
+    uint32_t bits;
+    __m256i v;
+    memcpy(&bits, q, 4);
+    v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                             0x0101010101010101, 0));   /* byte j: byte j / 8 */
+    v = _mm256_cmpeq_epi8(_mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi8(-1));   /* bit j % 8 */
+    return _mm256_and_si256(v, _mm256_set1_epi8(16));
+}
+
+/* One q4_1, q5_0 or q5_1 block: d q + m (q5_0: d (q - 16), its "- 16" through the activations'
+ * sum as q4_0's "- 8"); m dx sum(q) added in lane 0 of acc1. */
+static inline __attribute__((always_inline)) void legacy_block(int RN, const uint8_t *b, colibri_dtype dtype, const colibri_q8_block *xb,
+                                                               size_t xs, __m256 *acc0, __m256 *acc1, dot_us_fn dot_us)
+{
+    size_t at = dtype == COLIBRI_DTYPE_Q4_1 ? 4 : dtype == COLIBRI_DTYPE_Q5_0 ? 6 : 8;
+    __m256i q = q4_nibbles(b + at);
+    float d = w_scale(b), m = dtype == COLIBRI_DTYPE_Q5_0 ? 0.0f : w_scale(b + 2);
+    int t;
+    if (dtype != COLIBRI_DTYPE_Q4_1) q = _mm256_or_si256(q, fifth_bits(b + at - 4));
+    for (t = 0; t < RN; t++) {
+        const colibri_q8_block *x = xb + t * xs;
+        __m256i dot = dot_us(q, xq_load(x));
+        if (dtype == COLIBRI_DTYPE_Q5_0) dot = _mm256_add_epi32(dot, _mm256_setr_epi32(-16 * x->sum, 0, 0, 0, 0, 0, 0, 0));
+        acc0[t] = add_scaled(acc0[t], dot, d * x->d);
+        if (dtype != COLIBRI_DTYPE_Q5_0) acc1[t] = _mm256_add_ps(acc1[t], _mm256_setr_ps(m * (x->d * (float)x->sum), 0, 0, 0, 0, 0, 0, 0));
+    }
+}
+
 /* Bytes of one weight block, a constant once inlined. */
 static inline size_t kq_block_bytes(colibri_dtype dtype)
 {
@@ -350,6 +381,9 @@ static inline size_t kq_block_bytes(colibri_dtype dtype)
     case COLIBRI_DTYPE_Q6_K: return 210;
     case COLIBRI_DTYPE_IQ4_XS: return 136;
     case COLIBRI_DTYPE_IQ4_NL: return 18;
+    case COLIBRI_DTYPE_Q4_1: return 20;
+    case COLIBRI_DTYPE_Q5_0: return 22;
+    case COLIBRI_DTYPE_Q5_1: return 24;
     default: return 17;   /* mxfp4 */
     }
 }
@@ -362,7 +396,7 @@ static inline __attribute__((always_inline)) void tile_kq_x86(int RN, float *y, 
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(dtype == COLIBRI_DTYPE_MXFP4 ? colibri_mxfp4_values
                                                                                                                     : colibri_iq4nl_values)));
     size_t block_bytes = kq_block_bytes(dtype), xs = (size_t)blocks;
-    int32_t b, per = dtype == COLIBRI_DTYPE_IQ4_NL || dtype == COLIBRI_DTYPE_MXFP4 ? 1 : 8;
+    int32_t b, per = block_bytes < 32 ? 1 : 8;
     __m256 acc0[4], acc1[4], mins[4];
     int t;
     for (t = 0; t < RN; t++) acc0[t] = acc1[t] = mins[t] = _mm256_setzero_ps();
@@ -372,6 +406,7 @@ static inline __attribute__((always_inline)) void tile_kq_x86(int RN, float *y, 
         case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(RN, w, dtype, xq + b, xs, acc0, acc1, mins, dot_us); break;
         case COLIBRI_DTYPE_Q6_K: q6_k_block(RN, w, xq + b, xs, acc0, acc1, dot_us); break;
         case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(RN, w, xq + b, xs, acc0, acc1, table, dot_us); break;
+        case COLIBRI_DTYPE_Q4_1: case COLIBRI_DTYPE_Q5_0: case COLIBRI_DTYPE_Q5_1: legacy_block(RN, w, dtype, xq + b, xs, acc0, acc1, dot_us); break;
         default: table_block(RN, w, dtype, xq + b, xs, acc0, table, dot_us); break;
         }
     }
@@ -408,6 +443,9 @@ static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, float *y
     case COLIBRI_DTYPE_Q6_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q6_K, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_IQ4_XS: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_IQ4_XS, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_IQ4_NL: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q4_1: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q5_0: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q5_0, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q5_1: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q5_1, n, cols, rows, dot_us); break;
     default: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, dot_us); break;
     }
 }

@@ -46,9 +46,9 @@ const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT] = {
     [COLIBRI_DTYPE_Q4_K]   = { "q4_k",     256,   144,   1,     1,    2,     0, 2 },
     [COLIBRI_DTYPE_Q6_K]   = { "q6_k",     256,   210,   1,     1,    2,   208, 1 },
     [COLIBRI_DTYPE_Q5_K]   = { "q5_k",     256,   176,   1,     1,    2,     0, 2 },
-    [COLIBRI_DTYPE_Q4_1]   = { "q4_1",     32,    20,    1,     0,    0,     0, 2 },
-    [COLIBRI_DTYPE_Q5_0]   = { "q5_0",     32,    22,    1,     0,    0,     0, 1 },
-    [COLIBRI_DTYPE_Q5_1]   = { "q5_1",     32,    24,    1,     0,    0,     0, 2 },
+    [COLIBRI_DTYPE_Q4_1]   = { "q4_1",     32,    20,    1,     1,    2,     0, 2 },
+    [COLIBRI_DTYPE_Q5_0]   = { "q5_0",     32,    22,    1,     1,    2,     0, 1 },
+    [COLIBRI_DTYPE_Q5_1]   = { "q5_1",     32,    24,    1,     1,    2,     0, 2 },
     [COLIBRI_DTYPE_IQ4_NL] = { "iq4_nl",   32,    18,    1,     1,    2,     0, 1 },
     [COLIBRI_DTYPE_IQ4_XS] = { "iq4_xs",   256,   136,   1,     1,    2,     0, 1 },
     [COLIBRI_DTYPE_MXFP4]  = { "mxfp4",    32,    17,    1,     1,    2,     0, 0 },   /* an E8M0 scale */
@@ -260,7 +260,8 @@ void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, in
     }
 }
 
-/* Activation block g (32 weights from 32 g) of one weight block of the int8 path's other formats:
+/* Activation block g (32 weights from 32 g) of one weight block of the int8 path's other formats
+ * (q4_1 and q5_1: m is minus the block's m):
  * the weights as integers w (0..63 or signed table values), an integer scale for each half of 16,
  * and floats d, m such that weight j = d * scale[j / 16] * w[j] - m.  Every such group lies inside
  * one sub-block of its format (sub-blocks are 16 or 32 weights, aligned), so d and m are the
@@ -302,6 +303,18 @@ static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32
         *d = f16_at(b);
         return;
     }
+    case COLIBRI_DTYPE_Q4_1: case COLIBRI_DTYPE_Q5_0: case COLIBRI_DTYPE_Q5_1: {   /* weight = d q (+ m); q5_0: d (q - 16) */
+        size_t at = dtype == COLIBRI_DTYPE_Q4_1 ? 4 : dtype == COLIBRI_DTYPE_Q5_0 ? 6 : 8;
+        for (j = 0; j < 32; j++) {
+            w[j] = q4_nibble(b + at, j);
+            if (dtype != COLIBRI_DTYPE_Q4_1) w[j] |= ((b[at - 4 + j / 8] >> (j % 8)) & 1) << 4;
+            if (dtype == COLIBRI_DTYPE_Q5_0) w[j] -= 16;
+        }
+        scale[0] = scale[1] = 1;
+        *d = f16_at(b);
+        if (dtype != COLIBRI_DTYPE_Q5_0) *m = -f16_at(b + 2);
+        return;
+    }
     case COLIBRI_DTYPE_IQ4_NL:
         for (j = 0; j < 32; j++) w[j] = colibri_iq4nl_values[q4_nibble(b + 2, j)];
         scale[0] = scale[1] = 1;
@@ -317,7 +330,7 @@ static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32
 
 /* y (n, rows) = xq @ W^T: per block pair an exact integer dot, times both scales.  The other
  * formats: per activation block an exact integer dot with each half's scale in it, then
- * dx (d dot - m sum(q)), m the sub-block's min (0 but for q4_k and q5_k). */
+ * dx (d dot - m sum(q)), m the sub-block's min (0 but for q4_k, q5_k, q4_1 and q5_1). */
 void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
