@@ -3,7 +3,7 @@
  * matmul_q8, as a session does).  Runs interleaved (each rep times every kernel set once), one
  * thread; prints the median per cell in ms per token, with the weights' GB/s.
  *
- *   kquant_matmul [REPS [N [FORMAT...]]]   default: 7 reps, n = 1 (a matvec); q4_k q6_k q5_k iq4_xs iq4_nl mxfp4 q4_0 */
+ *   kquant_matmul [REPS [N [FORMAT...]]]   default: 7 reps, n = 1 (a matvec); the int8 path's formats */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +21,9 @@ static int by_value(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    static const char *defaults[] = { "q4_k", "q6_k", "q5_k", "iq4_xs", "iq4_nl", "mxfp4", "q4_0" };
+    static const char *defaults[] = { "q4_k", "q6_k", "q5_k", "iq4_xs", "iq4_nl", "mxfp4", "q4_1", "q5_0", "q5_1", "q4_0", "q8_0" };
     const char **formats = argc > 3 ? (const char **)argv + 3 : defaults;
-    int32_t reps = argc > 1 ? atoi(argv[1]) : 7, n = argc > 2 ? atoi(argv[2]) : 1, n_formats = argc > 3 ? argc - 3 : 7;
+    int32_t reps = argc > 1 ? atoi(argv[1]) : 7, n = argc > 2 ? atoi(argv[2]) : 1, n_formats = argc > 3 ? argc - 3 : 11;
     int32_t n_sets = 0, f, s, i, r;
     const colibri_kernels *sets[MAX_SETS];
     float *x, *y;
