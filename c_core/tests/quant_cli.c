@@ -5,7 +5,8 @@
  *     W    ROWS rows of COLS weights stored in DTYPE (a file of raw blocks)
  *     X    n x COLS float32 (any n >= 1)
  *     OUT  written: the dequantized W (ROWS x COLS float32), then y = X @ W^T (n x ROWS float32)
- *          by KERNELS' matmul (reference, avx2, ...)
+ *          by KERNELS' matmul (reference, avx2, ...); for an int8_path DTYPE and KERNELS with an
+ *          int8 path, then y again (n x ROWS) by its quantize_q8 and matmul_q8
  *
  * exit 1: bad arguments or files; 77: KERNELS is not a variant this CPU runs. */
 #include <stdio.h>
@@ -31,7 +32,8 @@ static void *read_file(const char *path, size_t *size)
 int main(int argc, char **argv)
 {
     const colibri_kernels *k;
-    int32_t d, rows, cols, n;
+    colibri_q8_block *xq;
+    int32_t d, rows, cols, n, q8;
     size_t w_size = 0, x_size = 0;
     void *w, *x;
     float *out;
@@ -50,13 +52,20 @@ int main(int argc, char **argv)
     if (!w || !x || w_size != (size_t)rows * colibri_row_bytes((colibri_dtype)d, (size_t)cols)
         || x_size == 0 || x_size % (4 * (size_t)cols)) { fprintf(stderr, "quant_cli: bad W or X\n"); return 1; }
     n = (int32_t)(x_size / (4 * (size_t)cols));
-    out = malloc(((size_t)rows * cols + (size_t)n * rows) * sizeof *out);
-    if (!out) return 1;
+    q8 = colibri_dtypes[d].int8_path && k->matmul_q8 && cols % COLIBRI_BLOCK == 0;
+    out = malloc(((size_t)rows * cols + (size_t)(1 + q8) * n * rows) * sizeof *out);
+    xq = malloc((size_t)n * (cols / COLIBRI_BLOCK + 1) * sizeof *xq);
+    if (!out || !xq) return 1;
     colibri_dequantize(out, w, (colibri_dtype)d, (size_t)rows * cols);
     k->matmul(out + (size_t)rows * cols, x, w, (colibri_dtype)d, n, cols, rows);
+    if (q8) {
+        k->quantize_q8(xq, x, n, cols);
+        k->matmul_q8(out + (size_t)rows * cols + (size_t)n * rows, xq, w, (colibri_dtype)d, n, cols, rows);
+    }
     f = fopen(argv[7], "wb");
-    if (!f || fwrite(out, sizeof *out, (size_t)rows * cols + (size_t)n * rows, f) != (size_t)rows * cols + (size_t)n * rows) return 1;
+    if (!f || fwrite(out, sizeof *out, (size_t)rows * cols + (size_t)(1 + q8) * n * rows, f)
+                  != (size_t)rows * cols + (size_t)(1 + q8) * n * rows) return 1;
     fclose(f);
-    free(out); free(w); free(x);
+    free(out); free(xq); free(w); free(x);
     return 0;
 }

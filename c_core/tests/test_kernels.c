@@ -57,10 +57,52 @@ static void quantize_row(const float *x, int32_t cols, colibri_dtype dtype, uint
     }
 }
 
+/* size bytes of random blocks of a format, their f16 scales set to moderate values of either
+ * sign (mxfp4: its exponent), so every weight is finite. */
+static void random_blocks(uint8_t *w, size_t size, colibri_dtype dtype)
+{
+    const colibri_dtype_traits *tr = &colibri_dtypes[dtype];
+    size_t i, b;
+    int32_t j;
+    for (i = 0; i < size; i++) { lcg = lcg * 1664525u + 1013904223u; w[i] = (uint8_t)(lcg >> 24); }
+    for (b = 0; b < size / (size_t)tr->block_bytes; b++) {
+        uint8_t *block = w + b * (size_t)tr->block_bytes;
+        if (dtype == COLIBRI_DTYPE_MXFP4) block[0] = (uint8_t)(118 + b % 5);
+        for (j = 0; j < tr->f16_count; j++) {
+            uint16_t h = to_half_bits(0.01f * next_float(), COLIBRI_DTYPE_F16);
+            memcpy(block + tr->f16_at + 2 * j, &h, 2);
+        }
+    }
+}
+
+/* wmag (cols) = per weight of one row, |scale part| + |min part|: weight = d * ... - dmin * m in
+ * the formats with two f16 fields at the start (q4_k, q5_k, q4_1, q5_1: the int8 path sums the two parts
+ * apart, so its float sums' error is relative to both); |weight| in the others. */
+static void term_magnitudes(float *wmag, const uint8_t *row, colibri_dtype dtype, int32_t cols)
+{
+    const colibri_dtype_traits *tr = &colibri_dtypes[dtype];
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), b, k;
+    int32_t i;
+    if (tr->f16_count != 2 || tr->f16_at != 0) {
+        for (i = 0; i < cols; i++) wmag[i] = fabsf(colibri_load_f32(row, dtype, (size_t)i));
+        return;
+    }
+    {
+        uint8_t *part = malloc(row_bytes);
+        for (k = 0; k < 2; k++) {   /* k 0: dmin zeroed, the scale part; k 1: d zeroed, the min part */
+            memcpy(part, row, row_bytes);
+            for (b = 0; b < row_bytes; b += (size_t)tr->block_bytes) memset(part + b + 2 * (1 - k), 0, 2);
+            for (i = 0; i < cols; i++) wmag[i] = (k ? wmag[i] : 0.0f) + fabsf(colibri_load_f32(part, dtype, (size_t)i));
+        }
+        free(part);
+    }
+}
+
 /* Budget of the int8 path against the float oracle: quantizing x to blocks moves each x by at
- * most d / 2 = amax / 254 of its block, so |error| <= sum over blocks of amax / 254 * sum |w|,
- * plus float summation of the block sums. */
-static double q8_budget(const float *w32, const float *x, int32_t cols)
+ * most d / 2 = amax / 254 of its block (d's and 1/d's roundings inside the 1e-6), so |error| <=
+ * sum over blocks of amax / 254 * sum |w|, plus float summation of the block sums and the oracle's
+ * rounding of each weight, both relative to the terms' magnitudes (wmag). */
+static double q8_budget(const float *w32, const float *wmag, const float *x, int32_t cols)
 {
     double budget = 0.0, mag = 0.0;
     int32_t b, j;
@@ -69,7 +111,7 @@ static double q8_budget(const float *w32, const float *x, int32_t cols)
         for (j = 0; j < 32; j++) {
             if (fabs((double)x[b * 32 + j]) > amax) amax = fabs((double)x[b * 32 + j]);
             wsum += fabs((double)w32[b * 32 + j]);
-            mag += fabs((double)w32[b * 32 + j] * x[b * 32 + j]);
+            mag += fabs((double)wmag[b * 32 + j] * x[b * 32 + j]);
         }
         budget += amax / 254.0 * wsum * (1.0 + 1e-6);
     }
@@ -109,15 +151,20 @@ static void same_bits_one_token_at_a_time(const colibri_kernels *k, const char *
     free(one);
 }
 
-/* One variant against the reference: the float matmul for every dtype; for q8_0 and q4_0,
+/* One variant against the reference: the float matmul for every dtype; for the int8_path ones,
  * its int8 path against the scalar int8 path (the same integers: only float summation order
- * differs) and against the float oracle (the activation quantization's bound). */
+ * differs) and against the float oracle (the activation quantization's bound).  The formats
+ * the variants have only int8 kernels for are random blocks (their float matmul is the
+ * reference's: test_reference_formats). */
 static void test_variant(const colibri_kernels *k)
 {
-    static const int32_t ns[] = { 1, 3, 5, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 257, 384, 1024 };
+    static const int32_t ns[] = { 1, 3, 5, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 256, 257, 384, 1024 };
     static const int32_t rowss[] = { 1, 5, 70 };   /* 70 x 1024 f32: past 256 KiB, the other tile order */
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
-                                            COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128 };
+                                            COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128,
+                                            COLIBRI_DTYPE_Q4_K, COLIBRI_DTYPE_Q5_K, COLIBRI_DTYPE_Q6_K,
+                                            COLIBRI_DTYPE_IQ4_XS, COLIBRI_DTYPE_IQ4_NL, COLIBRI_DTYPE_MXFP4,
+                                            COLIBRI_DTYPE_Q4_1, COLIBRI_DTYPE_Q5_0, COLIBRI_DTYPE_Q5_1 };
     const colibri_kernels *ref = colibri_kernels_reference();
     int di, ni, ci, ri, before = failures, count = checked;
     for (di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++) {
@@ -130,7 +177,7 @@ static void test_variant(const colibri_kernels *k)
             /* emulated: every tail still (cols, tokens, a 4-row tile and one more), at a tenth of the
              * multiply-adds; of the 70-row shapes the one that crosses 256 KiB, 5 tokens of f32 */
             if (emulated && rows == 70 && !(n == 5 && cols == 1024 && dtype == COLIBRI_DTYPE_F32)) continue;
-            float *x = malloc((size_t)n * cols * 4), *w32 = malloc((size_t)rows * cols * 4);
+            float *x = malloc((size_t)n * cols * 4), *w32 = malloc((size_t)rows * cols * 4), *wmag = malloc((size_t)rows * cols * 4);
             float *y_ref = malloc((size_t)n * rows * 4), *y = malloc((size_t)n * rows * 4), *y_q8 = malloc((size_t)n * rows * 4);
             colibri_q8_block *xq_ref = malloc((size_t)n * (cols / 32 + 1) * sizeof *xq_ref);
             colibri_q8_block *xq = malloc((size_t)n * (cols / 32 + 1) * sizeof *xq);
@@ -145,12 +192,13 @@ static void test_variant(const colibri_kernels *k)
                     w32[i] = colibri_load_f32(w, dtype, (size_t)i);
                 }
             }
-            if (colibri_dtype_is_block(dtype))   /* the budget is on the weights the blocks encode */
-                for (r = 0; r < rows; r++) {
-                    quantize_row(w32 + (size_t)r * cols, cols, dtype, (uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols));
-                    for (i = 0; i < cols; i++)
-                        w32[(size_t)r * cols + i] = colibri_load_f32((uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols), dtype, (size_t)i);
-                }
+            if (colibri_dtypes[dtype].simd == COLIBRI_SIMD_INT8) random_blocks(w, wsize, dtype);
+            for (r = 0; r < rows && colibri_dtype_is_block(dtype); r++) {   /* the budget is on the weights the blocks encode */
+                uint8_t *row = (uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols);
+                if (colibri_dtypes[dtype].simd != COLIBRI_SIMD_INT8) quantize_row(w32 + (size_t)r * cols, cols, dtype, row);
+                for (i = 0; i < cols; i++) w32[(size_t)r * cols + i] = colibri_load_f32(row, dtype, (size_t)i);
+                term_magnitudes(wmag + (size_t)r * cols, row, dtype, cols);
+            }
             ref->matmul(y_ref, x, w, dtype, n, cols, rows);
             k->matmul(y, x, w, dtype, n, cols, rows);
             same_bits_one_token_at_a_time(k, "matmul", dtype_name, y, x, NULL, w, dtype, n, cols, rows);
@@ -174,22 +222,22 @@ static void test_variant(const colibri_kernels *k)
                 same_bits_one_token_at_a_time(k, "matmul_q8", dtype_name, y_q8, NULL, xq_ref, w, dtype, n, cols, rows);
                 for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
                     double mag = 0.0;   /* sum |block scale * integer dot| bounds the float sums' error */
-                    for (i = 0; i < cols; i++) mag += fabs((double)w32[r * cols + i] * xq_ref[t * cols / 32 + i / 32].d * xq_ref[t * cols / 32 + i / 32].q[i % 32]);
+                    for (i = 0; i < cols; i++) mag += fabs((double)wmag[r * cols + i] * xq_ref[t * cols / 32 + i / 32].d * xq_ref[t * cols / 32 + i / 32].q[i % 32]);
                     check(k->name, "matmul_q8 vs scalar int8", dtype_name, n, cols, rows, t, r, y_q8[t * rows + r],
                           y[t * rows + r], (cols / 32 + 8) * ldexp(1.0, -23) * mag + 1e-30);
                     check(k->name, "matmul_q8 vs float oracle", dtype_name, n, cols, rows, t, r, y_q8[t * rows + r],
-                          y_ref[t * rows + r], q8_budget(w32 + (size_t)r * cols, x + (size_t)t * cols, cols));
+                          y_ref[t * rows + r], q8_budget(w32 + (size_t)r * cols, wmag + (size_t)r * cols, x + (size_t)t * cols, cols));
                 }
             }
-            free(x); free(w32); free(y_ref); free(y); free(y_q8); free(xq_ref); free(xq); free(w);
+            free(x); free(w32); free(wmag); free(y_ref); free(y); free(y_q8); free(xq_ref); free(xq); free(w);
         }
     }
     printf("%s kernels: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
            failures - before);
 }
 
-/* The formats a variant has no kernels for (colibri_dtype_simd 0): its matmul is the reference's,
- * bit for bit.  Random blocks, their f16 scales set to moderate values (mxfp4: its exponent). */
+/* The formats a variant has no float kernels for (colibri_dtype_simd 0, or the int8 path's
+ * alone): its matmul is the reference's, bit for bit, on random blocks. */
 static void test_reference_formats(const colibri_kernels *k)
 {
     static const int32_t ns[] = { 1, 3 }, blockss[] = { 1, 3 }, rowss[] = { 1, 5 };
@@ -197,21 +245,13 @@ static void test_reference_formats(const colibri_kernels *k)
     int d, ni, bi, ri, before = failures, count = checked;
     for (d = 0; d < COLIBRI_DTYPE_COUNT; d++) {
         const colibri_dtype_traits *tr = &colibri_dtypes[d];
-        if (tr->simd || !tr->holds_weights) continue;
+        if (tr->simd == COLIBRI_SIMD_ALL || !tr->holds_weights) continue;
         for (ni = 0; ni < 2; ni++) for (bi = 0; bi < 2; bi++) for (ri = 0; ri < 2; ri++) {
-            int32_t n = ns[ni], cols = blockss[bi] * tr->block, rows = rowss[ri], i, b, j;
+            int32_t n = ns[ni], cols = blockss[bi] * tr->block, rows = rowss[ri], i;
             size_t wsize = (size_t)rows * colibri_row_bytes((colibri_dtype)d, (size_t)cols);
             uint8_t *w = malloc(wsize);
             float *x = malloc((size_t)n * cols * 4), *y = malloc((size_t)n * rows * 4), *y_ref = malloc((size_t)n * rows * 4);
-            for (i = 0; i < (int32_t)wsize; i++) { lcg = lcg * 1664525u + 1013904223u; w[i] = (uint8_t)(lcg >> 24); }
-            for (b = 0; b < (int32_t)(wsize / (size_t)tr->block_bytes); b++) {
-                uint8_t *block = w + (size_t)b * (size_t)tr->block_bytes;
-                if (d == COLIBRI_DTYPE_MXFP4) block[0] = (uint8_t)(118 + b % 5);
-                for (j = 0; j < tr->f16_count; j++) {
-                    uint16_t h = to_half_bits(0.01f * next_float(), COLIBRI_DTYPE_F16);
-                    memcpy(block + tr->f16_at + 2 * j, &h, 2);
-                }
-            }
+            random_blocks(w, wsize, (colibri_dtype)d);
             for (i = 0; i < n * cols; i++) x[i] = next_float();
             ref->matmul(y_ref, x, w, (colibri_dtype)d, n, cols, rows);
             k->matmul(y, x, w, (colibri_dtype)d, n, cols, rows);

@@ -88,7 +88,7 @@ static float dot_row(const uint8_t *wr, colibri_dtype dtype, const float *xt, in
 static void matmul_avx2(float *y, const float *x, const void *w, colibri_dtype dtype,
                         int32_t n, int32_t cols, int32_t rows)
 {
-    if (!colibri_dtype_simd(dtype)) { colibri_ref_matmul(y, x, w, dtype, n, cols, rows); return; }
+    if (colibri_dtype_simd(dtype) != COLIBRI_SIMD_ALL) { colibri_ref_matmul(y, x, w, dtype, n, cols, rows); return; }
     colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, colibri_dtype_is_block(dtype) ? dot_blocks : dot_row);
 }
 

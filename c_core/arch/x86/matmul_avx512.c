@@ -103,7 +103,7 @@ static float dot_w4g128(const uint8_t *row, colibri_dtype dtype, const float *x,
 static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype dtype,
                           int32_t n, int32_t cols, int32_t rows)
 {
-    if (!colibri_dtype_simd(dtype)) colibri_ref_matmul(y, x, w, dtype, n, cols, rows);
+    if (colibri_dtype_simd(dtype) != COLIBRI_SIMD_ALL) colibri_ref_matmul(y, x, w, dtype, n, cols, rows);
     else if (dtype == COLIBRI_DTYPE_W4G128) colibri_matmul_by_rows(y, x, w, dtype, n, cols, rows, dot_w4g128);
     else if (colibri_dtype_is_block(dtype)) colibri_kernels_avx2()->matmul(y, x, w, dtype, n, cols, rows);
     else matmul_tiles(y, x, w, dtype, n, cols, rows);

@@ -12,11 +12,12 @@
 
 #include "colibri/colibri.h"
 
-/* 32 activations quantized to int8 on the fly, for integer dot products with q8_0 and q4_0
- * weights: x[j] ~ d * q[j], d = max|x| / 127, q rounded to nearest (ties to even). */
+/* 32 activations quantized to int8 on the fly, for integer dot products with the int8 path's
+ * weights (traits' int8_path): x[j] ~ d * q[j], d = max|x| / 127, q rounded to nearest (ties to
+ * even).  Every sub-block of those formats (16 or 32 weights, aligned) lies inside one block. */
 typedef struct colibri_q8_block {
     float d;
-    int32_t sum;            /* sum of q: folds q4_0's "- 8" into one product per block */
+    int32_t sum;            /* sum of q: folds q4_0's "- 8" and q4_k's mins into one product per block */
     int8_t q[32];
 } colibri_q8_block;
 
@@ -27,7 +28,7 @@ typedef struct colibri_kernels {
                    int32_t n, int32_t cols, int32_t rows);
     /* y (dim) = x / sqrt(mean(x^2) + eps) * w */
     void (*rmsnorm)(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
-    /* The int8 path for q8_0 and q4_0 weights, NULL where a variant has none (the reference: its
+    /* The int8 path for the int8_path formats' weights, NULL where a variant has none (the reference: its
      * matmul is the float oracle; a variant based on it that leaves these empty has none either).
      * xq (n, cols / 32) = blocks of x (n, cols); then y (n, rows) = xq @ W (rows, cols)^T by integer
      * dot products, one scale per block pair. */
@@ -65,7 +66,7 @@ typedef struct colibri_compute {
     const colibri_kernels *kernels;
     struct colibri_pool *pool;      /* NULL: this thread alone */
     colibri_q8_block *xq;           /* (n_batch, xq_row_blocks) quantized activations */
-    int32_t xq_row_blocks;          /* the widest q8_0 / q4_0 input / 32 */
+    int32_t xq_row_blocks;          /* the widest int8-path input / 32 */
 } colibri_compute;
 
 /* y (n, rows) = x (n, cols) @ W (rows, cols)^T through c's kernels and threads (ops/parallel.c). */
@@ -99,6 +100,7 @@ void colibri_ref_latent_scores(float *scores, const float *q_latent, const float
 
 /* Scalar element conversions, exact. */
 float colibri_f16_to_f32(uint16_t h);
+float colibri_e8m0_half(uint8_t e);   /* 2^(e - 128): half of an mxfp4 block's scale */
 float colibri_bf16_to_f32(uint16_t b);
 float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);   /* element i of a row-major tensor */
 /* y (n) = the first n elements of w (n a multiple of the dtype's block), as colibri_load_f32 reads them. */
@@ -111,11 +113,15 @@ typedef struct colibri_dtype_traits {
     const char *name;
     int32_t block, block_bytes;
     int holds_weights;      /* a float or block format; else an integer table (the tokenizer's) */
-    int int8_path;          /* dot products with int8 activation blocks: q8_0, q4_0 */
-    int simd;               /* the arch variants have kernels for it; else they call the reference */
+    int int8_path;          /* dot products with int8 activation blocks (matmul_q8) */
+    int simd;               /* the arch variants' kernels for it: COLIBRI_SIMD_*; 0: they call the reference */
     int32_t f16_at, f16_count;
 } colibri_dtype_traits;
 extern const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT];
+
+#define COLIBRI_SIMD_ALL 1          /* matmul and, for an int8_path format, matmul_q8 */
+#define COLIBRI_SIMD_INT8 2         /* matmul_q8 alone: the float matmul, which sessions do not call for
+                                     * the format (they take the int8 path), is the reference's */
 
 /* Bytes of one row of n weights (n a multiple of the dtype's block). */
 size_t colibri_row_bytes(colibri_dtype dtype, size_t n);

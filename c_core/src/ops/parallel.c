@@ -3,7 +3,7 @@
  * several tokens: each takes a run of tokens.  Each output is computed by the same kernel call
  * as with one thread, so the result is the same whatever the thread count.
  *
- * q8_0 and q4_0 weights take the variant's int8 path when it has one: x is quantized once, by
+ * The int8_path formats take the variant's int8 path when it has one: x is quantized once, by
  * the calling thread, into the compute's scratch, and the threads share the blocks. */
 #include "ops.h"
 #include "../platform.h"

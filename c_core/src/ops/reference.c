@@ -43,15 +43,15 @@ const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT] = {
     [COLIBRI_DTYPE_Q8_0]   = { "q8_0",     32,    34,    1,     1,    1,     0, 1 },
     [COLIBRI_DTYPE_Q4_0]   = { "q4_0",     32,    18,    1,     1,    1,     0, 1 },
     [COLIBRI_DTYPE_W4G128] = { "w4g128",   128,   66,    1,     0,    1,     0, 1 },
-    [COLIBRI_DTYPE_Q4_K]   = { "q4_k",     256,   144,   1,     0,    0,     0, 2 },
-    [COLIBRI_DTYPE_Q6_K]   = { "q6_k",     256,   210,   1,     0,    0,   208, 1 },
-    [COLIBRI_DTYPE_Q5_K]   = { "q5_k",     256,   176,   1,     0,    0,     0, 2 },
-    [COLIBRI_DTYPE_Q4_1]   = { "q4_1",     32,    20,    1,     0,    0,     0, 2 },
-    [COLIBRI_DTYPE_Q5_0]   = { "q5_0",     32,    22,    1,     0,    0,     0, 1 },
-    [COLIBRI_DTYPE_Q5_1]   = { "q5_1",     32,    24,    1,     0,    0,     0, 2 },
-    [COLIBRI_DTYPE_IQ4_NL] = { "iq4_nl",   32,    18,    1,     0,    0,     0, 1 },
-    [COLIBRI_DTYPE_IQ4_XS] = { "iq4_xs",   256,   136,   1,     0,    0,     0, 1 },
-    [COLIBRI_DTYPE_MXFP4]  = { "mxfp4",    32,    17,    1,     0,    0,     0, 0 },   /* an E8M0 scale */
+    [COLIBRI_DTYPE_Q4_K]   = { "q4_k",     256,   144,   1,     1,    2,     0, 2 },
+    [COLIBRI_DTYPE_Q6_K]   = { "q6_k",     256,   210,   1,     1,    2,   208, 1 },
+    [COLIBRI_DTYPE_Q5_K]   = { "q5_k",     256,   176,   1,     1,    2,     0, 2 },
+    [COLIBRI_DTYPE_Q4_1]   = { "q4_1",     32,    20,    1,     1,    2,     0, 2 },
+    [COLIBRI_DTYPE_Q5_0]   = { "q5_0",     32,    22,    1,     1,    2,     0, 1 },
+    [COLIBRI_DTYPE_Q5_1]   = { "q5_1",     32,    24,    1,     1,    2,     0, 2 },
+    [COLIBRI_DTYPE_IQ4_NL] = { "iq4_nl",   32,    18,    1,     1,    2,     0, 1 },
+    [COLIBRI_DTYPE_IQ4_XS] = { "iq4_xs",   256,   136,   1,     1,    2,     0, 1 },
+    [COLIBRI_DTYPE_MXFP4]  = { "mxfp4",    32,    17,    1,     1,    2,     0, 0 },   /* an E8M0 scale */
     [COLIBRI_DTYPE_Q3_K]   = { "q3_k",     256,   110,   1,     0,    0,   108, 1 },
     [COLIBRI_DTYPE_Q2_K]   = { "q2_k",     256,   84,    1,     0,    0,    80, 2 },
 };
@@ -67,6 +67,14 @@ size_t colibri_row_bytes(colibri_dtype dtype, size_t n)
 
 /* Quant j (0..31) of a q4_0 nibble group: byte j low, byte j - 16 high; 0..15. */
 static int q4_nibble(const uint8_t *group, size_t j) { return j < 16 ? group[j] & 0x0f : group[j - 16] >> 4; }
+
+float colibri_e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float half_scale;
+    memcpy(&half_scale, &bits, 4);
+    return half_scale;
+}
 
 static float f16_at(const uint8_t *p)
 {
@@ -126,12 +134,8 @@ static float block_element(const uint8_t *b, colibri_dtype dtype, size_t j)
         int scale = ((b[4 + s / 2] >> (s % 2 * 4)) & 0x0f) | ((b[2 + s / 4] >> (s % 4 * 2)) & 3) << 4;
         return f16_at(b) * (float)(scale - 32) * (float)colibri_iq4nl_values[q4_nibble(b + 8 + s * 16, j % 32)];
     }
-    case COLIBRI_DTYPE_MXFP4: {   /* e, then q4_0's nibbles: E2M1 values (doubled) times 2^(e - 128) */
-        uint32_t bits = b[0] < 2 ? 0x00200000u << b[0] : (uint32_t)(b[0] - 1) << 23;
-        float half_scale;
-        memcpy(&half_scale, &bits, 4);
-        return half_scale * (float)colibri_mxfp4_values[q4_nibble(b + 1, j)];
-    }
+    case COLIBRI_DTYPE_MXFP4:   /* e, then q4_0's nibbles: E2M1 values (doubled) times 2^(e - 128) */
+        return colibri_e8m0_half(b[0]) * (float)colibri_mxfp4_values[q4_nibble(b + 1, j)];
     case COLIBRI_DTYPE_Q3_K: {
         /* hmask[32], qs[64], scales[12], d: a 2-bit quant (shift 2 (j % 128 / 32) of qs[j / 128 * 32
          * + j % 32]) less 4 where bit j / 32 of hmask[j % 32] is clear; 16 6-bit scales less 32, low
@@ -256,7 +260,77 @@ void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, in
     }
 }
 
-/* y (n, rows) = xq @ W^T: per block pair an exact integer dot, times both scales. */
+/* Activation block g (32 weights from 32 g) of one weight block of the int8 path's other formats
+ * (q4_1 and q5_1: m is minus the block's m):
+ * the weights as integers w (0..63 or signed table values), an integer scale for each half of 16,
+ * and floats d, m such that weight j = d * scale[j / 16] * w[j] - m.  Every such group lies inside
+ * one sub-block of its format (sub-blocks are 16 or 32 weights, aligned), so d and m are the
+ * group's. */
+static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32], int scale[2], float *d, float *m)
+{
+    size_t j;
+    *m = 0.0f;
+    switch (dtype) {
+    case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: {
+        const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48) + g / 2 * 32;
+        int sc, mn;
+        k4_scale_min(b + 4, g, &sc, &mn);
+        for (j = 0; j < 32; j++) {
+            w[j] = g % 2 ? qs[j] >> 4 : qs[j] & 0x0f;
+            if (dtype == COLIBRI_DTYPE_Q5_K) w[j] |= ((b[16 + j] >> g) & 1) << 4;
+        }
+        scale[0] = scale[1] = sc;
+        *d = f16_at(b);
+        *m = f16_at(b + 2) * (float)mn;
+        return;
+    }
+    case COLIBRI_DTYPE_Q6_K: {
+        size_t h = g / 4, r0 = g % 4 * 32;
+        for (j = 0; j < 32; j++) {
+            size_t r = r0 + j;
+            int lo = (b[h * 64 + r % 64] >> (r / 64 * 4)) & 0x0f, hi = (b[128 + h * 32 + r % 32] >> (r / 32 * 2)) & 3;
+            w[j] = (lo | hi << 4) - 32;
+        }
+        scale[0] = (int8_t)b[192 + 2 * g];
+        scale[1] = (int8_t)b[193 + 2 * g];
+        *d = f16_at(b + 208);
+        return;
+    }
+    case COLIBRI_DTYPE_IQ4_XS: {
+        int sc = ((b[4 + g / 2] >> (g % 2 * 4)) & 0x0f) | ((b[2 + g / 4] >> (g % 4 * 2)) & 3) << 4;
+        for (j = 0; j < 32; j++) w[j] = colibri_iq4nl_values[q4_nibble(b + 8 + g * 16, j)];
+        scale[0] = scale[1] = sc - 32;
+        *d = f16_at(b);
+        return;
+    }
+    case COLIBRI_DTYPE_Q4_1: case COLIBRI_DTYPE_Q5_0: case COLIBRI_DTYPE_Q5_1: {   /* weight = d q (+ m); q5_0: d (q - 16) */
+        size_t at = dtype == COLIBRI_DTYPE_Q4_1 ? 4 : dtype == COLIBRI_DTYPE_Q5_0 ? 6 : 8;
+        for (j = 0; j < 32; j++) {
+            w[j] = q4_nibble(b + at, j);
+            if (dtype != COLIBRI_DTYPE_Q4_1) w[j] |= ((b[at - 4 + j / 8] >> (j % 8)) & 1) << 4;
+            if (dtype == COLIBRI_DTYPE_Q5_0) w[j] -= 16;
+        }
+        scale[0] = scale[1] = 1;
+        *d = f16_at(b);
+        if (dtype != COLIBRI_DTYPE_Q5_0) *m = -f16_at(b + 2);
+        return;
+    }
+    case COLIBRI_DTYPE_IQ4_NL:
+        for (j = 0; j < 32; j++) w[j] = colibri_iq4nl_values[q4_nibble(b + 2, j)];
+        scale[0] = scale[1] = 1;
+        *d = f16_at(b);
+        return;
+    default:   /* mxfp4 */
+        for (j = 0; j < 32; j++) w[j] = colibri_mxfp4_values[q4_nibble(b + 1, j)];
+        scale[0] = scale[1] = 1;
+        *d = colibri_e8m0_half(b[0]);
+        return;
+    }
+}
+
+/* y (n, rows) = xq @ W^T: per block pair an exact integer dot, times both scales.  The other
+ * formats: per activation block an exact integer dot with each half's scale in it, then
+ * dx (d dot - m sum(q)), m the sub-block's min (0 but for q4_k, q5_k, q4_1 and q5_1). */
 void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
@@ -267,6 +341,20 @@ void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, 
             const uint8_t *wb = (const uint8_t *)w + (size_t)r * row_bytes;
             const colibri_q8_block *xb = xq + (size_t)t * blocks;
             float acc = 0.0f;
+            if (dtype != COLIBRI_DTYPE_Q8_0 && dtype != COLIBRI_DTYPE_Q4_0) {
+                size_t groups = (size_t)colibri_dtypes[dtype].block / COLIBRI_BLOCK;
+                for (b = 0; b < blocks; b++, xb++) {
+                    int wq[32], scale[2];
+                    int32_t dot[2] = { 0, 0 };
+                    float d, m;
+                    int8_group(wb + (size_t)b / groups * (size_t)colibri_dtypes[dtype].block_bytes, dtype, (size_t)b % groups,
+                               wq, scale, &d, &m);
+                    for (j = 0; j < COLIBRI_BLOCK; j++) dot[j / 16] += wq[j] * xb->q[j];
+                    acc += xb->d * (d * (float)(scale[0] * dot[0] + scale[1] * dot[1]) - m * (float)xb->sum);
+                }
+                y[(size_t)t * rows + r] = acc;
+                continue;
+            }
             for (b = 0; b < blocks; b++, wb += block_bytes, xb++) {
                 int32_t dot = 0;
                 uint16_t h;
