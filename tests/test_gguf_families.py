@@ -130,3 +130,63 @@ def test_llamacpp_gguf_runs_as_transformers(family, outtype, gguf_root):
     print(f"{family} ({arch}) gguf {outtype}: max |colibri - transformers| = {np.abs(ours - ref).max():.2e} "
           f"over {ours.size} logits")
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+def test_colibri_convert_and_generate_on_a_llamacpp_gguf(gguf_root, tmp_path):
+    """The command line on DeepSeek-V3's GGUF (latent attention, kv_b rejoined, YaRN, grouped sigmoid
+    router): `colibri convert x.gguf`, then `colibri generate --tokens` gives transformers' greedy tokens."""
+    path, hf = gguf_of("deepseek_v3", "f32", gguf_root)
+    run = dict(capture_output=True, text=True, timeout=300, cwd="/")   # the installed colibri, not the source tree
+    r = subprocess.run([sys.executable, "-m", "colibri", "convert", str(path), str(tmp_path / "m"), "--quiet"], **run)
+    assert r.returncode == 0, r.stderr
+    prompt = [5, 17, 99, 42, 3, 64]
+    r = subprocess.run([sys.executable, "-m", "colibri", "generate", "--model", str(tmp_path / "m"), "--tokens",
+                        ",".join(map(str, prompt)), "--max-tokens", "10", "--temperature", "0", "--ignore-eos"], **run)
+    assert r.returncode == 0, r.stderr
+    seq = list(prompt)
+    for _ in range(10):
+        seq.append(int(np.argmax(hf_logits(hf, seq)[-1])))
+    assert [int(t) for t in r.stdout.strip().split(",")] == seq[len(prompt):]
+
+
+def rewritten(src, dst, drop_keys=(), add_keys=(), drop_tensors=(), add_tensors=()):
+    """A copy of the f32 GGUF `src` with keys and tensors taken out or put in."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    r = GGUFReader(str(src))
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    w = GGUFWriter(str(dst), arch)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
+            continue
+        array = field.types[0] == GGUFValueType.ARRAY
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=field.types[1] if array else None)
+    for key, value, kind in add_keys:
+        w.add_key_value(key, value, kind)
+    for t in r.tensors:
+        if t.name not in drop_tensors:
+            w.add_tensor(t.name, np.array(t.data))
+    for name, x in add_tensors:
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_what_colibri_cannot_express_is_refused_by_name(gguf_root, tmp_path):
+    from gguf import GGUFValueType
+    cases = [
+        ("qwen2_moe", dict(add_keys=[("qwen2moe.attention.sliding_window", 4, GGUFValueType.UINT32)]),
+         r"unsupported: qwen2moe.attention.sliding_window in gguf qwen2moe"),
+        ("dots1", dict(drop_keys={"dots1.expert_gating_func"}), r"unsupported: dots1.expert_gating_func missing in gguf dots1"),
+        ("olmoe", dict(add_tensors=[("blk.0.attn_sinks.weight", np.zeros(4, np.float32))]),
+         r"unsupported: tensor `blk.0.attn_sinks.weight` in gguf olmoe"),
+        ("granitemoe", dict(drop_tensors={"blk.1.attn_q.bias"}), r"gguf granitemoe: no tensor for colibri `layers.1.attn.bq`"),
+        ("gpt_oss", dict(add_keys=[("gpt-oss.rope.dimension_count", 8, GGUFValueType.UINT32)]),
+         r"unsupported: gpt-oss.rope.dimension_count 8 \(partial RoPE\) in gguf gpt-oss"),
+    ]
+    for i, (family, change, message) in enumerate(cases):
+        bad = rewritten(gguf_of(family, "f32", gguf_root)[0], tmp_path / f"{i}.gguf", **change)
+        with pytest.raises(ConvertError, match=message):
+            convert(bad, tmp_path / f"out{i}", progress=False)
