@@ -52,8 +52,7 @@ GLOBAL_TENSORS = {"token_embd": "tok_embeddings", "output_norm": "norm", "output
 EXTRA_GLOBAL = {"lfm2moe": {"token_embd_norm": "norm"},   # llama.cpp's name for LFM2's final norm
                 "phimoe": {"rope_factors_short": "rope.factors"}, "llama4": {"rope_freqs": "rope.factors"}}
 # keys that do not change the maths (llama.cpp's own bookkeeping)
-IGNORED = {"vocab_size", "rope.scaling.type", "attention.head_count_kv", "attention.key_length",
-           "attention.value_length"}
+IGNORED = {"vocab_size"}
 
 
 def _f32(value):
@@ -177,6 +176,8 @@ def _config(arch, m, tensors, meta):
         return "phimoe", cfg
     if arch == "deepseek2":
         heads, rope_dim = m("attention.head_count"), m("rope.dimension_count")
+        if m("attention.head_count_kv", 1) != 1:   # MLA as llama.cpp writes it: MQA over the latent
+            raise unsupported(f"{arch}.attention.head_count_kv {m('attention.head_count_kv')}", arch)
         cfg = {**_common(m, tensors, heads_kv=heads), "intermediate_size": m("feed_forward_length"),
                "moe_intermediate_size": m("expert_feed_forward_length"), "n_routed_experts": experts["expert_count"],
                "num_experts_per_tok": experts["expert_used_count"], "n_shared_experts": m("expert_shared_count", 0),
@@ -240,17 +241,16 @@ def _config(arch, m, tensors, meta):
     if arch == "llama4":
         cfg = {**_common(m, tensors), "intermediate_size": m("expert_feed_forward_length"),
                "intermediate_size_mlp": m("feed_forward_length"), "num_local_experts": experts["expert_count"],
-               "num_experts_per_tok": experts["expert_used_count"], "interleave_moe_layer_step": m("interleave_moe_layer_step"),
+               "num_experts_per_tok": experts["expert_used_count"],
+               "interleave_moe_layer_step": m("interleave_moe_layer_step"),
                "use_qk_norm": experts["expert_count"] != 128}
         L = cfg["num_hidden_layers"]
-        if m("attention.sliding_window", None) == 0:
-            cfg.update(no_rope_layers=[1] * L, layer_types=["full_attention"] * L, attn_temperature_tuning=False)
-        else:
-            if m.has("attention.sliding_window") or m.has("rope.freq_base_swa"):
-                raise unsupported(f"{arch}.attention.sliding_window {m('attention.sliding_window')}", arch)
-            cfg.update(no_rope_layers=[int((i + 1) % 4 != 0) for i in range(L)],
-                       layer_types=["chunked_attention" if (i + 1) % 4 else "full_attention" for i in range(L)],
-                       attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1)
+        for key in ("attention.sliding_window", "rope.freq_base_swa"):   # attention other than Scout's chunks
+            if m.has(key):
+                raise unsupported(f"{arch}.{key}", arch)
+        cfg.update(no_rope_layers=[int((i + 1) % 4 != 0) for i in range(L)],
+                   layer_types=["chunked_attention" if (i + 1) % 4 else "full_attention" for i in range(L)],
+                   attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1)
         if m("rope.dimension_count", cfg.get("head_dim")) != cfg.get("head_dim"):
             raise unsupported(f"{arch}.rope.dimension_count != attention.key_length", arch)
         return "llama4_text", cfg

@@ -6,7 +6,8 @@ Tensors keep their bytes and their own type (a Q4_K_M file's Q4_K and Q6_K matri
 stay so): llama.cpp's block formats are colibri's dtypes of the same names (STORED), block by
 block along each row, so both engines read identical weights.  Architectures: `llama` with experts
 (Mixtral; llama.cpp's converter reorders the rows of q and k for its RoPE on adjacent pairs, which
-colibri then uses too) and `qwen3moe` (rotate-half RoPE, per-head QK-norm).  The vocabulary
+colibri then uses too), `qwen3moe` (rotate-half RoPE, per-head QK-norm), and the other MoE families
+llama.cpp writes (gguf_arch.py: their metadata read back into the family's config).  The vocabulary
 becomes the byte table and, where the core reproduces the tokenizer, its encoder (gguf_vocab.py);
 otherwise the converter says why and the model runs on token ids (`colibri generate --tokens`).
 """
@@ -184,7 +185,8 @@ def _family_entries(reader, meta, arch, tensors):
             continue
         want = shapes[name]
         if shape != want and not (len(want) == 1 and dtype == "f32" and int(np.prod(shape)) == want[0]):
-            raise ConvertError(f"gguf tensor `{t.name}` (for colibri `{name}`): shape {list(shape)} != expected {list(want)}")
+            raise ConvertError(f"gguf tensor `{t.name}` (for colibri `{name}`): shape {list(shape)} != "
+                               f"expected {list(want)}")
         if name in found:
             raise ConvertError(f"gguf {arch}: two tensors for colibri `{name}`")
         found[name] = (name, want, load, dtype)
@@ -195,7 +197,8 @@ def _family_entries(reader, meta, arch, tensors):
         kinds = (k.tensor_type.name, v.tensor_type.name)
         joined = gguf_arch.join_kv_b(k.name, _array(k), _array(v), kinds, arch)
         if joined.shape != shapes[name]:
-            raise ConvertError(f"gguf tensors `{k.name}`, `{v.name}`: kv_b {list(joined.shape)} != expected {list(shapes[name])}")
+            raise ConvertError(f"gguf tensors `{k.name}`, `{v.name}`: kv_b {list(joined.shape)} != expected "
+                               f"{list(shapes[name])}")
         found[name] = (name, shapes[name], lambda x=joined, kind=kinds[0]: Stored(x, STORED[kind]), STORED[kinds[0]])
     missing = [name for name in shapes if name not in found]
     if missing:
