@@ -41,6 +41,8 @@ CASES = {
     "deepseek_v2": ("deepseek2", dict(n_group=1, topk_group=1), {}),
     "deepseek_v3": ("deepseek2", dict(rope_parameters=YARN_V3), {"scoring_func": "sigmoid"}),
     "glm4_moe": ("glm4moe", {}, {}),
+    # the converter reads the dense layers from first_k_dense_replace only (GLM-4.7-Flash's hub config has both)
+    "glm4_moe_lite": ("deepseek2", {}, {"scoring_func": "sigmoid", "first_k_dense_replace": 1}),
     "dots1": ("dots1", dict(sliding_window=None), {"scoring_func": "sigmoid"}),
     "ernie4_5_moe": ("ernie4_5-moe", {}, {}),
     "lfm2_moe": ("lfm2moe", dict(conv_bias=False, routed_scaling_factor=1.0), {}),

@@ -179,6 +179,7 @@ def _config(arch, m, tensors, meta):
         if m("attention.head_count_kv", 1) != 1:   # MLA as llama.cpp writes it: MQA over the latent
             raise unsupported(f"{arch}.attention.head_count_kv {m('attention.head_count_kv')}", arch)
         cfg = {**_common(m, tensors, heads_kv=heads), "intermediate_size": m("feed_forward_length"),
+               "num_hidden_layers": m("block_count") - m("nextn_predict_layers", 0),
                "moe_intermediate_size": m("expert_feed_forward_length"), "n_routed_experts": experts["expert_count"],
                "num_experts_per_tok": experts["expert_used_count"], "n_shared_experts": m("expert_shared_count", 0),
                "first_k_dense_replace": m("leading_dense_block_count", 0), "kv_lora_rank": m("attention.kv_lora_rank"),
@@ -309,8 +310,8 @@ def describe(meta, arch, tensors):
 
 
 def colibri_name(arch, name, n_layers):
-    """The colibri name of GGUF tensor `name`; "" for one the model does not use (glm4moe's
-    next-token-prediction layers past n_layers), None for one colibri does not know."""
+    """The colibri name of GGUF tensor `name`; "" for one the model does not use (the
+    next-token-prediction layers past n_layers of GLM's files), None for one colibri does not know."""
     stem = name[:-len(".weight")] if name.endswith(".weight") else name
     table = {**GLOBAL_TENSORS, **EXTRA_GLOBAL.get(arch, {})}
     if stem in table:
@@ -319,7 +320,7 @@ def colibri_name(arch, name, n_layers):
         return ""   # used by llama.cpp only past original_context_length, where the imported model stops
     parts = stem.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
-        if arch == "glm4moe" and int(parts[1]) >= n_layers:
+        if arch in ("glm4moe", "deepseek2") and int(parts[1]) >= n_layers:
             return ""
         if parts[2] in LAYER_TENSORS:
             return f"layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}"
