@@ -85,10 +85,16 @@ def llama_cpp_tree():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     WORK.mkdir(parents=True, exist_ok=True)
-    try:
-        return bench.llama_cpp_source(WORK)
-    except (subprocess.CalledProcessError, OSError) as e:
-        pytest.skip(f"llama.cpp's converter not available (pip download llama-cpp-python failed: {e})")
+    sdist = WORK / f"llama_cpp_python-{bench.LLAMA_CPP_VERSION}.tar.gz"
+    tree = WORK / f"llama_cpp_python-{bench.LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
+    if not (tree / "convert_hf_to_gguf.py").exists() and not sdist.exists():
+        # only this package from source: with --no-binary :all: pip builds its build tools (cmake) too
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+                            f"llama-cpp-python=={bench.LLAMA_CPP_VERSION}", "-d", str(WORK)],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            pytest.skip(f"llama.cpp's converter not available (pip download llama-cpp-python failed: {r.stderr[-500:]})")
+    return bench.llama_cpp_source(WORK)
 
 
 def gguf_of(family, outtype, root):
