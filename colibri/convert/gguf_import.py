@@ -6,7 +6,8 @@ Tensors keep their bytes and their own type (a Q4_K_M file's Q4_K and Q6_K matri
 stay so): llama.cpp's block formats are colibri's dtypes of the same names (STORED), block by
 block along each row, so both engines read identical weights.  Architectures: `llama` with experts
 (Mixtral; llama.cpp's converter reorders the rows of q and k for its RoPE on adjacent pairs, which
-colibri then uses too) and `qwen3moe` (rotate-half RoPE, per-head QK-norm).  The vocabulary
+colibri then uses too), `qwen3moe` (rotate-half RoPE, per-head QK-norm), and the other MoE families
+llama.cpp writes (gguf_arch.py: their metadata read back into the family's config).  The vocabulary
 becomes the byte table and, where the core reproduces the tokenizer, its encoder (gguf_vocab.py);
 otherwise the converter says why and the model runs on token ids (`colibri generate --tokens`).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConvertError
+from . import gguf_arch
 from .gguf_vocab import gguf_vocabulary
 from .writer import Stored, write_model
 
@@ -132,6 +134,78 @@ def _check_size(name, kind, shape, data):
                            f"{shape} in {kind} takes {need}")
 
 
+def _array(t):
+    """GGUF tensor t's values in their own type, in the shape it names (bf16 as uint16)."""
+    data = np.asarray(t.data) if t.tensor_type.name != "BF16" else np.asarray(t.data).view(np.uint16)
+    return data.reshape(tuple(int(d) for d in reversed(t.shape)))
+
+
+def _stored(t):
+    """(shape, dtype, load) of GGUF tensor t, its bytes as they are."""
+    kind = t.tensor_type.name
+    shape = tuple(int(d) for d in reversed(t.shape))   # GGUF lists the fastest dimension first
+    _check_size(t.name, kind, shape, t.data)
+    data = t.data if kind != "BF16" else np.asarray(t.data).view(np.uint16)
+    return shape, STORED[kind], lambda: Stored(data, STORED[kind])
+
+
+def _check_type(t, arch):
+    if t.tensor_type.name not in STORED:
+        raise ConvertError(f"unsupported: tensor type {t.tensor_type.name} (`{t.name}`) in gguf: import {', '.join(STORED)}")
+
+
+def _entries(reader, arch, name_of):
+    entries = []
+    for t in reader.tensors:
+        name = name_of(t)
+        if name is None:
+            raise ConvertError(f"unsupported: tensor `{t.name}` in gguf {arch}")
+        _check_type(t, arch)
+        shape, dtype, load = _stored(t)
+        entries.append((name, shape, load, dtype))
+    return entries
+
+
+def _family_entries(reader, meta, arch, tensors):
+    """(description, tensor entries in the family plan's order) for an architecture of gguf_arch:
+    every tensor the plan lists comes from the file with its shape, every tensor of the file
+    has its place."""
+    desc, shapes = gguf_arch.describe(meta, arch, tensors)
+    found, kv_b = {}, {}
+    for t in reader.tensors:
+        name = gguf_arch.colibri_name(arch, t.name, desc["hparams"]["num_layers"])
+        if name == "":
+            continue
+        if name is None or name not in shapes:
+            raise ConvertError(f"unsupported: tensor `{t.name}` in gguf {arch}")
+        _check_type(t, arch)
+        shape, dtype, load = _stored(t)
+        if t.name.endswith(("attn_k_b.weight", "attn_v_b.weight")):
+            kv_b.setdefault(name, {})[t.name.rsplit(".", 2)[1]] = (t, shape)
+            continue
+        want = shapes[name]
+        if shape != want and not (len(want) == 1 and dtype == "f32" and int(np.prod(shape)) == want[0]):
+            raise ConvertError(f"gguf tensor `{t.name}` (for colibri `{name}`): shape {list(shape)} != "
+                               f"expected {list(want)}")
+        if name in found:
+            raise ConvertError(f"gguf {arch}: two tensors for colibri `{name}`")
+        found[name] = (name, want, load, dtype)
+    for name, parts in kv_b.items():
+        if set(parts) != {"attn_k_b", "attn_v_b"}:
+            raise ConvertError(f"gguf {arch}: `{name}` needs both attn_k_b and attn_v_b")
+        (k, _), (v, _) = parts["attn_k_b"], parts["attn_v_b"]
+        kinds = (k.tensor_type.name, v.tensor_type.name)
+        joined = gguf_arch.join_kv_b(k.name, _array(k), _array(v), kinds, arch)
+        if joined.shape != shapes[name]:
+            raise ConvertError(f"gguf tensors `{k.name}`, `{v.name}`: kv_b {list(joined.shape)} != expected "
+                               f"{list(shapes[name])}")
+        found[name] = (name, shapes[name], lambda x=joined, kind=kinds[0]: Stored(x, STORED[kind]), STORED[kinds[0]])
+    missing = [name for name in shapes if name not in found]
+    if missing:
+        raise ConvertError(f"gguf {arch}: no tensor for colibri `{missing[0]}` (the description needs it)")
+    return desc, [found[name] for name in shapes]
+
+
 def convert_gguf(path, out_dir, progress=True, layout="stacked"):
     """Import the GGUF file at `path` into the colibri model directory `out_dir`; with layout
     "interleaved" the stacked expert tensors are rewritten into per-expert extents, byte for byte."""
@@ -142,23 +216,16 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked"):
         raise ConvertError(f"{path}: not a readable GGUF file ({e})") from None
     meta = _fields(reader)
     arch = meta.get("general.architecture")
-    if arch not in ("llama", "qwen3moe"):
-        raise ConvertError(f"unsupported: architecture {arch!r} in gguf (supported: llama with experts, qwen3moe)")
+    if arch not in ("llama", "qwen3moe") + gguf_arch.ARCHS:
+        raise ConvertError(f"unsupported: architecture {arch!r} in gguf (supported: llama with experts, qwen3moe, "
+                           f"{', '.join(gguf_arch.ARCHS)})")
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise ConvertError(f"{path}: no token_embd.weight")
-    desc = _describe(meta, arch, tensors)
-    entries = []
-    for t in reader.tensors:
-        name, kind = _colibri_name(t.name), t.tensor_type.name
-        if name is None:
-            raise ConvertError(f"unsupported: tensor `{t.name}` in gguf {arch}")
-        if kind not in STORED:
-            raise ConvertError(f"unsupported: tensor type {kind} (`{t.name}`) in gguf: import {', '.join(STORED)}")
-        shape = [int(d) for d in reversed(t.shape)]   # GGUF lists the fastest dimension first
-        _check_size(t.name, kind, shape, t.data)
-        data = t.data if kind != "BF16" else np.asarray(t.data).view(np.uint16)
-        entries.append((name, tuple(shape), lambda data=data, kind=kind: Stored(data, STORED[kind]), STORED[kind]))
+    if arch in ("llama", "qwen3moe"):
+        desc, entries = _describe(meta, arch, tensors), _entries(reader, arch, lambda t: _colibri_name(t.name))
+    else:
+        desc, entries = _family_entries(reader, meta, arch, tensors)
     encoder, vocab_tensors = gguf_vocabulary(reader, desc["hparams"]["vocab_size"], desc["hparams"]["bos_token_id"])
     entries += [(name, x.shape, lambda x=x: x) for name, x in vocab_tensors]
     doc = {"format": "colibri", "version": 1, **desc, **({"encoder": encoder} if encoder else {}),
