@@ -7,7 +7,9 @@ The converter leaves out of the file what llama.cpp assumes for the architecture
 docstring); each family's config here is the tiny test config with those settings as llama.cpp
 fixes them (OVERRIDES), so that the GGUF and the checkpoint are one model.  The vocabulary is a
 128-piece SentencePiece-style table written in place of the converter's tokenizer step (a tiny
-random model has no real tokenizer; the converter's BPE path refuses unknown ones)."""
+random model has no real tokenizer; the converter's BPE path refuses unknown ones).  At Q4_K_M the
+family is widened to rows of 256 and the f32 GGUF quantized by tests/kquant.py; the reference is
+transformers on the dequantized weights."""
 import importlib.util
 import json
 import os
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 
 import colibri
+import kquant
 from colibri.convert import ConvertError, convert
 from support import COMMON, FAMILIES, TESTS, build, hf_logits, require_reference
 
@@ -97,12 +100,22 @@ def llama_cpp_tree():
     return bench.llama_cpp_source(WORK)
 
 
-def gguf_of(family, outtype, root):
-    """(GGUF path, transformers model): the family's checkpoint through llama.cpp's converter."""
+def wide(family):
+    """Config overrides that make most matrices' rows 256 long, one K-quant block: hidden and (dense
+    or expert) intermediate size 256, 16 heads of 16 where the head size follows from the hidden
+    size (so that RoPE's tables keep their length)."""
+    kwargs = FAMILIES[family][3]
+    heads = {} if "head_dim" in kwargs or "kv_lora_rank" in kwargs else {"num_attention_heads": 16}
+    return dict(hidden_size=256, intermediate_size=256, **heads)
+
+
+def gguf_of(family, outtype, root, wider=False):
+    """(GGUF path, transformers model): the family's checkpoint through llama.cpp's converter
+    (wider: with wide(family)'s sizes)."""
     arch, overrides, extra = CASES[family]
-    hf = build(family, **overrides)
-    src = root / family / "hf"
-    out = root / family / f"{outtype}.gguf"
+    hf = build(family, **overrides, **(wide(family) if wider else {}))
+    src = root / family / ("hf-wide" if wider else "hf")
+    out = root / family / f"{outtype}{'-wide' if wider else ''}.gguf"
     if not out.exists():
         hf.save_pretrained(src)
         config = json.loads((src / "config.json").read_text())
@@ -157,8 +170,9 @@ def test_colibri_convert_and_generate_on_a_llamacpp_gguf(gguf_root, tmp_path):
     assert [int(t) for t in r.stdout.strip().split(",")] == seq[len(prompt):]
 
 
-def rewritten(src, dst, drop_keys=(), add_keys=(), drop_tensors=(), add_tensors=()):
-    """A copy of the f32 GGUF `src` with keys and tensors taken out or put in."""
+def rewritten(src, dst, drop_keys=(), add_keys=(), drop_tensors=(), add_tensors=(), retype=None):
+    """A copy of the f32 GGUF `src` with keys and tensors taken out or put in; retype(name, array)
+    -> (array, GGML type or None for the array's own) rewrites tensors."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
     r = GGUFReader(str(src))
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
@@ -172,7 +186,8 @@ def rewritten(src, dst, drop_keys=(), add_keys=(), drop_tensors=(), add_tensors=
         w.add_key_value(key, value, kind)
     for t in r.tensors:
         if t.name not in drop_tensors:
-            w.add_tensor(t.name, np.array(t.data))
+            data, kind = (retype or (lambda _, x: (x, None)))(t.name, np.array(t.data))
+            w.add_tensor(t.name, data, raw_dtype=kind)
     for name, x in add_tensors:
         w.add_tensor(name, x)
     w.write_header_to_file()
@@ -198,3 +213,98 @@ def test_what_colibri_cannot_express_is_refused_by_name(gguf_root, tmp_path):
         bad = rewritten(gguf_of(family, "f32", gguf_root)[0], tmp_path / f"{i}.gguf", **change)
         with pytest.raises(ConvertError, match=message):
             convert(bad, tmp_path / f"out{i}", progress=False)
+
+
+# llama.cpp's Q4_K_M keeps these at 6 bits (roughly; the last is a whole name, attn_output is not one)
+Q6_K_IN_Q4_K_M = ("attn_v.", "ffn_down", "output.weight")
+
+
+def q4_k_m(src, dst):
+    """(dst, {f32 row bytes: its dequantized row}): the f32 GGUF `src` rewritten Q4_K_M-style by
+    tests/kquant.py: every matrix whose rows are whole 256-blocks in Q4_K, Q6_K_IN_Q4_K_M in Q6_K,
+    routers, norms, biases and shorter rows as they were."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    rows = {}
+
+    def retype(name, x):
+        if x.ndim < 2 or x.shape[-1] % 256 or "ffn_gate_inp" in name or not name.endswith(".weight"):
+            return x, None
+        six = any(k in name for k in Q6_K_IN_Q4_K_M[:2]) or name == Q6_K_IN_Q4_K_M[2]
+        kind = GGMLQuantizationType.Q6_K if six else GGMLQuantizationType.Q4_K
+        q = kquant.quantize(x, kind)
+        flat = x.reshape(-1, x.shape[-1])
+        rows.update(zip((r.tobytes() for r in flat), dequantize(q, kind).reshape(flat.shape)))
+        return q, kind
+    return rewritten(src, dst, retype=retype), rows
+
+
+def dequantized_into(hf, rows):
+    """hf with each matrix the file holds quantized replaced by its dequantized values, found by
+    their rows (the converter stacks, splits, permutes or transposes matrices, never changes a
+    row): a parameter's rows, or its columns, all in `rows`."""
+    used = set()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            for transposed in ((False, True) if p.ndim >= 2 else ()):
+                w = (p.transpose(-1, -2) if transposed else p).contiguous().numpy()
+                if w.shape[-1] % 256:
+                    continue
+                keys = [r.tobytes() for r in w.reshape(-1, w.shape[-1])]
+                found = [k in rows for k in keys]
+                if not any(found):
+                    continue
+                assert all(found), f"{name}: only some of its rows are in the file"
+                new = torch.from_numpy(np.stack([rows[k] for k in keys]).reshape(w.shape))
+                p.copy_(new.transpose(-1, -2) if transposed else new)
+                used.update(keys)
+                break
+    assert len(used) == len(rows), f"{len(rows) - len(used)} quantized rows of the file not in the checkpoint"
+    return hf
+
+
+@pytest.mark.parametrize("kind, bound", [("Q4_K", 0.07), ("Q6_K", 0.02)])
+def test_the_test_k_quantizer_writes_blocks_gguf_reads_back(kind, bound):
+    """tests/kquant.py's blocks through gguf's own dequantizer: each weight within `bound` of the
+    row's largest (half a step and the scales' rounding; a misplaced field is far off), zero rows
+    and one-signed sub-blocks too."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    x = (np.random.default_rng(2).standard_normal((8, 512)) * 0.1).astype(np.float32)
+    x[0], x[1, :256], x[2, 256:] = 0, np.abs(x[1, :256]), -np.abs(x[2, 256:])
+    q = kquant.quantize(x, GGMLQuantizationType[kind])
+    assert q.dtype == np.uint8 and q.shape == (8, 2 * kquant.QUANTIZERS[GGMLQuantizationType[kind]][1])
+    err = np.abs(dequantize(q, GGMLQuantizationType[kind]) - x)
+    assert err[0].max() == 0 and (err <= bound * np.abs(x).max(-1, keepdims=True)).all(), err.max()
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_a_q4_k_m_gguf_converts_and_generates_as_transformers_on_its_dequantized_weights(family, gguf_root, tmp_path):
+    """The family at hidden size 256, its llama.cpp f32 GGUF quantized Q4_K_M-style; `colibri convert`,
+    then its logits (reference kernels) and `colibri generate --temperature 0`'s tokens against
+    transformers on the dequantized weights."""
+    src, hf = gguf_of(family, "f32", gguf_root, wider=True)
+    path, rows = q4_k_m(src, tmp_path / "q4_k_m.gguf")
+    hf = dequantized_into(hf, rows)
+    run = dict(capture_output=True, text=True, timeout=300, cwd="/")   # the installed colibri, not the source tree
+    r = subprocess.run([sys.executable, "-m", "colibri", "convert", str(path), str(tmp_path / "m"), "--quiet"], **run)
+    assert r.returncode == 0, r.stderr
+    model = colibri.Model(tmp_path / "m", verify=True)
+    kinds = {t["name"]: t["dtype"] for t in model.tensors()}
+    assert "q6_k" in kinds.values() and all(v == "q4_k" for k, v in kinds.items() if k.endswith("experts.w1")), kinds
+    tokens = np.random.default_rng(1).integers(0, COMMON["vocab_size"], N_TOKENS)
+    ours = model.session(ctx=64, kernels="reference").forward(tokens)
+    ref = hf_logits(hf, tokens)
+    counts = {k: list(kinds.values()).count(k) for k in sorted(set(kinds.values()))}
+    print(f"{family} gguf Q4_K_M (tensors by type {counts}): max |colibri - transformers| = "
+          f"{np.abs(ours - ref).max():.2e} over {ours.size} logits")
+    np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+    prompt = [5, 17, 99, 42, 3, 64]
+    r = subprocess.run([sys.executable, "-m", "colibri", "generate", "--model", str(tmp_path / "m"), "--tokens",
+                        ",".join(map(str, prompt)), "--max-tokens", "6", "--temperature", "0", "--ignore-eos"],
+                       **run, env={**os.environ, "COLIBRI_KERNELS": "reference"})
+    assert r.returncode == 0, r.stderr
+    seq = list(prompt)
+    for _ in range(6):
+        seq.append(int(np.argmax(hf_logits(hf, seq)[-1])))
+    assert [int(t) for t in r.stdout.strip().split(",")] == seq[len(prompt):]
