@@ -280,9 +280,10 @@ def test_the_test_k_quantizer_writes_blocks_gguf_reads_back(kind, bound):
 
 @pytest.mark.parametrize("family", list(CASES))
 def test_a_q4_k_m_gguf_converts_and_generates_as_transformers_on_its_dequantized_weights(family, gguf_root, tmp_path):
-    """The family at hidden size 256, its llama.cpp f32 GGUF quantized Q4_K_M-style; `colibri convert`,
-    then its logits (reference kernels) and `colibri generate --temperature 0`'s tokens against
-    transformers on the dequantized weights."""
+    """The family widened (wide()), its llama.cpp f32 GGUF quantized Q4_K_M-style; `colibri convert`,
+    then its logits and `colibri generate --temperature 0`'s tokens, both on the reference kernels
+    (float activations: the int8 path's rounding is not transformers'), against transformers on the
+    dequantized weights."""
     src, hf = gguf_of(family, "f32", gguf_root, wider=True)
     path, rows = q4_k_m(src, tmp_path / "q4_k_m.gguf")
     hf = dequantized_into(hf, rows)
@@ -291,7 +292,8 @@ def test_a_q4_k_m_gguf_converts_and_generates_as_transformers_on_its_dequantized
     assert r.returncode == 0, r.stderr
     model = colibri.Model(tmp_path / "m", verify=True)
     kinds = {t["name"]: t["dtype"] for t in model.tensors()}
-    assert "q6_k" in kinds.values() and all(v == "q4_k" for k, v in kinds.items() if k.endswith("experts.w1")), kinds
+    experts = {v for k, v in kinds.items() if k.endswith("experts.w1")}
+    assert experts == {"q4_k"} and "q6_k" in kinds.values(), kinds
     tokens = np.random.default_rng(1).integers(0, COMMON["vocab_size"], N_TOKENS)
     ours = model.session(ctx=64, kernels="reference").forward(tokens)
     ref = hf_logits(hf, tokens)
