@@ -7,6 +7,21 @@
 
 #include "../src/ops/ops.h"
 
+/* For the variants' int8 k-quant kernels (x86/q8_x86.h, arm/q8_neon.h). */
+/* A q4_k / q5_k block's 12 scale bytes as 8 scales then 8 mins (6 bits each): bytes s and s + 4
+ * for s < 4; for s >= 4 the low nibbles of bytes 8..11 and the top two bits of bytes 0..7. */
+static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
+{
+    uint32_t u[4], lo_mins;
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    lo_mins = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = lo_mins;
+    u[0] &= 0x3f3f3f3fu;
+    memcpy(out, u, 16);
+}
+
 const colibri_kernels *colibri_kernels_avx2(void);
 const colibri_kernels *colibri_kernels_avx512(void);
 const colibri_kernels *colibri_kernels_neon(void);

@@ -55,29 +55,6 @@ static inline float f16_scale(const uint8_t *p)
 
 static inline int8x16_t s8(uint8x16_t v) { return vreinterpretq_s8_u8(v); }
 
-/* 2^(e - 128): half an mxfp4 block's scale (colibri_e8m0_half, inlined). */
-static inline float e8m0_half(uint8_t e)
-{
-    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* A q4_k / q5_k block's 12 scale bytes as 8 scales then 8 mins (6 bits each): bytes s and s + 4
- * for s < 4; for s >= 4 the low nibbles of bytes 8..11 and the top two bits of bytes 0..7. */
-static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
-{
-    uint32_t u[4], lo_mins;
-    memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-    lo_mins = u[1] & 0x3f3f3f3fu;
-    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-    u[2] = lo_mins;
-    u[0] &= 0x3f3f3f3fu;
-    memcpy(out, u, 16);
-}
-
 /* The blocks below take RN tokens at once (prefill, an expert's group of tokens): each weight
  * block unpacked once for all of them, token t's activation blocks xs apart from token 0's, its
  * sums in acc0[t], acc1[t] (and mins[t]) in the order one token alone would take: an output does
@@ -221,7 +198,7 @@ static inline __attribute__((always_inline)) void tile_kq_neon(int RN, float *y,
             break;
         }
         default: {   /* iq4_nl, mxfp4: 32 table values, one scale */
-            float d = dtype == COLIBRI_DTYPE_IQ4_NL ? f16_scale(w) : e8m0_half(w[0]);
+            float d = dtype == COLIBRI_DTYPE_IQ4_NL ? f16_scale(w) : colibri_e8m0_half(w[0]);
             int8x16_t v0, v1;
             table_values(w + (dtype == COLIBRI_DTYPE_IQ4_NL ? 2 : 1), table, &v0, &v1);
             for (t = 0; t < RN; t++) acc0[t] = add_scaled(acc0[t], dot32(v0, v1, xq + b + t * xs, dot16), d * xq[b + t * xs].d);

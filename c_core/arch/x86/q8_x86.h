@@ -200,33 +200,10 @@ static inline __m256 lane(__m256 v, int i) { return _mm256_permutevar8x32_ps(v, 
 /* 8 bytes as 8 float lanes. */
 static inline __m256 u8x8_ps(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 
-/* 2^(e - 128): half an mxfp4 block's scale (colibri_e8m0_half, inlined). */
-static inline float e8m0_half(uint8_t e)
-{
-    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 /* acc += dot's 8 lanes times f. */
 static inline __m256 add_scaled(__m256 acc, __m256i dot, float f)
 {
     return _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(dot), acc);
-}
-
-/* A q4_k / q5_k block's 12 scale bytes as 8 scales then 8 mins (6 bits each): bytes s and s + 4
- * for s < 4; for s >= 4 the low nibbles of bytes 8..11 and the top two bits of bytes 0..7. */
-static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
-{
-    uint32_t u[4], lo_mins;
-    memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-    lo_mins = u[1] & 0x3f3f3f3fu;
-    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-    u[2] = lo_mins;
-    u[0] &= 0x3f3f3f3fu;
-    memcpy(out, u, 16);
 }
 
 /* The blocks below take RN tokens at once (prefill, an expert's group of tokens): each weight
@@ -336,7 +313,7 @@ static inline __attribute__((always_inline)) void table_block(int RN, const uint
                                                               size_t xs, __m256 *acc0, __m256i table, dot_us_fn dot_us)
 {
     __m256i v = table_nibbles(b + (dtype == COLIBRI_DTYPE_IQ4_NL ? 2 : 1), table);
-    float d = dtype == COLIBRI_DTYPE_IQ4_NL ? w_scale(b) : e8m0_half(b[0]);
+    float d = dtype == COLIBRI_DTYPE_IQ4_NL ? w_scale(b) : colibri_e8m0_half(b[0]);
     int t;
     for (t = 0; t < RN; t++) acc0[t] = add_scaled(acc0[t], dot_signed(v, xq_load(xb + t * xs), dot_us), d * xb[t * xs].d);
 }

@@ -9,6 +9,7 @@
 #define COLIBRI_OPS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "colibri/colibri.h"
 
@@ -99,8 +100,14 @@ void colibri_ref_latent_scores(float *scores, const float *q_latent, const float
                                const float *k_rope, int32_t span, int32_t rank, int32_t dr, float scale);
 
 /* Scalar element conversions, exact. */
+static inline float colibri_e8m0_half(uint8_t e)   /* 2^(e - 128): half of an mxfp4 block's scale */
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float half_scale;
+    memcpy(&half_scale, &bits, 4);
+    return half_scale;
+}
 float colibri_f16_to_f32(uint16_t h);
-float colibri_e8m0_half(uint8_t e);   /* 2^(e - 128): half of an mxfp4 block's scale */
 float colibri_bf16_to_f32(uint16_t b);
 float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);   /* element i of a row-major tensor */
 /* y (n) = the first n elements of w (n a multiple of the dtype's block), as colibri_load_f32 reads them. */

@@ -68,14 +68,6 @@ size_t colibri_row_bytes(colibri_dtype dtype, size_t n)
 /* Quant j (0..31) of a q4_0 nibble group: byte j low, byte j - 16 high; 0..15. */
 static int q4_nibble(const uint8_t *group, size_t j) { return j < 16 ? group[j] & 0x0f : group[j - 16] >> 4; }
 
-float colibri_e8m0_half(uint8_t e)
-{
-    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-    float half_scale;
-    memcpy(&half_scale, &bits, 4);
-    return half_scale;
-}
-
 static float f16_at(const uint8_t *p)
 {
     uint16_t h;

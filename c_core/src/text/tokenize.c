@@ -105,9 +105,26 @@ static size_t run_of(const uint8_t *s, size_t j, size_t e, int cls)
     return j;
 }
 
+static int is_crlf(uint8_t c) { return c == '\r' || c == '\n'; }
+
+/* The whitespace word at s[i]: \s*[\r\n]+ up to the run's last CR or LF (`to_crlf`: Llama 3's and
+ * DeepSeek's), else \s+(?!\S): the run, less its last character when a non-space follows; else \s+:
+ * one character. */
+static size_t space_word(const uint8_t *s, size_t i, size_t e, int to_crlf)
+{
+    size_t len, j, last = i, crlf = e;
+    for (j = i; j < e && class_at(s, j, e, &len) == C_SPACE; j += len) {
+        if (to_crlf && is_crlf(s[j])) crlf = j;
+        last = j;
+    }
+    if (crlf < e) return crlf + 1;
+    if (j == e || last == i) return j;
+    return last;
+}
+
 static size_t gpt2_word(const uint8_t *s, size_t i, size_t e)
 {
-    size_t len, j, last;
+    size_t len;
     int cls;
     if (s[i] == '\'' && e - i >= 2) {
         uint8_t a = s[i + 1], b = e - i >= 3 ? s[i + 2] : 0;
@@ -121,18 +138,12 @@ static size_t gpt2_word(const uint8_t *s, size_t i, size_t e)
         if (next != C_SPACE) return run_of(s, i + 1 + next_len, e, next);
     }
     if (cls != C_SPACE) return run_of(s, i + len, e, cls);
-    /* \s+(?!\S): the run, less its last character when a non-space follows; \s+: one character */
-    last = i;
-    for (j = i; j < e && class_at(s, j, e, &len) == C_SPACE; j += len) last = j;
-    if (j == e || last == i) return j;
-    return last;
+    return space_word(s, i, e, 0);
 }
 
 /* ---- the Llama 3 pre-tokenizer ----
  * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
  * (the contractions case-insensitive in ASCII) */
-
-static int is_crlf(uint8_t c) { return c == '\r' || c == '\n'; }
 
 static size_t crlf_run(const uint8_t *s, size_t j, size_t e)
 {
@@ -143,7 +154,7 @@ static size_t crlf_run(const uint8_t *s, size_t j, size_t e)
 /* Qwen2's is Llama 3's with \p{N} for \p{N}{1,3}: each digit a word of its own (max_digits 1). */
 static size_t llama3_word(const uint8_t *s, size_t i, size_t e, int max_digits)
 {
-    size_t len, next_len = 0, j, last, crlf = e;
+    size_t len, next_len = 0, j;
     int cls, next = -1, k;
     if (s[i] == '\'' && e - i >= 2) {   /* 'S and 's alike: the letters differ by 0x20 alone */
         uint8_t a = s[i + 1] | 0x20, b = e - i >= 3 ? s[i + 2] | 0x20 : 0;
@@ -160,15 +171,7 @@ static size_t llama3_word(const uint8_t *s, size_t i, size_t e, int max_digits)
     }
     if (s[i] == ' ' && next == C_OTHER) return crlf_run(s, run_of(s, i + 1 + next_len, e, C_OTHER), e);
     if (cls == C_OTHER) return crlf_run(s, run_of(s, i + len, e, C_OTHER), e);
-    /* whitespace: \s*[\r\n]+ up to the run's last CR or LF, else as GPT-2's */
-    last = i;
-    for (j = i; j < e && class_at(s, j, e, &len) == C_SPACE; j += len) {
-        if (is_crlf(s[j])) crlf = j;
-        last = j;
-    }
-    if (crlf < e) return crlf + 1;
-    if (j == e || last == i) return j;
-    return last;
+    return space_word(s, i, e, 1);
 }
 
 /* ---- the DeepSeek V3 pre-tokenizer: three isolating splits in turn ----
@@ -195,7 +198,7 @@ static size_t run_of_either(const uint8_t *s, size_t j, size_t e, int a, int b)
 /* The end of the third split's match at s[i], or i when none starts there. */
 static size_t deepseek_match(const uint8_t *s, size_t i, size_t e)
 {
-    size_t len, next_len = 0, j, last, crlf = e;
+    size_t len, next_len = 0, j;
     int cls = class_full_at(s, i, e, &len), next = -1;
     if (i + len < e) next = class_full_at(s, i + len, e, &next_len);
     if (s[i] < 0x80 && (cls == C_PUNCT || cls == C_SYMBOL) && i + 1 < e && is_ascii_letter(s[i + 1])) {
@@ -209,14 +212,7 @@ static size_t deepseek_match(const uint8_t *s, size_t i, size_t e)
         return crlf_run(s, run_of_either(s, i + 1 + next_len, e, C_PUNCT, C_SYMBOL), e);
     if (cls == C_PUNCT || cls == C_SYMBOL) return crlf_run(s, run_of_either(s, i + len, e, C_PUNCT, C_SYMBOL), e);
     if (cls != C_SPACE) return i;
-    last = i;
-    for (j = i; j < e && class_full_at(s, j, e, &len) == C_SPACE; j += len) {
-        if (is_crlf(s[j])) crlf = j;
-        last = j;
-    }
-    if (crlf < e) return crlf + 1;
-    if (j == e || last == i) return j;
-    return last;
+    return space_word(s, i, e, 1);   /* class_at's spaces are class_full_at's */
 }
 
 /* The end of the first two splits' piece at s[i]: a number of up to three digits, a CJK run, or the
