@@ -2,7 +2,7 @@
 memory-bandwidth limit each reaches.
 
     python benchmarks/vs_llamacpp.py [--work DIR] [--reps 3] [--threads 2] [--models qwen3moe,mixtral]
-                                     [--types bf16,q8_0,q4_0] [--contended] [--out FILE]
+                                     [--types bf16,q8_0,q4_0,q4_k_m] [--contended] [--out FILE]
 
 One command does everything, caching what it made under --work (default build/bench):
   1. builds the two bench models (MODELS: Qwen3-MoE's and Mixtral's layouts at hidden 1024, 24 layers)
@@ -11,8 +11,9 @@ One command does everything, caching what it made under --work (default build/be
   2. installs llama-cpp-python from PyPI when missing (built for this CPU), and takes llama.cpp's own
      converter from its source distribution;
   3. converts each checkpoint to a BF16 GGUF with that converter, quantizes it with llama.cpp
-     (Q8_0, Q4_0, every tensor in the one type: `pure`), and imports every GGUF into colibri,
-     byte for byte: both engines read the same weights;
+     (Q8_0, Q4_0: every tensor in the one type, `pure`; Q4_K_M and the other llama.cpp file types
+     by name: llama.cpp's own mix of types), and imports every GGUF into colibri, byte for byte:
+     both engines read the same weights;
   4. measures the bandwidth with a STREAM-style triad (benchmarks/stream.c) on the same threads;
   5. runs both engines interleaved (llama.cpp, colibri, llama.cpp, ...), each run a fresh process:
      a 128-token prompt in one forward (pp128), then 64 greedy tokens (tg64), tokens/s by the wall
@@ -48,6 +49,7 @@ MODELS = {   # 64 experts top-8 with narrow experts; 8 experts top-2 with wide o
     "mixtral": dict(arch="MixtralForCausalLM", hidden=1024, layers=24, heads=16, kv_heads=4, head_dim=64,
                     experts=8, top_k=2, ffn=2304),
 }
+PURE_TYPES = ("q8_0", "q4_0")
 PROMPT_TOKENS, DECODE_TOKENS = 128, 64
 QUIET_OTHER_CPU = 0.10      # a run is quiet when other processes took < 10% of one core
 
@@ -164,6 +166,22 @@ def build_hf_model(name, out):
 
 # ---- 2. llama.cpp -------------------------------------------------------------------------------
 
+X86_FEATURES = {"sse4_2": "SSE42", "avx": "AVX", "avx2": "AVX2", "avx_vnni": "AVX_VNNI", "bmi2": "BMI2", "fma": "FMA",
+                "f16c": "F16C", "avx512f": "AVX512", "avx512vbmi": "AVX512_VBMI", "avx512_vnni": "AVX512_VNNI",
+                "avx512_bf16": "AVX512_BF16"}   # /proc/cpuinfo flag -> GGML_ option
+
+
+def llama_cpp_cmake_args():
+    """llama.cpp built for this CPU: on x86 every SIMD extension the CPU has but AMX (`-march=native`
+    would take AMX too, whose tiles need a permission from the kernel that virtual machines often
+    withhold: llama.cpp then dies of SIGILL on its first quantized matmul)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return "-DGGML_NATIVE=ON"
+    flags = set(next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), []))
+    return " ".join(["-DGGML_NATIVE=OFF"] + [f"-DGGML_{opt}={'ON' if flag in flags else 'OFF'}"
+                                             for flag, opt in X86_FEATURES.items()])
+
+
 def ensure_llama_cpp():
     try:
         import llama_cpp   # noqa: F401
@@ -171,8 +189,10 @@ def ensure_llama_cpp():
     except ImportError:
         pass
     log(f"installing llama-cpp-python {LLAMA_CPP_VERSION} from PyPI, built for this CPU (about 10 minutes on 2 cores)")
-    env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON", CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
-    subprocess.run([sys.executable, "-m", "pip", "install", f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True, env=env)
+    env = dict(os.environ, CMAKE_ARGS=llama_cpp_cmake_args(), CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+    # never pip's cached wheel: it may have been built for another CPU, with other flags
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+                   check=True, env=env)
 
 
 def llama_cpp_source(work):
@@ -183,7 +203,8 @@ def llama_cpp_source(work):
     sdist = work / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
     if not sdist.exists():
         log("downloading llama-cpp-python's source distribution for llama.cpp's converter")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # only this package from source: with --no-binary :all: pip builds its build tools (cmake) too
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
                         f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", str(work)], check=True)
     shutil.unpack_archive(str(sdist), str(work))
     return tree
@@ -215,9 +236,11 @@ def quantize(src, out, kind):
     import llama_cpp
     log(f"llama.cpp quantize {src.name} -> {out.name}")
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[kind]
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}")
     params.nthread = os.cpu_count() or 2
-    params.pure = True   # every matrix in `kind`, so colibri reads exactly the same bytes
+    # q8_0, q4_0: every matrix in that type; a mix (q4_k_m: Q4_K, Q6_K for attn_v, ffn_down and
+    # output, F32 norms) as llama.cpp makes the files users download.  colibri imports either byte for byte.
+    params.pure = kind in PURE_TYPES
     if llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params) != 0:
         raise SystemExit(f"llama.cpp could not quantize {src}")
 
