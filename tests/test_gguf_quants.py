@@ -21,7 +21,7 @@ from colibri.targets import RUNNER, build, env_for, infer_binary, source_dir
 FORMATS = {"Q4_K": (0, 2), "Q6_K": (208, 1), "Q5_K": (0, 2), "Q4_1": (0, 2), "Q5_0": (0, 1), "Q5_1": (0, 2),
            "IQ4_NL": (0, 1), "IQ4_XS": (0, 1), "MXFP4": (0, 0), "Q3_K": (108, 1), "Q2_K": (80, 2)}
 QUANTIZABLE = {"Q4_1", "Q5_0", "Q5_1", "MXFP4"}   # those gguf.quants.quantize writes
-INT8 = {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4", "Q4_1", "Q5_0", "Q5_1"}   # the int8 path's: activations rounded to int8 blocks of 32
+INT8 = {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4", "Q4_1", "Q5_0", "Q5_1", "Q3_K", "Q2_K"}   # the int8 path's: activations rounded to int8 blocks of 32
 U = 2.0 ** -24   # float32's unit roundoff
 U64 = 2.0 ** -53
 

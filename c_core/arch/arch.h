@@ -22,6 +22,21 @@ static inline void k4_unpack(const uint8_t *scales, uint8_t out[16])
     memcpy(out, u, 16);
 }
 
+/* A q3_k block's 12 scale bytes as its 16 6-bit scales, 32 not yet taken off: scale k's low
+ * nibble is byte k's (k < 8) or byte k - 8's high one, its top two bits those of byte 8 + k % 4 at
+ * 2 (k / 4). */
+static inline void k3_unpack(const uint8_t *scales, uint8_t out[16])
+{
+    uint32_t u[4], high;
+    memcpy(u, scales, 12);
+    high = u[2];
+    u[2] = ((u[0] >> 4) & 0x0f0f0f0fu) | (((high >> 4) & 0x03030303u) << 4);
+    u[3] = ((u[1] >> 4) & 0x0f0f0f0fu) | (((high >> 6) & 0x03030303u) << 4);
+    u[0] = (u[0] & 0x0f0f0f0fu) | ((high & 0x03030303u) << 4);
+    u[1] = (u[1] & 0x0f0f0f0fu) | (((high >> 2) & 0x03030303u) << 4);
+    memcpy(out, u, 16);
+}
+
 const colibri_kernels *colibri_kernels_avx2(void);
 const colibri_kernels *colibri_kernels_avx512(void);
 const colibri_kernels *colibri_kernels_neon(void);

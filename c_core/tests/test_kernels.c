@@ -76,14 +76,14 @@ static void random_blocks(uint8_t *w, size_t size, colibri_dtype dtype)
 }
 
 /* wmag (cols) = per weight of one row, |scale part| + |min part|: weight = d * ... - dmin * m in
- * the formats with two f16 fields at the start (q4_k, q5_k, q4_1, q5_1: the int8 path sums the two parts
+ * the formats with two f16 fields (q4_k, q5_k, q4_1, q5_1, q2_k: the int8 path sums the two parts
  * apart, so its float sums' error is relative to both); |weight| in the others. */
 static void term_magnitudes(float *wmag, const uint8_t *row, colibri_dtype dtype, int32_t cols)
 {
     const colibri_dtype_traits *tr = &colibri_dtypes[dtype];
     size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), b, k;
     int32_t i;
-    if (tr->f16_count != 2 || tr->f16_at != 0) {
+    if (tr->f16_count != 2) {
         for (i = 0; i < cols; i++) wmag[i] = fabsf(colibri_load_f32(row, dtype, (size_t)i));
         return;
     }
@@ -91,7 +91,7 @@ static void term_magnitudes(float *wmag, const uint8_t *row, colibri_dtype dtype
         uint8_t *part = malloc(row_bytes);
         for (k = 0; k < 2; k++) {   /* k 0: dmin zeroed, the scale part; k 1: d zeroed, the min part */
             memcpy(part, row, row_bytes);
-            for (b = 0; b < row_bytes; b += (size_t)tr->block_bytes) memset(part + b + 2 * (1 - k), 0, 2);
+            for (b = 0; b < row_bytes; b += (size_t)tr->block_bytes) memset(part + b + (size_t)tr->f16_at + 2 * (1 - k), 0, 2);
             for (i = 0; i < cols; i++) wmag[i] = (k ? wmag[i] : 0.0f) + fabsf(colibri_load_f32(part, dtype, (size_t)i));
         }
         free(part);
@@ -164,7 +164,8 @@ static void test_variant(const colibri_kernels *k)
                                             COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128,
                                             COLIBRI_DTYPE_Q4_K, COLIBRI_DTYPE_Q5_K, COLIBRI_DTYPE_Q6_K,
                                             COLIBRI_DTYPE_IQ4_XS, COLIBRI_DTYPE_IQ4_NL, COLIBRI_DTYPE_MXFP4,
-                                            COLIBRI_DTYPE_Q4_1, COLIBRI_DTYPE_Q5_0, COLIBRI_DTYPE_Q5_1 };
+                                            COLIBRI_DTYPE_Q4_1, COLIBRI_DTYPE_Q5_0, COLIBRI_DTYPE_Q5_1,
+                                            COLIBRI_DTYPE_Q3_K, COLIBRI_DTYPE_Q2_K };
     const colibri_kernels *ref = colibri_kernels_reference();
     int di, ni, ci, ri, before = failures, count = checked;
     for (di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++) {

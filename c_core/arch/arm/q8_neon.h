@@ -33,10 +33,10 @@ static inline void quantize_q8_neon(colibri_q8_block *xq, const float *x, int32_
 
 typedef int32x4_t (*dot16_fn)(int32x4_t acc, int8x16_t a, int8x16_t b);
 
-/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, iq4_xs, iq4_nl, mxfp4, q4_1, q5_0, q5_1 (see
- * colibri_ref_matmul_q8 for the sums), one weight block at a time: per activation block a 4-lane
- * integer dot of signed bytes, converted and added in times d * scale * dx; q4_k's and q5_k's mins
- * as dmin * m * dx * sum(q), summed apart. */
+/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, q3_k, q2_k, iq4_xs, iq4_nl, mxfp4, q4_1, q5_0,
+ * q5_1 (see colibri_ref_matmul_q8 for the sums), one weight block at a time: per activation block a
+ * 4-lane integer dot of signed bytes, converted and added in times d * scale * dx; q4_k's and
+ * q5_k's mins as dmin * m * dx * sum(q), q2_k's per 16, summed apart. */
 
 /* 32 weights (w0: the first 16) against one activation block. */
 static inline __attribute__((always_inline)) int32x4_t dot32(int8x16_t w0, int8x16_t w1, const colibri_q8_block *xb, dot16_fn dot16)
@@ -123,6 +123,65 @@ static inline __attribute__((always_inline)) void q6_k_block(int RN, const uint8
     }
 }
 
+/* 16 weights' 2-bit quants: bits 2g, 2g + 1 of each byte of v. */
+static inline uint8x16_t quants2(uint8x16_t v, int g) { return vandq_u8(vshlq_u8(v, vdupq_n_s8((int8_t)(-2 * g))), vdupq_n_u8(3)); }
+
+/* One q3_k block: two halves of 128, each 32 bytes of 2-bit quants (32 weights per shift), the
+ * third bit of activation block g's weight j bit g of hmask[j] (clear: the quant less 4, -4..3);
+ * per activation block two 6-bit scales less 32, one for each 16, as q6_k's. */
+static inline __attribute__((always_inline)) void q3_k_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
+                                                             float32x4_t *acc0, float32x4_t *acc1, dot16_fn dot16)
+{
+    const uint8x16_t four = vdupq_n_u8(4), hm0 = vld1q_u8(b), hm1 = vld1q_u8(b + 16);
+    float d = f16_scale(b + 108);
+    uint8_t sc[16];
+    int h, g, t;
+    k3_unpack(b + 96, sc);
+    for (h = 0; h < 2; h++) {
+        uint8x16_t q0 = vld1q_u8(b + 32 + 32 * h), q1 = vld1q_u8(b + 48 + 32 * h);
+        for (g = 0; g < 4; g++) {
+            const int a = 4 * h + g;   /* the activation block */
+            uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << a));
+            int8x16_t w0 = s8(vsubq_u8(quants2(q0, g), vbicq_u8(four, vtstq_u8(hm0, bit))));
+            int8x16_t w1 = s8(vsubq_u8(quants2(q1, g), vbicq_u8(four, vtstq_u8(hm1, bit))));
+            for (t = 0; t < RN; t++) {
+                const colibri_q8_block *x = xb + t * xs + a;
+                int32x4_t dot = vmulq_n_s32(dot16(vdupq_n_s32(0), w0, vld1q_s8(x->q)), sc[2 * a] - 32);
+                dot = vmlaq_n_s32(dot, dot16(vdupq_n_s32(0), w1, vld1q_s8(x->q + 16)), sc[2 * a + 1] - 32);
+                if (g % 2) acc1[t] = add_scaled(acc1[t], dot, d * x->d);
+                else acc0[t] = add_scaled(acc0[t], dot, d * x->d);
+            }
+        }
+    }
+}
+
+/* One q2_k block: the quants as q3_k's low two bits (0..3); per 16 weights a 4-bit scale and a
+ * 4-bit min, the min times the 16 activations' sum, times dmin dx, summed apart. */
+static inline __attribute__((always_inline)) void q2_k_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
+                                                             float32x4_t *acc0, float32x4_t *acc1, float *mins, dot16_fn dot16)
+{
+    float d = f16_scale(b + 80), dmin = f16_scale(b + 82), m[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    int h, g, t;
+    for (h = 0; h < 2; h++) {
+        uint8x16_t q0 = vld1q_u8(b + 16 + 32 * h), q1 = vld1q_u8(b + 32 + 32 * h);
+        for (g = 0; g < 4; g++) {
+            const int a = 4 * h + g;   /* the activation block: sub-blocks 2a, 2a + 1 */
+            int8x16_t w0 = s8(quants2(q0, g)), w1 = s8(quants2(q1, g));
+            int sc0 = b[2 * a] & 0x0f, sc1 = b[2 * a + 1] & 0x0f, mn0 = b[2 * a] >> 4, mn1 = b[2 * a + 1] >> 4;
+            for (t = 0; t < RN; t++) {
+                const colibri_q8_block *x = xb + t * xs + a;
+                int8x16_t x0 = vld1q_s8(x->q), x1 = vld1q_s8(x->q + 16);
+                int32x4_t dot = vmulq_n_s32(dot16(vdupq_n_s32(0), w0, x0), sc0);
+                dot = vmlaq_n_s32(dot, dot16(vdupq_n_s32(0), w1, x1), sc1);
+                if (g % 2) acc1[t] = add_scaled(acc1[t], dot, d * x->d);
+                else acc0[t] = add_scaled(acc0[t], dot, d * x->d);
+                m[t] += x->d * (float)(mn0 * vaddlvq_s8(x0) + mn1 * vaddlvq_s8(x1));
+            }
+        }
+    }
+    for (t = 0; t < RN; t++) mins[t] += dmin * m[t];
+}
+
 /* A q4_0-ordered nibble group's 32 values through a 16-entry table: the first 16, then the rest. */
 static inline void table_values(const uint8_t *q, int8x16_t table, int8x16_t *v0, int8x16_t *v1)
 {
@@ -181,6 +240,8 @@ static inline __attribute__((always_inline)) void tile_kq_neon(int RN, float *y,
         switch (dtype) {
         case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(RN, w, dtype, xq + b, xs, acc0, acc1, mins, dot16); break;
         case COLIBRI_DTYPE_Q6_K: q6_k_block(RN, w, xq + b, xs, acc0, acc1, dot16); break;
+        case COLIBRI_DTYPE_Q3_K: q3_k_block(RN, w, xq + b, xs, acc0, acc1, dot16); break;
+        case COLIBRI_DTYPE_Q2_K: q2_k_block(RN, w, xq + b, xs, acc0, acc1, mins, dot16); break;
         case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(RN, w, xq + b, xs, acc0, acc1, table, dot16); break;
         case COLIBRI_DTYPE_Q4_1: case COLIBRI_DTYPE_Q5_0: case COLIBRI_DTYPE_Q5_1: {   /* d q + m; q5_0: d (q - 16) */
             size_t at = dtype == COLIBRI_DTYPE_Q4_1 ? 4 : dtype == COLIBRI_DTYPE_Q5_0 ? 6 : 8;
@@ -266,6 +327,8 @@ static inline void matmul_q8_neon_with(float *y, const colibri_q8_block *xq, con
     case COLIBRI_DTYPE_Q4_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q4_K, n, cols, rows, 144, dot16); return;
     case COLIBRI_DTYPE_Q5_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q5_K, n, cols, rows, 176, dot16); return;
     case COLIBRI_DTYPE_Q6_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q6_K, n, cols, rows, 210, dot16); return;
+    case COLIBRI_DTYPE_Q3_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q3_K, n, cols, rows, 110, dot16); return;
+    case COLIBRI_DTYPE_Q2_K: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q2_K, n, cols, rows, 84, dot16); return;
     case COLIBRI_DTYPE_IQ4_XS: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_IQ4_XS, n, cols, rows, 136, dot16); return;
     case COLIBRI_DTYPE_IQ4_NL: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows, 18, dot16); return;
     case COLIBRI_DTYPE_Q4_1: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows, 20, dot16); return;

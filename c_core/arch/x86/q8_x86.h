@@ -168,10 +168,10 @@ static inline __attribute__((always_inline)) void matmul_q8_format(int RN, float
             tile_q8_x86(1, 1, y + (size_t)t * rows + r, rows, w + (size_t)r * row_bytes, row_bytes, dtype, xq + (size_t)t * blocks, blocks, dot_us);
 }
 
-/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, iq4_xs, iq4_nl, mxfp4, q4_1, q5_0, q5_1 (see
- * colibri_ref_matmul_q8 for the sums), one weight block at a time: per activation block an 8-lane
- * integer dot, converted and added in times d * scale * dx; q4_k's and q5_k's mins as
- * dmin * m * dx * sum(q), summed apart. */
+/* ---- The int8 path's other formats: q4_k, q5_k, q6_k, q3_k, q2_k, iq4_xs, iq4_nl, mxfp4, q4_1, q5_0,
+ * q5_1 (see colibri_ref_matmul_q8 for the sums), one weight block at a time: per activation block
+ * an 8-lane integer dot, converted and added in times d * scale * dx; q4_k's and q5_k's mins as
+ * dmin * m * dx * sum(q), q2_k's as dmin * dx * its mins' dot, summed apart. */
 
 /* 32 signed weights w against the activations x: |w| unsigned, w's sign moved onto x. */
 static inline __m256i dot_signed(__m256i w, __m256i x, dot_us_fn dot_us)
@@ -276,6 +276,76 @@ static inline __attribute__((always_inline)) void q6_k_block(int RN, const uint8
     }
 }
 
+/* The 4 int32 lanes of each half of a dot (a 16-weight sub-block each) times lanes k and k + 1 of sc. */
+static inline __m256i scale_halves(__m256i dot, __m256i sc, int k)
+{
+    return _mm256_mullo_epi32(dot, _mm256_permutevar8x32_epi32(sc, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1)));
+}
+
+/* One q3_k block: two halves of 128, each 32 bytes of 2-bit quants (32 weights per shift), the
+ * third bit of activation block g's weight j bit g of hmask[j] (clear: the quant less 4, -4..3);
+ * per activation block two 6-bit scales less 32, one for each 16, as q6_k's. */
+static inline __attribute__((always_inline)) void q3_k_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
+                                                             __m256 *acc0, __m256 *acc1, dot_us_fn dot_us)
+{
+    const __m256i m2 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256i hmask = _mm256_loadu_si256((const __m256i *)b);
+    __m256 f[4];
+    uint8_t sc16[16];
+    int h, g, t;
+    k3_unpack(b + 96, sc16);
+    for (t = 0; t < RN; t++) f[t] = _mm256_mul_ps(_mm256_set1_ps(w_scale(b + 108)), x_scales8(xb + t * xs));   /* d dx per block */
+    for (h = 0; h < 2; h++) {
+        __m256i qs = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * h));
+        __m256i sc = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc16 + 8 * h))), _mm256_set1_epi32(32));
+        for (g = 0; g < 4; g++) {
+            const int a = 4 * h + g;   /* the activation block */
+            __m256i bit = _mm256_set1_epi8((char)(1 << a));
+            __m256i w = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * g), m2),
+                                        _mm256_andnot_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four));
+            __m256i w_abs = _mm256_sign_epi8(w, w);
+            for (t = 0; t < RN; t++) {
+                __m256i dot = scale_halves(dot_us(w_abs, _mm256_sign_epi8(xq_load(xb + t * xs + a), w)), sc, 2 * g);
+                if (g % 2) acc1[t] = _mm256_fmadd_ps(lane(f[t], a), _mm256_cvtepi32_ps(dot), acc1[t]);
+                else acc0[t] = _mm256_fmadd_ps(lane(f[t], a), _mm256_cvtepi32_ps(dot), acc0[t]);
+            }
+        }
+    }
+}
+
+/* One q2_k block: the quants as q3_k's low two bits (0..3); per 16 weights a 4-bit scale and a
+ * 4-bit min, the min's integer dot with q one more dot_us (the mins, 16 bytes each, as its
+ * unsigned operand), times dmin dx, summed apart. */
+static inline __attribute__((always_inline)) void q2_k_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
+                                                             __m256 *acc0, __m256 *acc1, __m256 *mins, dot_us_fn dot_us)
+{
+    const __m256i m2 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0f);
+    __m256i min16 = _mm256_and_si256(_mm256_srli_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b)), 4), m4);
+    __m256 f[4], fm[4];
+    int h, g, t;
+    for (t = 0; t < RN; t++) {
+        __m256 dx = x_scales8(xb + t * xs);
+        f[t] = _mm256_mul_ps(_mm256_set1_ps(w_scale(b + 80)), dx);
+        fm[t] = _mm256_mul_ps(_mm256_set1_ps(w_scale(b + 82)), dx);
+    }
+    for (h = 0; h < 2; h++) {
+        __m256i qs = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * h));
+        __m256i sc = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * h))), _mm256_set1_epi32(0x0f));
+        for (g = 0; g < 4; g++) {
+            const int a = 4 * h + g;   /* the activation block: sub-blocks 2a, 2a + 1 */
+            __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * g), m2);
+            __m256i mn = _mm256_shuffle_epi8(min16, _mm256_set_m128i(_mm_set1_epi8((char)(2 * a + 1)), _mm_set1_epi8((char)(2 * a))));
+            for (t = 0; t < RN; t++) {
+                __m256i x = xq_load(xb + t * xs + a);
+                __m256i dot = scale_halves(dot_us(q, x), sc, 2 * g);
+                if (g % 2) acc1[t] = _mm256_fmadd_ps(lane(f[t], a), _mm256_cvtepi32_ps(dot), acc1[t]);
+                else acc0[t] = _mm256_fmadd_ps(lane(f[t], a), _mm256_cvtepi32_ps(dot), acc0[t]);
+                mins[t] = _mm256_fmadd_ps(lane(fm[t], a), _mm256_cvtepi32_ps(dot_us(mn, x)), mins[t]);
+            }
+        }
+    }
+}
+
 /* The 32 values of a q4_0-ordered nibble group through a 16-entry table (iq4_nl's, mxfp4's). */
 static inline __m256i table_nibbles(const uint8_t *q, __m256i table) { return _mm256_shuffle_epi8(table, q4_nibbles(q)); }
 
@@ -356,6 +426,8 @@ static inline size_t kq_block_bytes(colibri_dtype dtype)
     case COLIBRI_DTYPE_Q4_K: return 144;
     case COLIBRI_DTYPE_Q5_K: return 176;
     case COLIBRI_DTYPE_Q6_K: return 210;
+    case COLIBRI_DTYPE_Q3_K: return 110;
+    case COLIBRI_DTYPE_Q2_K: return 84;
     case COLIBRI_DTYPE_IQ4_XS: return 136;
     case COLIBRI_DTYPE_IQ4_NL: return 18;
     case COLIBRI_DTYPE_Q4_1: return 20;
@@ -382,6 +454,8 @@ static inline __attribute__((always_inline)) void tile_kq_x86(int RN, float *y, 
         switch (dtype) {
         case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: k4_block(RN, w, dtype, xq + b, xs, acc0, acc1, mins, dot_us); break;
         case COLIBRI_DTYPE_Q6_K: q6_k_block(RN, w, xq + b, xs, acc0, acc1, dot_us); break;
+        case COLIBRI_DTYPE_Q3_K: q3_k_block(RN, w, xq + b, xs, acc0, acc1, dot_us); break;
+        case COLIBRI_DTYPE_Q2_K: q2_k_block(RN, w, xq + b, xs, acc0, acc1, mins, dot_us); break;
         case COLIBRI_DTYPE_IQ4_XS: iq4_xs_block(RN, w, xq + b, xs, acc0, acc1, table, dot_us); break;
         case COLIBRI_DTYPE_Q4_1: case COLIBRI_DTYPE_Q5_0: case COLIBRI_DTYPE_Q5_1: legacy_block(RN, w, dtype, xq + b, xs, acc0, acc1, dot_us); break;
         default: table_block(RN, w, dtype, xq + b, xs, acc0, table, dot_us); break;
@@ -418,6 +492,8 @@ static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, float *y
     case COLIBRI_DTYPE_Q4_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_K, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_Q5_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q5_K, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_Q6_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q6_K, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q3_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q3_K, n, cols, rows, dot_us); break;
+    case COLIBRI_DTYPE_Q2_K: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q2_K, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_IQ4_XS: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_IQ4_XS, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_IQ4_NL: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_Q4_1: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows, dot_us); break;

@@ -52,8 +52,8 @@ const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT] = {
     [COLIBRI_DTYPE_IQ4_NL] = { "iq4_nl",   32,    18,    1,     1,    2,     0, 1 },
     [COLIBRI_DTYPE_IQ4_XS] = { "iq4_xs",   256,   136,   1,     1,    2,     0, 1 },
     [COLIBRI_DTYPE_MXFP4]  = { "mxfp4",    32,    17,    1,     1,    2,     0, 0 },   /* an E8M0 scale */
-    [COLIBRI_DTYPE_Q3_K]   = { "q3_k",     256,   110,   1,     0,    0,   108, 1 },
-    [COLIBRI_DTYPE_Q2_K]   = { "q2_k",     256,   84,    1,     0,    0,    80, 2 },
+    [COLIBRI_DTYPE_Q3_K]   = { "q3_k",     256,   110,   1,     1,    2,   108, 1 },
+    [COLIBRI_DTYPE_Q2_K]   = { "q2_k",     256,   84,    1,     1,    2,    80, 2 },
 };
 
 int colibri_dtype_is_block(colibri_dtype dtype) { return colibri_dtypes[dtype].block > 1; }
@@ -254,14 +254,15 @@ void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, in
 
 /* Activation block g (32 weights from 32 g) of one weight block of the int8 path's other formats
  * (q4_1 and q5_1: m is minus the block's m):
- * the weights as integers w (0..63 or signed table values), an integer scale for each half of 16,
- * and floats d, m such that weight j = d * scale[j / 16] * w[j] - m.  Every such group lies inside
- * one sub-block of its format (sub-blocks are 16 or 32 weights, aligned), so d and m are the
- * group's. */
-static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32], int scale[2], float *d, float *m)
+ * the weights as integers w (0..63 or signed table values), an integer scale and an integer min
+ * for each half of 16, and floats d, m such that weight j = d * scale[j / 16] * w[j] - m *
+ * min[j / 16].  Every such group lies inside one sub-block of its format (sub-blocks are 16 or 32
+ * weights, aligned), so d and m are the group's; min is 1 but for q2_k's mins, one per 16. */
+static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32], int scale[2], int min[2], float *d, float *m)
 {
     size_t j;
     *m = 0.0f;
+    min[0] = min[1] = 1;
     switch (dtype) {
     case COLIBRI_DTYPE_Q4_K: case COLIBRI_DTYPE_Q5_K: {
         const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48) + g / 2 * 32;
@@ -288,6 +289,26 @@ static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32
         *d = f16_at(b + 208);
         return;
     }
+    case COLIBRI_DTYPE_Q3_K: {   /* block_element's q3_k: a quant -4..3, a 6-bit scale less 32 per 16 */
+        size_t h = g / 4, k;
+        for (j = 0; j < 32; j++) {
+            w[j] = (b[32 + h * 32 + j] >> (g % 4 * 2)) & 3;
+            if (!((b[j] >> g) & 1)) w[j] -= 4;
+        }
+        for (k = 2 * g; k < 2 * g + 2; k++)
+            scale[k % 2] = (((k < 8 ? b[96 + k] : b[96 + k - 8] >> 4) & 0x0f) | ((b[104 + k % 4] >> (k / 4 * 2)) & 3) << 4) - 32;
+        *d = f16_at(b + 108);
+        return;
+    }
+    case COLIBRI_DTYPE_Q2_K:   /* a quant 0..3; per 16 a 4-bit scale (low nibble) and min (high) */
+        for (j = 0; j < 32; j++) w[j] = (b[16 + g / 4 * 32 + j] >> (g % 4 * 2)) & 3;
+        scale[0] = b[2 * g] & 0x0f;
+        scale[1] = b[2 * g + 1] & 0x0f;
+        min[0] = b[2 * g] >> 4;
+        min[1] = b[2 * g + 1] >> 4;
+        *d = f16_at(b + 80);
+        *m = f16_at(b + 82);
+        return;
     case COLIBRI_DTYPE_IQ4_XS: {
         int sc = ((b[4 + g / 2] >> (g % 2 * 4)) & 0x0f) | ((b[2 + g / 4] >> (g % 4 * 2)) & 3) << 4;
         for (j = 0; j < 32; j++) w[j] = colibri_iq4nl_values[q4_nibble(b + 8 + g * 16, j)];
@@ -322,7 +343,8 @@ static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32
 
 /* y (n, rows) = xq @ W^T: per block pair an exact integer dot, times both scales.  The other
  * formats: per activation block an exact integer dot with each half's scale in it, then
- * dx (d dot - m sum(q)), m the sub-block's min (0 but for q4_k, q5_k, q4_1 and q5_1). */
+ * dx (d dot - m msum), m the sub-block's min (0 but for q4_k, q5_k, q4_1, q5_1 and q2_k), msum
+ * the exact integer dot of the halves' mins with q: sum(q) where they are 1. */
 void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
@@ -336,13 +358,16 @@ void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, 
             if (dtype != COLIBRI_DTYPE_Q8_0 && dtype != COLIBRI_DTYPE_Q4_0) {
                 size_t groups = (size_t)colibri_dtypes[dtype].block / COLIBRI_BLOCK;
                 for (b = 0; b < blocks; b++, xb++) {
-                    int wq[32], scale[2];
-                    int32_t dot[2] = { 0, 0 };
+                    int wq[32], scale[2], min[2];
+                    int32_t dot[2] = { 0, 0 }, msum = 0;
                     float d, m;
                     int8_group(wb + (size_t)b / groups * (size_t)colibri_dtypes[dtype].block_bytes, dtype, (size_t)b % groups,
-                               wq, scale, &d, &m);
-                    for (j = 0; j < COLIBRI_BLOCK; j++) dot[j / 16] += wq[j] * xb->q[j];
-                    acc += xb->d * (d * (float)(scale[0] * dot[0] + scale[1] * dot[1]) - m * (float)xb->sum);
+                               wq, scale, min, &d, &m);
+                    for (j = 0; j < COLIBRI_BLOCK; j++) {
+                        dot[j / 16] += wq[j] * xb->q[j];
+                        msum += min[j / 16] * xb->q[j];
+                    }
+                    acc += xb->d * (d * (float)(scale[0] * dot[0] + scale[1] * dot[1]) - m * (float)msum);
                 }
                 y[(size_t)t * rows + r] = acc;
                 continue;
