@@ -5,6 +5,7 @@ file with metadata of the wrong type or range, or cut short anywhere, is refused
 that names what is wrong; the progress bar counts the bytes written."""
 import json
 import re
+import struct
 import subprocess
 import sys
 
@@ -224,15 +225,30 @@ def test_a_file_cut_short_anywhere_is_refused_naming_the_part(f32_gguf, tmp_path
     cuts = {10: "the header", 20: "the header", r.fields["llama.block_count"].offset + 3: "the metadata",
             table - 1: "the metadata", table + 5: "the tensor table",
             last.offset + sum(int(x.nbytes) for x in last.parts) - 1: "the tensor table",
-            r.data_offset - 1: r"tensor `token_embd.weight` \(F32\): its data",   # in the alignment padding
-            r.data_offset + 7: r"tensor `token_embd.weight` \(F32\): its data",
-            r.tensors[-1].data_offset + 1: r"tensor `output.weight` \(F32\): its data",
-            len(data) - 1: r"tensor `output.weight` \(F32\): its data"}
+            r.data_offset - 1: r"tensor `token_embd.weight` \(F32\): its data \(shape \[\d+(, \d+)*\]\)",   # in the alignment padding
+            r.data_offset + 7: r"tensor `token_embd.weight` \(F32\): its data \(shape \[\d+(, \d+)*\]\)",
+            r.tensors[-1].data_offset + 1: r"tensor `output.weight` \(F32\): its data \(shape \[\d+(, \d+)*\]\)",
+            len(data) - 1: r"tensor `output.weight` \(F32\): its data \(shape \[\d+(, \d+)*\]\)"}
     for cut, part in cuts.items():
         (tmp_path / "cut.gguf").write_bytes(data[:cut])
         with pytest.raises(ConvertError, match=rf"not a readable GGUF file: {part} runs to byte \d+, past the end of "
                                                rf"the file \({cut} bytes\)$"):
             convert(tmp_path / "cut.gguf", tmp_path / "out", progress=False)
+
+
+def test_a_tensor_of_no_weights_or_of_more_than_the_file_holds_is_refused(f32_gguf, tmp_path):
+    """A dimension of 0, or so large that gguf's uint64 count of the bytes would wrap around (the
+    unknown type and a size that disagrees with the type: test_gguf_quants)."""
+    data, name = f32_gguf.read_bytes(), b"token_embd.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name) + 4   # its dimensions, fastest first
+    for dims, message in (((64, 0), r"shape \[0, 64\] holds no weights"),
+                          ((64, 2**63), rf"its data \(shape \[{2**63}, 64\]\) runs to byte \d+, past the end of the file"),
+                          ((2**32, 2**32), rf"its data \(shape \[{2**32}, {2**32}\]\) runs to byte \d+, past the end")):
+        bad = bytearray(data)
+        struct.pack_into("<2Q", bad, at, *dims)
+        (tmp_path / "bad.gguf").write_bytes(bytes(bad))
+        with pytest.raises(ConvertError, match=rf"not a readable GGUF file: tensor `token_embd.weight` \(F32\): {message}"):
+            convert(tmp_path / "bad.gguf", tmp_path / "out", progress=False)
 
 
 def test_the_command_line_prints_the_error_without_a_traceback(f32_gguf, tmp_path):

@@ -12,6 +12,7 @@ becomes the byte table and, where the core reproduces the tokenizer, its encoder
 otherwise the converter says why and the model runs on token ids (`colibri generate --tokens`).
 """
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ def _reader(path):
     """gguf's reader, made to say which part of the file runs past its end (the header, the
     metadata, the tensor table, a tensor's data: a file cut short) and to name the tensor (and its
     type) whose table entry it cannot take: an unknown type, rows that are not whole blocks."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
     class Reader(GGUFReader):
         part = "the header"
@@ -117,13 +118,21 @@ def _reader(path):
             return super()._build_tensor_info(offs, count)
 
         def _build_tensors(self, start_offs, fields):
-            self.part, tensors = "its data", []
+            tensors = []
             for field in fields:
                 name, raw = bytes(field.parts[1]).decode("utf-8", "replace"), int(field.parts[4][0])
+                known = raw in GGMLQuantizationType._value2member_map_
+                kind = GGMLQuantizationType(raw).name if known else f"type {raw}"
+                shape = [int(d) for d in reversed(field.parts[3])]
+                self.part = f"its data (shape {shape})"
                 try:
+                    if not all(shape):
+                        raise ValueError(f"shape {shape} holds no weights")
+                    if known and GGMLQuantizationType(raw) in GGML_QUANT_SIZES:   # its bytes, counted before the
+                        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(raw)]   # reader's uint64 product wraps
+                        self._get(start_offs + int(field.parts[5][0]), np.uint8, math.prod(shape) // block * size)
                     super()._build_tensors(start_offs, [field])
                 except ValueError as e:
-                    kind = GGMLQuantizationType(raw).name if raw in GGMLQuantizationType._value2member_map_ else f"type {raw}"
                     raise ValueError(f"tensor `{name}` ({kind}): {e}") from None
                 if any(t.name == name for t in tensors):
                     raise ValueError(f"tensor `{name}` appears twice")
