@@ -1,9 +1,17 @@
 """GGUF import: a file written as llama.cpp's converter writes Mixtral (tensor names, metadata, the
 rows of q and k reordered for RoPE on adjacent pairs, experts stacked, Q8_0 blocks from the gguf
-package) runs in colibri as transformers runs the original checkpoint with the same rounding."""
+package) runs in colibri as transformers runs the original checkpoint with the same rounding; a
+file with metadata of the wrong type or range, or cut short anywhere, is refused by a ConvertError
+that names what is wrong; the progress bar counts the bytes written."""
+import json
+import re
+import struct
+import subprocess
+import sys
+
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize, quantize
 from safetensors.numpy import load_file
 
@@ -136,3 +144,205 @@ def test_a_qwen3moe_gguf_runs_as_transformers(tmp_path):
     model = colibri.Model(convert(tmp_path / "q.gguf", tmp_path / "colibri", progress=False))
     tokens = np.random.default_rng(7).integers(0, cfg.vocab_size, 24)
     np.testing.assert_allclose(model.session(ctx=64).forward(tokens), hf_logits(hf, tokens), atol=1e-4, rtol=0)
+
+
+def rewritten(src, dst, key, add=None):
+    """A copy of the GGUF file `src` without metadata `key`; add(writer) then writes it anew."""
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), bytes(r.fields["general.architecture"].parts[-1]).decode())
+    for k, field in r.fields.items():
+        if not (k.startswith("GGUF.") or k in ("general.architecture", key)):
+            array = field.types[0] == GGUFValueType.ARRAY
+            w.add_key_value(k, field.contents(), field.types[0], sub_type=field.types[1] if array else None)
+    if add is not None:
+        add(w)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+INT_MAX = 2**31 - 1
+BAD_METADATA = [   # key (after llama.), how the file has it (GGUFWriter's method and value; None: left out), the error
+    ("block_count", "add_string", "x", r"is a string \('x'\), expected an integer"),
+    ("block_count", "add_float32", 2.0, r"is a float \(2.0\), expected an integer"),
+    ("block_count", "add_array", [2, 2], r"is an array \(\[2, 2\]\), expected an integer"),
+    ("context_length", "add_bool", True, r"is a boolean \(True\), expected an integer"),
+    ("attention.head_count", "add_uint32", 0, f"is 0, expected an integer from 1 to {INT_MAX}"),
+    ("attention.head_count", "add_int32", -4, f"is -4, expected an integer from 1 to {INT_MAX}"),
+    ("embedding_length", "add_uint64", 2**40, f"is {2**40}, expected an integer from 1 to {INT_MAX}"),
+    ("expert_used_count", "add_uint32", 5, r"is 5, more than `llama.expert_count` \(4\)"),
+    ("attention.head_count_kv", "add_array", [4, 4], r"is an array \(\[4, 4\]\), expected an integer"),
+    ("rope.freq_base", "add_string", "1e4", r"is a string \('1e4'\), expected a number"),
+    ("rope.freq_base", "add_float32", 0.0, r"is 0.0, expected a finite number > 0"),
+    ("attention.layer_norm_rms_epsilon", "add_float32", float("nan"), r"is nan, expected a finite number"),
+    ("expert_used_count", None, None, "missing"),
+]
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "model.gguf"
+    write_gguf(path, None)
+    return path
+
+
+@pytest.mark.parametrize("key, method, value, message", BAD_METADATA + [
+    ("tokenizer.ggml.bos_token_id", "add_string", "1", r"is a string \('1'\), expected an integer")],
+    ids=lambda x: x if isinstance(x, str) and " " not in x else "")
+def test_metadata_of_the_wrong_type_or_range_is_refused_by_name(key, method, value, message, f32_gguf, tmp_path):
+    key = key if key.startswith("tokenizer.") else f"llama.{key}"
+    bad = rewritten(f32_gguf, tmp_path / "bad.gguf", key, method and (lambda w: getattr(w, method)(key, value)))
+    with pytest.raises(ConvertError, match=rf"^GGUF: `{re.escape(key)}` {message}$"):
+        convert(bad, tmp_path / "out", progress=False)
+
+
+def test_the_family_importers_check_their_metadata_by_the_same_getter():
+    from colibri.convert import gguf_arch
+
+    moe = {"expert_count": 4, "expert_used_count": 2}
+    cases = [("qwen2moe", {"expert_count": 4, "expert_used_count": True}, "expert_used_count",
+              r"is a boolean \(True\), expected an integer"),
+             ("qwen2moe", {**moe, "attention.head_count": 0}, "attention.head_count",
+              f"is 0, expected an integer from 1 to {INT_MAX}"),
+             ("olmoe", {"expert_count": 4, "expert_used_count": 8}, "expert_used_count",
+              r"is 8, more than `olmoe.expert_count` \(4\)"),
+             ("lfm2moe", {**moe, "attention.head_count_kv": [2, "x"]}, r"attention.head_count_kv\[1\]",
+              r"is a string \('x'\), expected an integer"),
+             ("deepseek2", {**moe, "attention.head_count": 4, "rope.dimension_count": 1.5}, "rope.dimension_count",
+              r"is a float \(1.5\), expected an integer")]
+    for arch, keys, key, message in cases:
+        with pytest.raises(ConvertError, match=rf"^GGUF: `{arch}.{key}` {message}$"):
+            gguf_arch.describe({f"{arch}.{k}": v for k, v in keys.items()}, arch, {})
+
+
+def test_a_file_cut_short_anywhere_is_refused_naming_the_part(f32_gguf, tmp_path):
+    data, r = f32_gguf.read_bytes(), GGUFReader(str(f32_gguf))
+    table, last = r.tensors[0].field.offset, r.tensors[-1].field
+    cuts = {10: "the header", 20: "the header", r.fields["llama.block_count"].offset + 3: "the metadata",
+            table - 1: "the metadata", table + 5: "the tensor table",
+            last.offset + sum(int(x.nbytes) for x in last.parts) - 1: "the tensor table",
+            r.data_offset - 1: r"tensor `token_embd.weight` \(F32\): its data \(shape \[\d+(, \d+)*\]\)",   # in the alignment padding
+            r.data_offset + 7: r"tensor `token_embd.weight` \(F32\): its data \(shape \[\d+(, \d+)*\]\)",
+            r.tensors[-1].data_offset + 1: r"tensor `output.weight` \(F32\): its data \(shape \[\d+(, \d+)*\]\)",
+            len(data) - 1: r"tensor `output.weight` \(F32\): its data \(shape \[\d+(, \d+)*\]\)"}
+    for cut, part in cuts.items():
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(ConvertError, match=rf"not a readable GGUF file: {part} runs to byte \d+, past the end of "
+                                               rf"the file \({cut} bytes\)$"):
+            convert(tmp_path / "cut.gguf", tmp_path / "out", progress=False)
+
+
+def test_a_tensor_of_no_weights_or_of_more_than_the_file_holds_is_refused(f32_gguf, tmp_path):
+    """A dimension of 0, or so large that gguf's uint64 count of the bytes would wrap around (the
+    unknown type and a size that disagrees with the type: test_gguf_quants)."""
+    data, name = f32_gguf.read_bytes(), b"token_embd.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name) + 4   # its dimensions, fastest first
+    for dims, message in (((64, 0), r"shape \[0, 64\] holds no weights"),
+                          ((64, 2**63), rf"its data \(shape \[{2**63}, 64\]\) runs to byte \d+, past the end of the file"),
+                          ((2**32, 2**32), rf"its data \(shape \[{2**32}, {2**32}\]\) runs to byte \d+, past the end")):
+        bad = bytearray(data)
+        struct.pack_into("<2Q", bad, at, *dims)
+        (tmp_path / "bad.gguf").write_bytes(bytes(bad))
+        with pytest.raises(ConvertError, match=rf"not a readable GGUF file: tensor `token_embd.weight` \(F32\): {message}"):
+            convert(tmp_path / "bad.gguf", tmp_path / "out", progress=False)
+
+
+def test_the_command_line_prints_the_error_without_a_traceback(f32_gguf, tmp_path):
+    key = "llama.block_count"
+    bad = rewritten(f32_gguf, tmp_path / "bad.gguf", key, lambda w: w.add_string(key, "x"))
+    r = subprocess.run([sys.executable, "-m", "colibri", "convert", str(bad), str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "colibri convert: GGUF: `llama.block_count` is a string ('x'), expected an integer"
+
+
+K_TYPES = ("Q4_K", "Q6_K", "Q5_K", "Q2_K", "Q3_K", "IQ4_XS", "Q5_0", "Q4_1", "IQ4_NL", "MXFP4")
+
+
+def k_quant_gguf(path):
+    """A llama GGUF with 256 weights a row, each matrix in another of K_TYPES (random blocks: only
+    their bytes are looked at), the norms F32; and a vocabulary, for the byte tables."""
+    D, E, L = 256, 4, 2
+    out = GGUFWriter(str(path), "llama")
+    for add, value in ((out.add_context_length, 64), (out.add_embedding_length, D), (out.add_block_count, L),
+                       (out.add_feed_forward_length, D), (out.add_head_count, 4), (out.add_head_count_kv, 2),
+                       (out.add_layer_norm_rms_eps, 1e-5), (out.add_expert_count, E), (out.add_expert_used_count, 2)):
+        add(value)
+    out.add_tokenizer_model("llama")
+    out.add_token_list([f"<{i}>" for i in range(300)])
+    out.add_token_scores([0.0] * 300)
+    out.add_token_types([1] * 300)
+    rng, kinds = np.random.default_rng(8), iter(K_TYPES * 4)
+
+    def add(name, shape):
+        if len(shape) == 1:
+            return out.add_tensor(name, np.ones(shape, np.float32))
+        kind = GGMLQuantizationType[next(kinds)]
+        block, size = GGML_QUANT_SIZES[kind]
+        rows = rng.integers(0, 256, (*shape[:-1], shape[-1] // block * size), dtype=np.uint8)
+        out.add_tensor(name, rows, raw_dtype=kind)
+
+    add("token_embd.weight", (300, D))
+    for i in range(L):
+        for name, shape in (("attn_norm", (D,)), ("attn_q", (D, D)), ("attn_k", (D // 2, D)), ("attn_v", (D // 2, D)),
+                            ("attn_output", (D, D)), ("ffn_norm", (D,)), ("ffn_gate_inp", (E, D)),
+                            ("ffn_gate_exps", (E, D, D)), ("ffn_up_exps", (E, D, D)), ("ffn_down_exps", (E, D, D))):
+            add(f"blk.{i}.{name}.weight", shape)
+    add("output_norm.weight", (D,))
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    return path
+
+
+@pytest.mark.parametrize("layout", ["stacked", "interleaved"])
+def test_the_progress_bar_counts_the_bytes_written(layout, monkeypatch, tmp_path):
+    """Its total, in bytes, is set before the first tensor and is what weights.bin holds but its
+    padding: the GGUF's own tensor sizes, then the byte tables (integers, not f32)."""
+    from colibri.convert import writer
+
+    bars = []
+
+    class Recorded(writer.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append({"first total": self.total, "unit": self.unit})
+
+        def close(self):
+            bars[-1].update(total=self.total, n=self.n)
+            super().close()
+
+    monkeypatch.setattr(writer, "tqdm", Recorded)
+    src = k_quant_gguf(tmp_path / "k.gguf")
+    out = convert(src, tmp_path / "out", progress=True, layout=layout)
+    (bar,) = bars
+    table = json.loads((out / "colibri_model.json").read_text())["tensors"]
+    kinds = {t["dtype"] for t in table}
+    assert {k.lower() for k in K_TYPES} <= kinds and {"u8", "i32"} <= kinds
+    gguf_bytes = sum(int(t.n_bytes) for t in GGUFReader(str(src)).tensors)   # the reader's own count
+    tables = sum(t["file_size"] for t in table if t["name"].startswith("tokenizer."))
+    assert bar["unit"] == "B" and bar["first total"] == bar["total"] == bar["n"] == gguf_bytes + tables
+    parts = sum(t["shape"][0] if "expert_stride" in t else 1 for t in table)
+    assert 0 <= (out / "weights.bin").stat().st_size - bar["total"] < 64 * parts, "all but the padding counted"
+
+
+def test_the_progress_bar_ends_at_the_bytes_written_for_an_integer_table_without_its_dtype(monkeypatch, tmp_path):
+    from colibri.convert import writer
+
+    bars = []
+
+    class Recorded(writer.tqdm):
+        def close(self):
+            bars.append((self.total, self.n))
+            super().close()
+
+    monkeypatch.setattr(writer, "tqdm", Recorded)
+    tensors = [("w", (2, 64), lambda: np.ones((2, 64), np.float32)),
+               ("t", (10,), lambda: np.arange(10, dtype=np.uint8))]   # counted as f32 until written
+    writer.write_model(tmp_path, {"format": "colibri", "version": 1}, tensors, "q8_0")
+    assert set(bars) == {(2 * 34 * 2 + 10, 2 * 34 * 2 + 10)}   # q8_0: 34 bytes a block of 32; the table's 10 bytes

@@ -16,11 +16,9 @@ from .errors import ConvertError
 from .families import FAMILIES
 from .hf import Checkpoint
 from .vocab import byte_table, encoder, token_bytes
-from .writer import ITEMSIZE, LAYOUTS, check_dtype, check_layout, write_model
+from .writer import DTYPES, LAYOUTS, check_dtype, check_layout, write_model
 
 __all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES", "LAYOUTS"]
-
-DTYPES = tuple(ITEMSIZE)  # output dtypes: f32, f16, bf16 and the block formats q8_0, q4_0, w4g128
 
 
 def _version():

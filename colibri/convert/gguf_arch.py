@@ -5,7 +5,9 @@ format fixes differently (its router, its RoPE layout) set on top, and the tenso
 
 Every `<arch>.` key is either read or listed here as not changing the maths; every tensor maps
 onto the colibri tensor the family's plan expects, with its shape; anything else is refused by
-name (`unsupported: <key or tensor> in gguf <arch>`), never run as a different model.
+name (`unsupported: <key or tensor> in gguf <arch>`), never run as a different model.  Each value
+read is checked for its type and range where it is read (KEYS, Meta; gguf_import's `llama` and
+`qwen3moe` read through Meta too), so that a wrong one is named there, not met as a traceback later.
 
 What llama.cpp's converter leaves out of the file is what llama.cpp itself assumes (its
 src/models/<arch>.cpp), so it is assumed here too:
@@ -53,6 +55,31 @@ EXTRA_GLOBAL = {"lfm2moe": {"token_embd_norm": "norm"},   # llama.cpp's name for
                 "phimoe": {"rope_factors_short": "rope.factors"}, "llama4": {"rope_freqs": "rope.factors"}}
 # keys that do not change the maths (llama.cpp's own bookkeeping)
 IGNORED = {"vocab_size"}
+INT_MAX = 2**31 - 1   # the core's hyperparameters are int32
+# What each `<arch>.` key read must hold: "count" an integer from 1, "size" one from 0 (both up to
+# INT_MAX), "number" a finite number, "positive" one > 0, "flag" a boolean, "name" a string.
+KEYS = {
+    **dict.fromkeys(("context_length", "embedding_length", "block_count", "expert_feed_forward_length",
+                     "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                     "attention.value_length", "attention.key_length_mla", "attention.value_length_mla",
+                     "attention.kv_lora_rank", "attention.q_lora_rank", "rope.dimension_count", "expert_used_count",
+                     "expert_group_count", "expert_group_used_count", "interleave_moe_layer_step",
+                     "shortconv.l_cache", "rope.scaling.original_context_length"), "count"),
+    **dict.fromkeys(("feed_forward_length", "expert_count", "expert_shared_feed_forward_length", "expert_shared_count",
+                     "leading_dense_block_count", "nextn_predict_layers", "attention.sliding_window",
+                     "expert_gating_func"), "size"),
+    **dict.fromkeys(("attention.layer_norm_rms_epsilon", "rope.scaling.factor", "rope.scaling.yarn_beta_fast",
+                     "rope.scaling.yarn_beta_slow", "rope.scaling.attn_factor", "rope.scaling.yarn_log_multiplier",
+                     "expert_weights_scale", "attention.scale", "embedding_scale", "residual_scale", "logit_scale",
+                     "attention.clamp_kqv"), "number"),
+    "rope.freq_base": "positive", "expert_weights_norm": "flag", "rope.scaling.type": "name",
+}
+AT_MOST = {"expert_used_count": "expert_count", "expert_group_used_count": "expert_group_count",   # key -> its bound
+           "attention.head_count_kv": "attention.head_count", "nextn_predict_layers": "block_count",
+           "leading_dense_block_count": "block_count"}
+PER_LAYER = {("lfm2moe", "attention.head_count_kv")}   # may be an array, a value a layer (0: a convolution layer)
+EXPECTED = {"count": "an integer", "size": "an integer", "id": "an integer", "number": "a number",
+            "positive": "a number", "flag": "a boolean", "name": "a string"}
 
 
 def _f32(value):
@@ -60,17 +87,58 @@ def _f32(value):
     return float(str(np.float32(value)))
 
 
+def _found(value):
+    """A metadata value's type and value, in words."""
+    if isinstance(value, list):
+        return f"an array ({value[:4]}{'...' if len(value) > 4 else ''})" if value else "an empty array"
+    for kind, name in ((bool, "a boolean"), (str, "a string"), (float, "a float"), (int, "an integer")):
+        if isinstance(value, kind):
+            return f"{name} ({value!r})"
+    return repr(value)
+
+
+def checked(key, value, kind, per_layer=False):
+    """`value`, the value of metadata key `key`, if it is what `kind` (KEYS, or "id": any integer)
+    says; a ConvertError naming the key, what it holds and what it should, if not."""
+    if per_layer and isinstance(value, list) and value:
+        return [checked(f"{key}[{i}]", v, "size") for i, v in enumerate(value)]
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    number = integer or isinstance(value, float)
+    if not {"flag": isinstance(value, bool), "name": isinstance(value, str), "number": number,
+            "positive": number}.get(kind, integer):
+        raise ConvertError(f"GGUF: `{key}` is {_found(value)}, expected {EXPECTED[kind]}"
+                           f"{' or an array of them' if per_layer else ''}")
+    low = 1 if kind == "count" else 0
+    if kind in ("count", "size") and not low <= value <= INT_MAX:
+        raise ConvertError(f"GGUF: `{key}` is {value}, expected an integer from {low} to {INT_MAX}")
+    if kind in ("number", "positive") and not (np.isfinite(value) and (kind == "number" or value > 0)):
+        raise ConvertError(f"GGUF: `{key}` is {value}, expected a finite number{' > 0' if kind == 'positive' else ''}")
+    return value
+
+
+def token_id(meta, key):
+    """The token id metadata `key` holds (an integer, its range the caller's to check), or None."""
+    return None if key not in meta else checked(key, meta[key], "id")
+
+
 class Meta:
-    """`<arch>.` metadata, recording which keys were read."""
+    """`<arch>.` metadata, each value checked for what KEYS says it holds, recording which keys were read."""
 
     def __init__(self, meta, arch):
         self.meta, self.arch, self.used = meta, arch, set()
 
     def __call__(self, key, default=MISSING):
         self.used.add(key)
-        value = self.meta.get(f"{self.arch}.{key}", default)
-        if value is MISSING:
-            raise ConvertError(f"GGUF: `{self.arch}.{key}` missing")
+        name = f"{self.arch}.{key}"
+        if name not in self.meta:
+            if default is MISSING:
+                raise ConvertError(f"GGUF: `{name}` missing")
+            return default
+        value = checked(name, self.meta[name], KEYS[key], (self.arch, key) in PER_LAYER)
+        if key in AT_MOST and self.has(AT_MOST[key]):
+            bound = self(AT_MOST[key])
+            if (max(value) if isinstance(value, list) else value) > bound:
+                raise ConvertError(f"GGUF: `{name}` is {value}, more than `{self.arch}.{AT_MOST[key]}` ({bound})")
         return _f32(value) if isinstance(value, float) else value
 
     def has(self, key):
@@ -135,6 +203,8 @@ def _llamacpp_routing(m, tensors, default_gating, top_k):
 
 def _config(arch, m, tensors, meta):
     """(HF model_type, the config dict its family module reads) for the GGUF architecture `arch`."""
+    if not m("expert_count"):
+        raise unsupported(f"a dense model ({arch}.expert_count 0)", arch)
     experts = {"expert_count": m("expert_count"), "expert_used_count": m("expert_used_count")}
     if arch == "qwen2moe":
         cfg = _common(m, tensors)
@@ -221,6 +291,9 @@ def _config(arch, m, tensors, meta):
     if arch == "lfm2moe":
         kv = m("attention.head_count_kv")
         kv = kv if isinstance(kv, list) else [kv] * m("block_count")
+        if len(kv) != m("block_count"):
+            raise ConvertError(f"GGUF: `{arch}.attention.head_count_kv` has {len(kv)} values, "
+                               f"`{arch}.block_count` is {m('block_count')}")
         if len(set(kv) - {0}) != 1:
             raise unsupported(f"{arch}.attention.head_count_kv {kv}", arch)
         return "lfm2_moe", {**_common(m, tensors, heads_kv=max(kv)), "intermediate_size": m("feed_forward_length"),
@@ -277,8 +350,8 @@ def describe(meta, arch, tensors):
     """(colibri description, {colibri name: shape}) for the GGUF of architecture `arch`."""
     m = Meta(meta, arch)
     family, config = _config(arch, m, tensors, meta)
-    config["bos_token_id"] = meta.get("tokenizer.ggml.bos_token_id")
-    config["eos_token_id"] = meta.get("tokenizer.ggml.eos_token_id")
+    config["bos_token_id"] = token_id(meta, "tokenizer.ggml.bos_token_id")
+    config["eos_token_id"] = token_id(meta, "tokenizer.ggml.eos_token_id")
     module = FAMILIES[family]
     desc = module.describe(config, family)
     hp = desc["hparams"]

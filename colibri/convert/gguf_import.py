@@ -12,6 +12,7 @@ becomes the byte table and, where the core reproduces the tokenizer, its encoder
 otherwise the converter says why and the model runs on token ids (`colibri generate --tokens`).
 """
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from .errors import ConvertError
 from . import gguf_arch
 from .gguf_vocab import gguf_vocabulary
-from .writer import Stored, write_model
+from .writer import INTEGER_DTYPES, Stored, write_model
 
 STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",   # GGUF type -> colibri dtype
           "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q2_K": "q2_k", "Q3_K": "q3_k", "Q4_K": "q4_k",
@@ -33,34 +34,31 @@ GLOBAL_TENSORS = {"token_embd": "tok_embeddings", "output_norm": "norm", "output
 
 
 def _fields(reader):
-    """The GGUF key-value metadata as Python values (strings decoded, one-element arrays unwrapped)."""
+    """The GGUF key-value metadata as Python values: strings decoded, arrays as lists (an empty one
+    too), so that gguf_arch.checked sees each value's own type."""
     out = {}
     for key, field in reader.fields.items():
-        if not field.data:
+        if not field.types:
             continue
         values = [field.parts[i] for i in field.data]
-        if field.types and field.types[0].name == "STRING":
+        if field.types[-1].name == "STRING":
             values = [bytes(v).decode("utf-8", "replace") for v in values]
         else:
             values = [v.tolist()[0] if len(v) == 1 else v.tolist() for v in values]
-        out[key] = values[0] if len(values) == 1 else values
+        out[key] = values if field.types[0].name == "ARRAY" else values[0]
     return out
 
 
 def _describe(meta, arch, tensors):
-    def get(key, default=None):
-        value = meta.get(f"{arch}.{key}", default)
-        if value is None:
-            raise ConvertError(f"GGUF: `{arch}.{key}` missing")
-        return value
-
+    get = gguf_arch.Meta(meta, arch)   # each value checked for its type and range
     vocab, hidden = tensors["token_embd.weight"].data.shape[0], get("embedding_length")
     heads = get("attention.head_count")
     kv_heads = get("attention.head_count_kv", heads)
     head_dim = get("attention.key_length", hidden // heads)
-    n_experts, top_k = get("expert_count", 0), get("expert_used_count", 0)
+    n_experts = get("expert_count", 0)
     if not n_experts:
         raise ConvertError(f"unsupported: a dense model (no {arch}.expert_count) in gguf {arch}")
+    top_k = get("expert_used_count")
     ffn = get("expert_feed_forward_length") if arch == "qwen3moe" else get("feed_forward_length")
     hp = {
         "vocab_size": int(vocab), "hidden_size": hidden, "intermediate_size": ffn, "num_layers": get("block_count"),
@@ -68,12 +66,10 @@ def _describe(meta, arch, tensors):
         "max_position_embeddings": get("context_length"), "rope_theta": float(get("rope.freq_base", 10000.0)),
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")), "sliding_window": 0,
         "tie_word_embeddings": "output.weight" not in tensors,
-        "bos_token_id": int(meta.get("tokenizer.ggml.bos_token_id", -1)),
-        "eos_token_id": int(meta.get("tokenizer.ggml.eos_token_id", -1)),
     }
     for key in ("bos_token_id", "eos_token_id"):
-        if not 0 <= hp[key] < vocab:
-            hp[key] = -1
+        token = gguf_arch.token_id(meta, f"tokenizer.ggml.{key}")
+        hp[key] = token if token is not None and 0 <= token < vocab else -1
     if arch == "llama":
         hp["rope_interleaved"] = True   # q and k rows reordered by llama.cpp's converter for adjacent-pair RoPE
     else:
@@ -99,19 +95,44 @@ def _colibri_name(name):
 
 
 def _reader(path):
-    """gguf's reader, made to name the tensor (and its type) whose table entry it cannot take: an
-    unknown type, rows that are not whole blocks, data past the end of the file."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    """gguf's reader, made to say which part of the file runs past its end (the header, the
+    metadata, the tensor table, a tensor's data: a file cut short) and to name the tensor (and its
+    type) whose table entry it cannot take: an unknown type, rows that are not whole blocks."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
     class Reader(GGUFReader):
+        part = "the header"
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise ValueError(f"{self.part} runs to byte {end}, past the end of the file ({len(self.data)} bytes)")
+            return super()._get(offset, dtype, count, override_order)
+
+        def _build_fields(self, offs, count):
+            self.part = "the metadata"
+            return super()._build_fields(offs, count)
+
+        def _build_tensor_info(self, offs, count):
+            self.part = "the tensor table"
+            return super()._build_tensor_info(offs, count)
+
         def _build_tensors(self, start_offs, fields):
             tensors = []
             for field in fields:
                 name, raw = bytes(field.parts[1]).decode("utf-8", "replace"), int(field.parts[4][0])
+                known = raw in GGMLQuantizationType._value2member_map_
+                kind = GGMLQuantizationType(raw).name if known else f"type {raw}"
+                shape = [int(d) for d in reversed(field.parts[3])]
+                self.part = f"its data (shape {shape})"
                 try:
+                    if not all(shape):
+                        raise ValueError(f"shape {shape} holds no weights")
+                    if known and GGMLQuantizationType(raw) in GGML_QUANT_SIZES:   # its bytes, counted before the
+                        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(raw)]   # reader's uint64 product wraps
+                        self._get(start_offs + int(field.parts[5][0]), np.uint8, math.prod(shape) // block * size)
                     super()._build_tensors(start_offs, [field])
                 except ValueError as e:
-                    kind = GGMLQuantizationType(raw).name if raw in GGMLQuantizationType._value2member_map_ else f"type {raw}"
                     raise ValueError(f"tensor `{name}` ({kind}): {e}") from None
                 if any(t.name == name for t in tensors):
                     raise ValueError(f"tensor `{name}` appears twice")
@@ -216,7 +237,7 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked"):
     try:
         reader = _reader(path)
     except Exception as e:   # the gguf package raises ValueError, struct.error, ... on a broken file
-        raise ConvertError(f"{path}: not a readable GGUF file ({e})") from None
+        raise ConvertError(f"{path}: not a readable GGUF file: {e}") from None
     meta = _fields(reader)
     arch = meta.get("general.architecture")
     if arch not in ("llama", "qwen3moe") + gguf_arch.ARCHS:
@@ -230,7 +251,7 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked"):
     else:
         desc, entries = _family_entries(reader, meta, arch, tensors)
     encoder, vocab_tensors = gguf_vocabulary(reader, desc["hparams"]["vocab_size"], desc["hparams"]["bos_token_id"])
-    entries += [(name, x.shape, lambda x=x: x) for name, x in vocab_tensors]
+    entries += [(name, x.shape, lambda x=x: x, INTEGER_DTYPES.get(x.dtype, "f32")) for name, x in vocab_tensors]
     doc = {"format": "colibri", "version": 1, **desc, **({"encoder": encoder} if encoder else {}),
            "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}
     write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout)

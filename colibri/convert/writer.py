@@ -1,5 +1,6 @@
 """Write a colibri model directory (docs/FORMAT.md): ``colibri_model.json`` + ``weights.bin``."""
 
+import functools
 import json
 import os
 import re
@@ -12,9 +13,26 @@ from tqdm import tqdm
 from .errors import ConvertError
 
 ALIGN = 64
-ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32, "w4g128": 66 / 128}   # bytes per weight
-BLOCK = {"q8_0": 32, "q4_0": 32, "w4g128": 128}   # weights per block of the block formats
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "w4g128")   # what a float checkpoint can be written as
+OWN_BLOCKS = {"w4g128": (128, 66), "u8": (1, 1), "i32": (1, 4)}   # (weights, bytes) of colibri's own blocks
 GGML_TYPE = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # llama.cpp's block formats, quantized by the gguf package
+
+
+@functools.cache
+def block_size(dtype):
+    """(weights, bytes) of one block of stored dtype `dtype` (1 weight for f32, f16, bf16): llama.cpp's
+    formats (a GGUF file's types, of the same names) as the gguf package sizes them."""
+    if dtype in OWN_BLOCKS:
+        return OWN_BLOCKS[dtype]
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType[dtype.upper()]]
+
+
+def nbytes(shape, dtype):
+    """The bytes a tensor of `shape` takes as `dtype` (its rows whole blocks)."""
+    weights, size = block_size(dtype)
+    return int(np.prod(shape, dtype=np.int64)) // weights * size
 
 
 class Stored:
@@ -28,7 +46,8 @@ def stored_dtype(shape, dtype):
     """What a tensor is stored as: the block formats apply to matrices whose rows are whole blocks
     (32 weights, 128 for w4g128); vectors (norms, biases) and other rows (a convolution's 3 taps, a
     64-wide matrix at w4g128) stay f32."""
-    if dtype in BLOCK and not (len(shape) >= 2 and shape[-1] % BLOCK[dtype] == 0):
+    block = block_size(dtype)[0]
+    if block > 1 and not (len(shape) >= 2 and shape[-1] % block == 0):
         return "f32"
     return dtype
 
@@ -60,8 +79,8 @@ def f32_to_bf16_bits(x):
 
 
 def check_dtype(dtype):
-    if dtype not in ITEMSIZE:
-        raise ConvertError(f"unknown dtype {dtype!r}: expected one of {sorted(ITEMSIZE)}")
+    if dtype not in DTYPES:
+        raise ConvertError(f"unknown dtype {dtype!r}: expected one of {sorted(DTYPES)}")
 
 
 # Integer tables (the tokenizer's bytes and offsets) keep their own type whatever the weights' dtype.
@@ -151,11 +170,20 @@ def _entry(name, stored, shape, offset, data, **extra):
             **extra, "checksum": "crc32:%08x" % zlib.crc32(data)}
 
 
+def _count(bar, estimate, size):
+    """The bar's total corrected where `size`, a tensor's bytes, differs from its `estimate` (an
+    integer table given without its dtype was counted as f32): at the end, total = bytes written."""
+    if size != estimate:
+        bar.total += size - estimate
+        bar.refresh()
+
+
 def _write_extents(f, group, dtype, table, bar):
     """One layer's routed-expert tensors as E extents: expert e's extent holds its part of each
     tensor in plan order, each part 64-byte aligned; the stride (the extent's size) is a multiple of
     64. The bytes are the stacked tensors' bytes, rearranged, so the checksums do not change."""
     encoded = [_encoded(name, shape, load, dtype) for name, shape, load, _ in group]
+    _count(bar, sum(nbytes(shape, stored) for _, shape, _, stored in group), sum(len(data) for data, _ in encoded))
     n_experts = group[0][1][0]
     parts = []
     for (name, shape, _, _), (data, _) in zip(group, encoded):
@@ -174,7 +202,7 @@ def _write_extents(f, group, dtype, table, bar):
                           for (data, _), part in zip(encoded, parts))
         checksums.append("crc32:%08x" % zlib.crc32(extent))
         f.write(extent)
-        bar.update(min(sum(parts), bar.total - bar.n))
+        bar.update(sum(parts))
     for i, ((name, shape, _, _), (data, stored), offset) in enumerate(zip(group, encoded, at)):
         extra = dict(extent_checksums=checksums) if i == 0 else {}
         table.append(_entry(name, stored, shape, base + offset, data, expert_stride=stride, **extra))
@@ -194,16 +222,17 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):
     check_dtype(dtype)
     check_layout(layout)
     tensors = list(tensors)
-    if dtype in BLOCK:   # a quantization that would quantize nothing is refused, not written as f32
+    block = block_size(dtype)[0]
+    if block > 1:   # a quantization that would quantize nothing is refused, not written as f32
         widths = sorted({int(t[1][-1]) for t in tensors if len(t) <= 3 and len(t[1]) >= 2})
-        if widths and all(w % BLOCK[dtype] for w in widths):
-            raise ConvertError(f"{dtype} quantizes matrices whose rows are whole blocks of {BLOCK[dtype]} weights; "
+        if widths and all(w % block for w in widths):
+            raise ConvertError(f"{dtype} quantizes matrices whose rows are whole blocks of {block} weights; "
                                f"this model's rows have {', '.join(map(str, widths))}: every weight would stay f32 "
                                f"(q8_0 and q4_0 take blocks of 32; f16 and bf16 any row)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = [(t[0], t[1], t[2], t[3] if len(t) > 3 else stored_dtype(t[1], dtype)) for t in tensors]
-    total = int(sum(int(np.prod(shape)) * ITEMSIZE.get(stored, 1) for _, shape, _, stored in tensors))
+    total = sum(nbytes(shape, stored) for _, shape, _, stored in tensors)   # bytes, padding aside
     partial = out_dir / "weights.bin.partial"
     groups = _groups(tensors, layout)
     rows = [[] for _ in groups]   # each group's table entries, in plan order
@@ -220,7 +249,8 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):
                 _pad(f)
                 rows[i].append(_entry(name, stored, shape, f.tell(), data))
                 f.write(data)
-                bar.update(min(len(data), total - bar.n))
+                _count(bar, nbytes(shape, group[0][3]), len(data))
+                bar.update(len(data))
         os.replace(partial, out_dir / "weights.bin")
     finally:
         partial.unlink(missing_ok=True)
