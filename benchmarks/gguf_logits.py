@@ -36,13 +36,32 @@ import vs_llamacpp                      # noqa: E402
 TYPES = ["q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "q5_1", "q5_0", "q4_1", "q4_0",
          "mxfp4_moe"]
 
+# where llama.cpp cannot run the test's config: its olmoe and dots1 take as many kv heads as heads
+# and no attention biases (as OLMoE and dots.llm1 have); its converter writes ERNIE 4.5's shared
+# expert width as intermediate_size / kv heads (true of the released models: 128 here) and takes
+# every layer from the first MoE one on as MoE (interval 1, as released).  Its
+# deepseek2 loads V2 without q LoRA only at 26 or 27 layers (V2-Lite's): the test's does not load.
+LLAMA_CPP_CONFIG = {"olmoe": dict(num_key_value_heads=16, attention_bias=False),
+                    "dots1": dict(num_key_value_heads=4, attention_bias=False),
+                    "ernie4_5_moe": dict(moe_intermediate_size=128, moe_layer_interval=1)}
+
+# where llama.cpp computes another model than transformers (colibri follows transformers: tests/test_gguf_families.py)
+LLAMA_CPP_DIFFERS = {
+    "phimoe": "llama.cpp routes PhiMoE by a softmax over the top 2 (src/models/phi3.cpp), not by transformers' "
+              "sparsemixer (each expert's weight a softmax over the scores near its own): the engines differ "
+              "everywhere, the F32 file too",
+    "gpt_oss": "llama.cpp's YaRN rounds the correction range to whole dimensions (ggml_rope_yarn_corr_dims: floorf, "
+               "ceilf); gpt-oss's configuration says `truncate: false`, which transformers and colibri honour: at F32 "
+               "the first position agrees to 2e-6, later ones to a few 1e-2",
+}
+
 WORKER = """
 import sys
 import numpy as np
 import llama_cpp
 path, tokens, out = sys.argv[1], [int(t) for t in sys.argv[2].split(",")], sys.argv[3]
 llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_batch=64, n_ubatch=64, n_threads=2, logits_all=True,
-                      type_k=0, type_v=0, verbose=False)   # an f32 KV cache, as colibri's
+                      type_k=0, type_v=0, verbose=True)   # an f32 KV cache, as colibri's; the log says why a load fails
 llm.eval(tokens)
 np.save(out, np.array(llm.scores[:len(tokens)], dtype=np.float32))
 """
@@ -55,15 +74,20 @@ def llama_logits(path, tokens):
         r = subprocess.run([sys.executable, "-c", WORKER, str(path), ",".join(map(str, tokens)), str(out)],
                            capture_output=True, text=True, timeout=300, cwd="/")
         if r.returncode != 0:
-            return (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:120]
+            lines = r.stderr.strip().splitlines() or [f"exit {r.returncode}"]
+            return next((l.split("error loading model: ")[-1] for l in lines if "error loading model: " in l), lines[-1])[:160]
         return np.load(out)
 
 
 def quantize(src, out, kind):
-    """llama.cpp's quantization in a process of its own, its log of every tensor kept out of the table."""
+    """llama.cpp's quantization in a process of its own, its log of every tensor kept out of the
+    table; None, or why it failed."""
     if not out.exists():
         code = f"from pathlib import Path; import vs_llamacpp; vs_llamacpp.quantize(Path({str(src)!r}), Path({str(out)!r}), {kind!r})"
-        subprocess.run([sys.executable, "-c", code], cwd=HERE, check=True, capture_output=True, timeout=600)
+        r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            return next((l for l in r.stderr.splitlines() if "failed" in l), f"exit {r.returncode}")[:120]
+    return None
 
 
 def tensor_types(path):
@@ -88,10 +112,16 @@ def main():
     p.add_argument("--families", default=",".join(families.CASES))
     p.add_argument("--types", default=",".join(TYPES))
     p.add_argument("--out", type=Path, default=HERE / "results" / "gguf_logits.md")
+    p.add_argument("--render", type=Path, help="only write the tables of a run's JSON (the --out of a run, .json)")
     args = p.parse_args()
+    if args.render:
+        return render(json.loads(args.render.read_text()), args.out)
     work, kinds = args.work.resolve(), args.types.split(",")
     work.mkdir(parents=True, exist_ok=True)
     vs_llamacpp.ensure_llama_cpp()
+    for family, config in LLAMA_CPP_CONFIG.items():
+        arch, overrides, extra = families.CASES[family]
+        families.CASES[family] = (arch, {**overrides, **config}, extra)
     tokens = np.random.default_rng(1).integers(0, families.COMMON["vocab_size"], families.N_TOKENS)
 
     results, types_seen, notes = {}, {}, []
@@ -99,10 +129,17 @@ def main():
         arch = families.CASES[family][0]
         f32, _ = families.gguf_of(family, "f32", work, wider=True)
         base = llama_logits(f32, tokens)
+        if isinstance(base, str):   # llama.cpp cannot run the family's checkpoint at all
+            results.update({(family, kind): "llama.cpp failed" for kind in ["f32"] + kinds})
+            notes.append(f"{family}: llama.cpp: {base}")
+            continue
         for kind in ["f32"] + kinds:
             path = f32 if kind == "f32" else work / family / f"{kind}.gguf"
-            if kind != "f32":
-                quantize(f32, path, kind)
+            why = quantize(f32, path, kind) if kind != "f32" else None
+            if why:
+                results[family, kind] = "llama.cpp failed"
+                notes.append(f"{family} {kind}: llama.cpp: {why}")
+                continue
             types_seen.setdefault(kind, set()).update(tensor_types(path))
             theirs = base if kind == "f32" else llama_logits(path, tokens)
             ours = colibri_logits(path, work / family / f"colibri-{kind}", tokens)
@@ -113,41 +150,66 @@ def main():
                 notes.append(f"{family} {kind}: {failed}: {why}")
             else:
                 fast, ref = ours["auto"], ours["reference"]
+                rms = lambda d: float(np.sqrt(np.mean(np.square(d)) / np.mean(np.square(base))))
                 results[family, kind] = dict(
                     fast=float(np.abs(fast - theirs).max()), ref=float(np.abs(ref - theirs).max()),
                     quant=float(np.abs(theirs - base).max()), scale=float(np.abs(base).max()),
+                    fast_rms=rms(fast - theirs), quant_rms=rms(theirs - base), int8_rms=rms(fast - ref),
                     top1=int((fast.argmax(-1) == theirs.argmax(-1)).sum()))
             print(f"{family:18s} {arch:13s} {kind:9s} {results[family, kind]}", file=sys.stderr, flush=True)
 
-    cols = ["f32"] + kinds
-    lines = [f"# colibri vs llama.cpp {vs_llamacpp.LLAMA_CPP_VERSION}: logits on the same GGUF, {datetime.date.today()}", "",
-             f"Machine: {vs_llamacpp.machine()}.  `python benchmarks/gguf_logits.py`.  Each family's tiny random "
-             f"checkpoint (tests/test_gguf_families.py, rows of 256), llama.cpp's F32 GGUF quantized by llama.cpp to "
-             f"each file type, imported by colibri byte for byte; the logits of {families.N_TOKENS} tokens through "
-             f"both engines.", "",
-             "Each cell: max |colibri - llama.cpp| over all logits, colibri's default kernels (int8 activations, as "
-             "llama.cpp's) / the quantization's own size, max |llama.cpp at the type - llama.cpp at F32|; then the "
-             f"positions (of {families.N_TOKENS}) whose greedy token agrees.", "",
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    saved = {"results": {f"{f} {k}": v for (f, k), v in results.items()}, "types": {k: sorted(v) for k, v in types_seen.items()},
+             "notes": notes, "families": args.families.split(","), "kinds": kinds, "machine": vs_llamacpp.machine(),
+             "date": str(datetime.date.today())}
+    args.out.with_suffix(".json").write_text(json.dumps(saved, indent=1))
+    render(saved, args.out)
+
+
+def render(saved, out):
+    """The tables of a run (its JSON) into `out`: every cell, then one line a family."""
+    results, families_run, cols = saved["results"], saved["families"], ["f32"] + saved["kinds"]
+    pct = lambda x: f"{100 * x:.1f}%"
+    lines = [f"# colibri vs llama.cpp {vs_llamacpp.LLAMA_CPP_VERSION}: logits on the same GGUF, {saved['date']}", "",
+             f"Machine: {saved['machine']}.  `python benchmarks/gguf_logits.py`.  Each family's tiny random checkpoint "
+             f"(tests/test_gguf_families.py, rows of 256), converted to an F32 GGUF by llama.cpp's converter, quantized "
+             f"by llama.cpp to each file type (its own mix of tensor types), imported by colibri byte for byte; the "
+             f"logits of {families.N_TOKENS} tokens through both engines.", "",
+             "Sizes are RMS over all logits relative to the RMS of llama.cpp's F32 logits.  Each cell: colibri (default "
+             "kernels: int8 activations, as llama.cpp's) against llama.cpp / colibri's int8 path against its own float "
+             "reference kernels (what rounding the activations alone moves) / the quantization itself (llama.cpp at the "
+             f"type against llama.cpp at F32); then the positions (of {families.N_TOKENS}) whose greedy token agrees.  "
+             "The F32 column: max |colibri - llama.cpp|.", "",
              "| family (gguf arch) | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for family in args.families.split(","):
+    for family in families_run:
         cells = []
         for kind in cols:
-            r = results[family, kind]
-            cells.append(r if isinstance(r, str) else
-                         (f"{r['fast']:.1e} ({r['top1']})" if kind == "f32" else f"{r['fast']:.1e} / {r['quant']:.1e} ({r['top1']})"))
+            r = results[f"{family} {kind}"]
+            cells.append(r if isinstance(r, str) else f"{r['fast']:.1e} ({r['top1']})" if kind == "f32" else
+                         f"{pct(r['fast_rms'])} / {pct(r['int8_rms'])} / {pct(r['quant_rms'])} ({r['top1']})")
         lines.append(f"| {family} (`{families.CASES[family][0]}`) | " + " | ".join(cells) + " |")
-    ok = [r for r in results.values() if not isinstance(r, str)]
+    lines += ["", "One line a family, over its quantized types (medians):", "",
+              "| family (gguf arch) | F32: max abs diff | types run | colibri vs llama.cpp | colibri int8 vs float | "
+              "quantization | greedy tokens agreeing |", "|---|---|---|---|---|---|---|"]
+    for family in families_run:
+        f32 = results[f"{family} f32"]
+        runs = [results[f"{family} {k}"] for k in saved["kinds"] if not isinstance(results[f"{family} {k}"], str)]
+        if isinstance(f32, str) or not runs:
+            first = f32 if isinstance(f32, str) else f"{f32['fast']:.1e}"
+            lines.append(f"| {family} (`{families.CASES[family][0]}`) | {first} | 0 | | | | |")
+            continue
+        med = lambda key: pct(float(np.median([r[key] for r in runs])))
+        lines.append(f"| {family} (`{families.CASES[family][0]}`) | {f32['fast']:.1e} | {len(runs)} | {med('fast_rms')} | "
+                     f"{med('int8_rms')} | {med('quant_rms')} | {sum(r['top1'] for r in runs)}/{families.N_TOKENS * len(runs)} |")
     lines += ["", "Tensor types in the files of each column: " +
-              "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in types_seen.items()) + ".", "",
-              f"The reference kernels (float activations) against llama.cpp: max |Δ| {max(r['ref'] for r in ok):.1e} "
-              f"over every cell; logits up to {max(r['scale'] for r in ok):.2f} in size."]
-    if notes:
-        lines += ["", "Failures:", ""] + [f"- {n}" for n in notes]
+              "; ".join(f"{k}: {', '.join(v)}" for k, v in saved["types"].items()) + "."]
+    lines += ["", "Where llama.cpp computes another model than transformers:", ""] + \
+             [f"- {family}: {why}" for family, why in LLAMA_CPP_DIFFERS.items() if family in families_run]
+    if saved["notes"]:
+        lines += ["", "Failures:", ""] + [f"- {n}" for n in saved["notes"]]
     table = "\n".join(lines) + "\n"
     print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table)
-    (args.out.with_suffix(".json")).write_text(json.dumps({f"{f} {k}": v for (f, k), v in results.items()}, indent=1))
+    out.write_text(table)
 
 
 if __name__ == "__main__":
