@@ -215,6 +215,20 @@ def test_what_colibri_cannot_express_is_refused_by_name(gguf_root, tmp_path):
             convert(bad, tmp_path / f"out{i}", progress=False)
 
 
+def test_a_vector_written_without_its_unit_dimension_imports_as_the_same_model(gguf_root, tmp_path):
+    """llama.cpp's quantizer writes qwen2moe's shared-expert gate (1, hidden) as (hidden,): the same
+    model, to the bit, as the converter's file."""
+    src = gguf_of("qwen2_moe", "f32", gguf_root)[0]
+    flat = rewritten(src, tmp_path / "flat.gguf",
+                     retype=lambda name, x: (x.reshape(-1) if "ffn_gate_inp_shexp" in name else x, None))
+    from gguf import GGUFReader
+    assert all(len(t.shape) == 1 for t in GGUFReader(str(flat)).tensors if "ffn_gate_inp_shexp" in t.name)
+    tokens = np.random.default_rng(1).integers(0, COMMON["vocab_size"], N_TOKENS)
+    logits = [colibri.Model(convert(f, tmp_path / f.stem, progress=False)).session(ctx=64, kernels="reference").forward(tokens)
+              for f in (src, flat)]
+    assert np.array_equal(logits[0].view(np.uint32), logits[1].view(np.uint32))
+
+
 # llama.cpp's Q4_K_M keeps these at 6 bits (roughly; the last is a whole name, attn_output is not one)
 Q6_K_IN_Q4_K_M = ("attn_v.", "ffn_down", "output.weight")
 
