@@ -36,6 +36,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from colibri.demo import MODEL_DIR as BUNDLED_MODEL
+from colibri.tokenizer import read_regular_text
 
 
 def _model(path, verify=False, experts_elsewhere=False):
@@ -88,7 +89,7 @@ def cmd_validate(args):
     print(f"  {cfg['num_experts']} experts of ffn {cfg['intermediate_size']}, top-{cfg['top_k']} routing")
     print(f"  {len(model.tensors())} tensors, {model.weight_bytes:,} bytes: shapes, offsets, "
           f"CRC-32 checksums and finiteness checked")
-    enc = json.loads((Path(model.path) / "colibri_model.json").read_text()).get("encoder")
+    enc = json.loads(read_regular_text(Path(model.path) / "colibri_model.json")).get("encoder")
     print(f"  encoder: {enc['kind']}, {enc['pre_tokenizer']} pre-tokenizer; its ids, merges and order checked" if enc
           else "  no encoder: runs on token ids (reconvert with colibri convert to encode text in the core)")
     return 0
@@ -126,9 +127,9 @@ def read_load(path, model):
     import numpy as np
 
     try:
-        text = Path(path).read_text()
+        text = read_regular_text(path)
     except OSError as e:
-        raise ValueError(f"cannot read the expert load {path}: {e.strerror}") from None
+        raise ValueError(f"cannot read the expert load {path}: {e.strerror or e}") from None
     try:
         doc = json.loads(text)
         shape = (int(doc["n_layers"]), int(doc["n_experts"]))
@@ -438,7 +439,11 @@ def cmd_stats(args):
         raise SystemExit(f"colibri stats: {model.path} has no tokenizer.json to read text with")
     ids = []
     for path in args.text:
-        ids += model.tokenizer.encode(Path(path).read_text(encoding="utf-8")).ids
+        try:
+            text = read_regular_text(path)
+        except OSError as e:
+            raise SystemExit(f"colibri stats: --text {path}: {e.strerror or e}")
+        ids += model.tokenizer.encode(text).ids
     ctx = args.ctx or min(cfg["max_position_embeddings"], 256)
     windows = [ids[i:i + ctx + 1] for i in range(0, len(ids) - 1, ctx)]
     windows = [w for w in windows if len(w) > 1]
@@ -535,7 +540,7 @@ def cmd_firmware_run(args):
 def cmd_profile_show(args):
     """The breakdown of a profile.json that colibri-infer --profile wrote: time per phase, per token."""
     try:
-        doc = json.loads(Path(args.file).read_text())
+        doc = json.loads(read_regular_text(args.file))
         phases, tokens = doc["phases_ns"], doc["prompt_tokens"] + doc["generated_tokens"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"colibri profile show: {args.file}: not a colibri profile ({e})")

@@ -1,8 +1,10 @@
 """Broken and hostile models: each gives its own status and a message naming the fault,
 through Python and through the C CLI (release and ASan/UBSan builds); none crashes."""
 import json
+import os
 import shutil
 import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -13,6 +15,35 @@ from bad_models import CASES, FIXTURE, make_case, mutations
 from colibri.targets import env_for, infer_binary
 
 CLI_KINDS = ["native", "sanitize"]
+
+# A named pipe where a file is read: each front end refuses it by name, never waits for a writer.
+FIFO_RUNS = {
+    "infer_json": ("colibri_model.json", lambda d, f: [str(infer_binary("native")), "--model", str(d), "--validate-model"]),
+    "infer_weights": ("weights.bin", lambda d, f: [str(infer_binary("native")), "--model", str(d), "--validate-model"]),
+    "python_json": ("colibri_model.json", lambda d, f: [sys.executable, "-c", f"import colibri; colibri.Model({str(d)!r})"]),
+    "python_weights": ("weights.bin", lambda d, f: [sys.executable, "-c", f"import colibri; colibri.Model({str(d)!r})"]),
+    "validate_weights": ("weights.bin", lambda d, f: [sys.executable, "-m", "colibri", "validate", str(d)]),
+    "generate_json": ("colibri_model.json", lambda d, f: [sys.executable, "-m", "colibri", "generate", "--model", str(d),
+                                                         "--prompt", "a", "--max-tokens", "1"]),
+    "tokenizer": ("tokenizer.json", lambda d, f: [sys.executable, "-c", f"import colibri; colibri.Model({str(d)!r}).tokenizer"]),
+    "stats_text": ("text.txt", lambda d, f: [sys.executable, "-m", "colibri", "stats", "--model", str(d), "--text", str(f)]),
+}
+
+
+@pytest.mark.parametrize("run", FIFO_RUNS, ids=list(FIFO_RUNS))
+def test_a_fifo_is_refused_not_waited_on(run, tmp_path):
+    name, command = FIFO_RUNS[run]
+    d = tmp_path / "model"
+    shutil.copytree(FIXTURE, d)
+    fifo = d / name
+    if fifo.exists():
+        fifo.unlink()
+    os.mkfifo(fifo)
+    try:
+        r = subprocess.run(command(d, fifo), capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{run}: blocked on the FIFO {name}")
+    assert r.returncode != 0 and f"{name} is not a regular file" in r.stderr, (r.returncode, r.stderr[-2000:])
 
 
 def test_corpus_is_large_enough():

@@ -111,7 +111,7 @@ colibri_status colibri_platform_io_create(const colibri_model *model, colibri_re
             return colibri_fail(err, COLIBRI_E_ARG, "expert streaming: the model was not opened from a file; "
                                 "pass expert_read in the session options");
         }
-        io->fd = open(path, O_RDONLY | (direct ? O_DIRECT : 0));
+        io->fd = open(path, O_RDONLY | O_NONBLOCK | (direct ? O_DIRECT : 0));   /* never wait on a FIFO */
         if (io->fd < 0) {
             int e = errno;
             free(io);
