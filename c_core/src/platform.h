@@ -69,6 +69,11 @@ int colibri_platform_io_cancel(colibri_io *io, int32_t read);
 /* Finishes the read in progress, drops the queued ones, stops the thread. */
 void colibri_platform_io_destroy(colibri_io *io);
 
+/* Whether the file the platform opened the model from is still the one it opened (POSIX: weights.bin's
+ * device, inode, size and modification time as at load); COLIBRI_E_IO naming the file and what changed if not.
+ * Called as each session is made; a model loaded from memory always passes. */
+colibri_status colibri_platform_model_check(const colibri_model *model, colibri_error *err);
+
 /* A monotonic clock in nanoseconds, for the profiler; 0 where the platform has none. */
 uint64_t colibri_platform_now_ns(void);
 

@@ -25,6 +25,13 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
                         dir ? dir : "(null)");
 }
 
+/* Models live in memory the firmware owns: nothing to recheck. */
+colibri_status colibri_platform_model_check(const colibri_model *model, colibri_error *err)
+{
+    (void)model; (void)err;
+    return COLIBRI_OK;
+}
+
 /* No clock the core could know of on bare metal: the firmware times with its board's. */
 uint64_t colibri_platform_now_ns(void) { return 0; }
 

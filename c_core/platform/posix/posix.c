@@ -64,6 +64,7 @@ typedef struct posix_model {
     void *weights;
     size_t weights_len;
     char *weights_path;         /* for expert streaming's reads (expert_io.c) */
+    struct stat weights_stat;   /* weights.bin as mapped: colibri_platform_model_check compares */
 } posix_model;
 
 const char *colibri_posix_weights_path(const colibri_model *m)
@@ -88,17 +89,28 @@ static colibri_status path_join(char *out, size_t cap, const char *dir, const ch
     return COLIBRI_OK;
 }
 
+/* Opens `path` for reading if it is a regular file.  O_NONBLOCK: opening a FIFO for reading would
+ * otherwise wait for a writer, before fstat could refuse it (on a regular file the flag changes nothing). */
+static colibri_status open_regular(const char *path, int *fd, struct stat *st, colibri_error *err)
+{
+    *fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (*fd < 0) return colibri_fail(err, COLIBRI_E_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(*fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        close(*fd);
+        *fd = -1;
+        return colibri_fail(err, COLIBRI_E_IO, "%s is not a regular file", path);
+    }
+    return COLIBRI_OK;
+}
+
 /* Reads colibri_model.json whole (bounded by the JSON size limit). */
 static colibri_status read_json(const char *path, char **text, size_t *len, colibri_error *err)
 {
     struct stat st;
-    int fd = open(path, O_RDONLY);
+    int fd;
     size_t got = 0;
-    if (fd < 0) return colibri_fail(err, COLIBRI_E_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return colibri_fail(err, COLIBRI_E_IO, "%s is not a regular file", path);
-    }
+    colibri_status s = open_regular(path, &fd, &st, err);
+    if (s) return s;
     if ((unsigned long long)st.st_size > (16ull << 20)) {
         close(fd);
         return colibri_fail(err, COLIBRI_E_LIMIT, "%s is %lld bytes (limit 16 MiB)", path, (long long)st.st_size);
@@ -123,16 +135,13 @@ static colibri_status read_json(const char *path, char **text, size_t *len, coli
     return COLIBRI_OK;
 }
 
-static colibri_status map_weights(const char *path, void **data, size_t *len, colibri_error *err)
+/* Maps weights.bin privately (copy-on-write), so no write of ours could reach the file; *st as mapped. */
+static colibri_status map_weights(const char *path, void **data, size_t *len, struct stat *st, colibri_error *err)
 {
-    struct stat st;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return colibri_fail(err, COLIBRI_E_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return colibri_fail(err, COLIBRI_E_IO, "%s is not a regular file", path);
-    }
-    *len = (size_t)st.st_size;
+    int fd;
+    colibri_status s = open_regular(path, &fd, st, err);
+    if (s) return s;
+    *len = (size_t)st->st_size;
     *data = NULL;
     if (*len) {
         void *p = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -163,7 +172,7 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
     if (!st) st = read_json(path, &pm->json, &json_len, err);
     if (!st) st = colibri_model_meta_bytes(pm->json, json_len, &meta_bytes, err);
     if (!st) st = path_join(path, sizeof path, dir, "weights.bin", err);
-    if (!st) st = map_weights(path, &pm->weights, &pm->weights_len, err);
+    if (!st) st = map_weights(path, &pm->weights, &pm->weights_len, &pm->weights_stat, err);
     if (!st) {
         pm->weights_path = malloc(strlen(path) + 1);
         if (pm->weights_path) memcpy(pm->weights_path, path, strlen(path) + 1);
@@ -184,6 +193,27 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
     }
     (*out)->platform = pm;
     (*out)->release = release_posix_model;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_platform_model_check(const colibri_model *model, colibri_error *err)
+{
+    const posix_model *pm;
+    struct stat now;
+    if (!model || model->release != release_posix_model) return COLIBRI_OK;
+    pm = (const posix_model *)model->platform;
+    if (stat(pm->weights_path, &now) != 0)
+        return colibri_fail(err, COLIBRI_E_IO, "%s changed since the model was opened (%s): reopen the model",
+                            pm->weights_path, strerror(errno));
+    if (now.st_dev != pm->weights_stat.st_dev || now.st_ino != pm->weights_stat.st_ino)
+        return colibri_fail(err, COLIBRI_E_IO, "%s changed since the model was opened (replaced by another file): "
+                            "reopen the model", pm->weights_path);
+    if (now.st_size != pm->weights_stat.st_size)
+        return colibri_fail(err, COLIBRI_E_IO, "%s changed since the model was opened (%lld bytes, then %lld): "
+                            "reopen the model", pm->weights_path, (long long)pm->weights_stat.st_size, (long long)now.st_size);
+    if (now.st_mtim.tv_sec != pm->weights_stat.st_mtim.tv_sec || now.st_mtim.tv_nsec != pm->weights_stat.st_mtim.tv_nsec)
+        return colibri_fail(err, COLIBRI_E_IO, "%s changed since the model was opened (written to: its modification time moved): reopen the model",
+                            pm->weights_path);
     return COLIBRI_OK;
 }
 

@@ -322,6 +322,8 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
 
     if (!model || !out) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_create: NULL argument");
     *out = NULL;
+    st = colibri_platform_model_check(model, err);   /* weights.bin rewritten under the mapping: its bytes are not the ones checked */
+    if (st) return st;
     st = resolve_options(model, options, &n_ctx, &n_batch, &sp, err);
     if (st) return st;
     st = measure(model, n_ctx, n_batch, &sp, &need, &n_records, err);
