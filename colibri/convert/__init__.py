@@ -15,6 +15,7 @@ from pathlib import Path
 from .errors import ConvertError
 from .families import FAMILIES
 from .hf import Checkpoint
+from .limits import check as check_limits
 from .vocab import byte_table, encoder, token_bytes
 from .writer import DTYPES, LAYOUTS, check_dtype, check_layout, write_model
 
@@ -52,7 +53,7 @@ def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked"):
             raise ConvertError(f"{src_dir / 'config.json'}: model_type {model_type!r} is not supported "
                                f"(supported: {', '.join(sorted(FAMILIES))})")
         family = FAMILIES[model_type]
-        desc = family.describe(ckpt.config, model_type)
+        desc = check_limits(family.describe(ckpt.config, model_type))   # before a plan is sized by it
         plan = family.plan(desc, ckpt)
         source_dtypes = set()
         for entry in plan:  # every missing tensor and wrong shape is reported before writing
