@@ -47,6 +47,12 @@ int main(int argc, char **argv)
         if (fabs(got - want) > 2.0 * ulp && failures++ < 10)
             fprintf(stderr, "expf(%.9g) = %.9g, libm %.9g (%.2f ulp)\n", x, got, want, fabs(got - want) / ulp);
     }
+    for (i = 0; i < 2 * 1030; i++) {   /* past 2^31 * pi/2, up to DBL_MAX: in [-1, 1], sin^2 + cos^2 = 1 */
+        double x = (i % 2 ? -1.0 : 1.0) * ldexp(1.2345678901234567, 31 + i / 2 < 1023 ? 31 + i / 2 : 1023);
+        double sx = colibri_sin(x), cx = colibri_cos(x);
+        if (!(fabs(sx) <= 1.0 && fabs(cx) <= 1.0 && fabs(sx * sx + cx * cx - 1.0) < 1e-12) && failures++ < 10)
+            fprintf(stderr, "sin(%.17g) = %.17g, cos = %.17g\n", x, sx, cx);
+    }
     printf("exp, log, sin, cos, expf against libm on %s of the grids: %d outside tolerance\n",
            step == 1 ? "every point" : "every 13th point", failures);
     return failures ? 1 : 0;

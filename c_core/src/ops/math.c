@@ -27,8 +27,13 @@ static double scale2(double x, int k)
     return x * p;
 }
 
-/* Nearest integer, ties away from zero; |x| < 2^31. */
-static int nearest(double x) { return (int)(x < 0 ? x - 0.5 : x + 0.5); }
+/* Nearest integer, ties away from zero, for every x: past 2^52 every double is already an integer
+ * (and NaN stays NaN), below it the cast to long long is in range. */
+static double nearest(double x)
+{
+    if (!(x > -0x1p52 && x < 0x1p52)) return x;
+    return (double)(long long)(x < 0 ? x - 0.5 : x + 0.5);
+}
 
 double colibri_exp(double x)
 {
@@ -37,7 +42,7 @@ double colibri_exp(double x)
     if (x != x) return x;
     if (x > 709.782712893384) return 0x1p1023 * 2.0;   /* beyond ln(DBL_MAX): +inf */
     if (x < -745.2) return 0.0;
-    k = nearest(x / LN2_HI);
+    k = (int)nearest(x / LN2_HI);                /* |k| <= 1075: x is bounded above */
     r = (x - k * LN2_HI) - k * LN2_LO;          /* |r| <= ln2 / 2 */
     sum = 1.0;
     term = 1.0;
@@ -96,13 +101,24 @@ static double cos_small(double r)
     return sum;
 }
 
+/* k mod 4 of an integer k: past 2^62 k is a multiple of 2^10, below it the cast is in range. */
+static int mod4(double k) { return k > -0x1p62 && k < 0x1p62 ? (int)((long long)k & 3) : 0; }
+
 /* x = k * pi/2 + r; returns r, k in *quadrant (mod 4).  Exact reduction for |x| < 2^20 * pi/2;
- * beyond, still the same bits everywhere, with less accuracy. */
+ * beyond, still the same bits everywhere, with less accuracy.  From |k| = 2^31 on, r keeps the
+ * rounding of k * pi/2 (up to |x| 2^-50), so it is reduced again until it is small: every finite x
+ * gets a result in [-1, 1], and below 2^31 nothing changes. */
 static double reduce(double x, int *quadrant)
 {
-    double k = (double)nearest(x * TWO_OVER_PI);
-    *quadrant = (int)((long long)k & 3);
-    return ((x - k * PIO2_1) - k * PIO2_2) - k * PIO2_3;
+    double k = nearest(x * TWO_OVER_PI), r = ((x - k * PIO2_1) - k * PIO2_2) - k * PIO2_3;
+    int q = mod4(k), pass;
+    for (pass = 0; pass < 32 && !(k >= -0x1p31 && k < 0x1p31); pass++) {   /* 2^1024 in steps of 2^-50 */
+        k = nearest(r * TWO_OVER_PI);
+        r = ((r - k * PIO2_1) - k * PIO2_2) - k * PIO2_3;
+        q += mod4(k);
+    }
+    *quadrant = q & 3;
+    return r;
 }
 
 double colibri_sin(double x)
@@ -146,7 +162,7 @@ float colibri_expf(float x)
     if (x != x) return x;
     if (x > 88.72283f) return (float)(0x1p1023 * 2.0);   /* beyond FLT_MAX: +inf */
     if (x < -103.97208f) return 0.0f;
-    k = nearest((double)(x * 1.44269504f));
+    k = (int)nearest((double)(x * 1.44269504f));   /* |k| <= 150: x is bounded above */
     n = (float)k;
     r = x - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
