@@ -48,6 +48,14 @@ def _token_ids(tokens):
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def _seed_value(seed, what="seed"):
+    """A generator seed as uint64 (an integer, taken modulo 2**64); refuses what int() would truncate."""
+    try:
+        return operator.index(seed) & 0xFFFFFFFFFFFFFFFF
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {seed!r}") from None
+
+
 def kernel_variants():
     """{name: whether this CPU runs it} for the kernel variants this build has, the reference first."""
     out = {}
@@ -473,7 +481,7 @@ cdef class Session:
         memset(&opts, 0, sizeof(opts))
         opts.routing = _ROUTINGS[routing]
         opts.routing_noise = noise
-        opts.routing_seed = <uint64_t>(int(noise_seed) & 0xFFFFFFFFFFFFFFFF)
+        opts.routing_seed = <uint64_t>_seed_value(noise_seed, "noise_seed")
         opts.capacity_factor = capacity_factor
         opts.profile = profile
         opts.threads = model.threads if threads is None else threads
@@ -677,6 +685,8 @@ cdef class Session:
         return out
 
     cdef _enter(self):
+        # Callers convert and check every argument before taking the flag and release it in a
+        # finally: an exception must never leave the session marked busy.
         if self._busy:
             raise RuntimeError("this session is already computing in another thread")
         self._busy = True
@@ -698,8 +708,10 @@ cdef class Session:
     def reset(self):
         """Empties the KV cache."""
         self._enter()
-        c.colibri_session_reset(self._session)
-        self._busy = False
+        try:
+            c.colibri_session_reset(self._session)
+        finally:
+            self._busy = False
 
     cdef _expert_counts(self, bint dropped, bint clear):
         cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self.model._model)
@@ -739,8 +751,10 @@ cdef class Session:
     def expert_cache_stats_clear(self):
         """Zeroes the expert cache's counters (the slots keep what they hold)."""
         self._enter()
-        c.colibri_expert_cache_stats_clear(self._session)
-        self._busy = False
+        try:
+            c.colibri_expert_cache_stats_clear(self._session)
+        finally:
+            self._busy = False
 
     def expert_cache_slots(self):
         """[(layer, expert, pinned)] for each slot of the expert cache: what it holds now, (-1, -1,
@@ -763,10 +777,13 @@ cdef class Session:
         return {c.colibri_phase_name(p).decode(): ns[p] for p in range(c.COLIBRI_PHASE_COUNT)}
 
     def seed(self, seed):
-        """Seeds the sampler's generator."""
+        """Seeds the sampler's generator: an integer, taken modulo 2**64."""
+        cdef uint64_t value = _seed_value(seed)   # converted before the flag: a bad seed leaves the session usable
         self._enter()
-        self._rng = <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF)
-        self._busy = False
+        try:
+            self._rng = value
+        finally:
+            self._busy = False
 
     def forward(self, tokens):
         """Appends ``tokens`` to the KV cache; returns float32 logits [len(tokens), vocab]."""
