@@ -64,3 +64,88 @@ def test_every_flag_taking_method_releases_it_on_error(model):
             call()
         s.reset()
         assert s.forward([1]).shape == (1, model.vocab_size)
+
+
+# ------------------------------------------------------------------------ colibri convert
+
+@pytest.mark.parametrize("config", [b"[1, 2]", b"null", b"7", b"[" * 100000 + b"]" * 100000,
+                                    b'{"model_type": "mixtral", "x": "\xff\xfe"}', b'{"model_type": ["mixtral"]}'],
+                         ids=["list", "null", "number", "deep", "not-utf8", "model-type-list"])
+def test_convert_refuses_a_hostile_config(tmp_path, config):
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_bytes(config)
+    shutil.copy(FIXTURES / "tiny-mixtral" / "model.safetensors", src)
+    refused("convert", src, tmp_path / "out", "--quiet", naming="config.json")
+
+
+def test_convert_refuses_the_source_as_output(tmp_path):
+    src = tmp_path / "hf"
+    shutil.copytree(FIXTURES / "tiny-mixtral", src)
+    before = sorted(p.name for p in src.iterdir())
+    refused("convert", src, src, "--quiet", naming=str(src))
+    refused("convert", src, src / ".." / "hf", "--quiet")
+    assert sorted(p.name for p in src.iterdir()) == before
+
+
+# ------------------------------------------------------------------------ bad arguments
+
+@pytest.mark.parametrize("args, status, naming", [
+    (["generate", "--tokens", "", "--max-tokens", "1"], 1, "--tokens"),
+    (["generate", "--tokens", "1099511627776", "--max-tokens", "1"], 1, "--tokens"),
+    (["generate", "--tokens", "1,-3", "--max-tokens", "1"], 1, "--tokens"),
+    (["generate", "--tokens", "1", "--ctx", str(2 ** 40)], 2, "--ctx"),
+    (["generate", "--tokens", "1", "--max-tokens", str(2 ** 40)], 2, "--max-tokens"),
+    (["generate", "--tokens", "1", "--batch", "-1"], 2, "--batch"),
+    (["generate", "--tokens", "1", "--threads", "-1"], 2, "--threads"),
+    (["memdump", "--ctx", str(2 ** 40)], 2, "--ctx"),
+    (["stats", "--ctx", str(2 ** 40), "--text", "/dev/null"], 2, "--ctx"),
+])
+def test_bad_arguments_are_one_line(args, status, naming):
+    refused(*args, status=status, naming=naming)
+
+
+def test_stats_text_that_is_a_directory(tmp_path):
+    refused("stats", "--text", tmp_path, naming=str(tmp_path))
+
+
+def test_stats_text_that_is_not_utf8(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe\xfa" * 10)
+    refused("stats", "--text", bad, naming=str(bad))
+
+
+@pytest.mark.parametrize("doc", [
+    {"phases_ns": {"router": 0}, "prompt_tokens": 1, "generated_tokens": 0, "wall_ns": 0},
+    {"phases_ns": {"router": 5}, "prompt_tokens": 1, "generated_tokens": 0, "wall_ns": "x"},
+    {"phases_ns": [1], "prompt_tokens": 1, "generated_tokens": 0, "wall_ns": 10},
+    [1, 2]], ids=["zero-wall", "wall-text", "phases-list", "list"])
+def test_profile_show_of_odd_profiles(tmp_path, doc):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    r = colibri_cli("profile", "show", path)
+    assert "Traceback" not in r.stderr, r.stderr
+    if r.returncode:
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and str(path) in r.stderr, r.stderr
+
+
+def test_profile_show_of_zero_wall_time_shows_it(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"phases_ns": {"router": 0}, "prompt_tokens": 1, "generated_tokens": 0, "wall_ns": 0}))
+    r = colibri_cli("profile", "show", path)
+    assert r.returncode == 0 and "0.0 ms" in r.stdout, r.stderr
+
+
+def test_stdout_on_a_full_device():
+    with open("/dev/full", "w") as full:
+        refused("validate", stdout=full, naming="No space left")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "mixtral"}')
+    shutil.copy(FIXTURES / "tiny-mixtral" / "model.safetensors", src)
+    refused("convert", src, tmp_path / "out", "--quiet", naming="config.json")
+    r = colibri_cli("--debug", "convert", src, tmp_path / "out", "--quiet")
+    assert r.returncode == 1 and "Traceback" in r.stderr, r.stderr
