@@ -56,6 +56,17 @@ def _seed_value(seed, what="seed"):
         raise TypeError(f"{what} must be an integer, not {seed!r}") from None
 
 
+def _threads_value(threads):
+    """Threads sharing the big matmuls: 0 (COLIBRI_THREADS, else the cores) to 256, as the core takes."""
+    try:
+        n = operator.index(threads)
+    except TypeError:
+        raise TypeError(f"threads must be an integer, not {threads!r}") from None
+    if not 0 <= n <= 256:
+        raise ValueError(f"threads must lie in [0, 256] (0: $COLIBRI_THREADS, else the cores), not {n}")
+    return n
+
+
 def kernel_variants():
     """{name: whether this CPU runs it} for the kernel variants this build has, the reference first."""
     out = {}
@@ -244,7 +255,7 @@ cdef class Model:
     cdef readonly str path
     cdef readonly int threads
 
-    def __cinit__(self, path, *, bint verify=False, int threads=0, bint experts_elsewhere=False):
+    def __cinit__(self, path, *, bint verify=False, threads=0, bint experts_elsewhere=False):
         """``threads``: how many threads its sessions share big matmuls with (0: $COLIBRI_THREADS,
         else the machine's cores); the results are the same for any count.  ``experts_elsewhere``:
         weights.bin holds only what precedes the routed experts (an interleaved file cut there);
@@ -254,9 +265,7 @@ cdef class Model:
         cdef unsigned flags = (c.COLIBRI_LOAD_VERIFY if verify else 0) | \
             (c.COLIBRI_LOAD_EXPERTS_ELSEWHERE if experts_elsewhere else 0)
         self.path = os.fspath(path)
-        if threads < 0:
-            raise ValueError(f"threads must be >= 0, not {threads}")
-        self.threads = threads
+        self.threads = _threads_value(threads)
         cdef bytes bpath = os.fsencode(self.path)
         if b"\0" in bpath:
             raise ValueError("model path contains a NUL byte")
@@ -484,7 +493,7 @@ cdef class Session:
         opts.routing_seed = <uint64_t>_seed_value(noise_seed, "noise_seed")
         opts.capacity_factor = capacity_factor
         opts.profile = profile
-        opts.threads = model.threads if threads is None else threads
+        opts.threads = model.threads if threads is None else _threads_value(threads)
         opts.kernels = c.COLIBRI_KERNELS_AUTO
         opts.kernel_variant = NULL if kernels == "auto" else <const char *>kernel_name
         opts.n_ctx = ctx

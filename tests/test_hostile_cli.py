@@ -66,6 +66,15 @@ def test_every_flag_taking_method_releases_it_on_error(model):
         assert s.forward([1]).shape == (1, model.vocab_size)
 
 
+def test_session_threads_is_one_rule(model):
+    with pytest.raises(ValueError, match="threads"):
+        colibri.Model(MODEL_DIR, threads=-1)
+    with pytest.raises((ValueError, colibri.Error), match="threads"):
+        model.session(ctx=8, threads=-1)
+    with pytest.raises((ValueError, colibri.Error), match="threads"):
+        model.session(ctx=8, threads=100000)
+
+
 # ------------------------------------------------------------------------ colibri convert
 
 @pytest.mark.parametrize("config", [b"[1, 2]", b"null", b"7", b"[" * 100000 + b"]" * 100000,
@@ -149,3 +158,86 @@ def test_debug_shows_the_traceback(tmp_path):
     refused("convert", src, tmp_path / "out", "--quiet", naming="config.json")
     r = colibri_cli("--debug", "convert", src, tmp_path / "out", "--quiet")
     assert r.returncode == 1 and "Traceback" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------ colibri-infer
+
+def test_infer_profile_on_a_full_device():
+    r = infer("native", "--model", MODEL_DIR, "--tokens", "1", "--max_tokens", 1, "--ids", "--profile", "/dev/full",
+              check=False)
+    assert r.returncode == 1 and b"/dev/full" in r.stderr, r.stderr
+
+
+def test_infer_stdout_on_a_full_device():
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([*infer_command("native"), "--model", str(MODEL_DIR), "--tokens", "1", "--max_tokens", "2",
+                            "--ids"], stdout=full, stderr=subprocess.PIPE, timeout=300)
+    assert r.returncode == 1 and b"standard output" in r.stderr, r.stderr
+
+
+def test_infer_stdout_on_a_full_device_with_memdump():
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run([*infer_command("native"), "--model", str(MODEL_DIR), "--memdump"], stdout=full,
+                           stderr=subprocess.PIPE, timeout=300)
+    assert r.returncode == 1 and b"standard output" in r.stderr, r.stderr
+
+
+def test_infer_logits_only_on_success(tmp_path):
+    out = tmp_path / "x.logits"
+    r = infer("native", "--model", MODEL_DIR, "--tokens", "1,99999", "--max_tokens", 0, "--ids", "--logits", out,
+              check=False)
+    assert r.returncode == 1 and b"prefill" in r.stderr, r.stderr
+    assert not out.exists()
+    infer("native", "--model", MODEL_DIR, "--tokens", "1,5", "--max_tokens", 0, "--ids", "--logits", out)
+    assert out.stat().st_size == 2 * 1024 * 4
+
+
+def test_infer_trailing_unknown_flag():
+    r = infer("native", "--model", MODEL_DIR, "--bogus", check=False)
+    assert r.returncode == 2 and b"unknown" in r.stderr and b"--bogus" in r.stderr and b"needs a value" not in r.stderr
+    r = infer("native", "--model", MODEL_DIR, "--tokens", check=False)
+    assert r.returncode == 2 and b"--tokens needs a value" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("threads", ["-1", "257"])
+def test_infer_threads_out_of_range(threads):
+    r = infer("native", "--model", MODEL_DIR, "--tokens", "1", "--threads", threads, check=False)
+    assert r.returncode == 2 and b"--threads" in r.stderr, r.stderr
+
+
+def test_infer_threads_zero_is_the_default():
+    r = infer("native", "--model", MODEL_DIR, "--tokens", "1", "--max_tokens", 1, "--ids", "--threads", 0,
+              "--temperature", 0)
+    assert r.stdout.strip()
+
+
+# ------------------------------------------------------------------------ the tokenizer's path
+
+@pytest.mark.parametrize("name", ["../outside/tokenizer.json", "/ABS/tokenizer.json", "sub/../../outside/tokenizer.json"])
+def test_tokenizer_stays_in_the_model_directory(tmp_path, name):
+    d = tmp_path / "model"
+    shutil.copytree(MODEL_DIR, d)
+    (tmp_path / "outside").mkdir()
+    shutil.copy(MODEL_DIR / "tokenizer.json", tmp_path / "outside" / "tokenizer.json")
+    name = name.replace("/ABS", str(tmp_path))
+    meta = json.loads((d / "colibri_model.json").read_text())
+    meta["tokenizer"] = name
+    (d / "colibri_model.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="tokenizer"):
+        load_tokenizer(d)
+    with pytest.raises((ValueError, colibri.Error), match="tokenizer"):
+        colibri.Model(d).tokenizer
+    r = infer("native", "--model", d, "--validate-model", check=False)
+    assert r.returncode == 1 and b"tokenizer" in r.stderr, r.stderr
+
+
+def test_tokenizer_in_a_subdirectory_is_fine(tmp_path):
+    d = tmp_path / "model"
+    shutil.copytree(MODEL_DIR, d)
+    (d / "tok").mkdir()
+    shutil.move(d / "tokenizer.json", d / "tok" / "tokenizer.json")
+    meta = json.loads((d / "colibri_model.json").read_text())
+    meta["tokenizer"] = "tok/tokenizer.json"
+    (d / "colibri_model.json").write_text(json.dumps(meta))
+    assert load_tokenizer(d) is not None
+    assert colibri.Model(d).tokenizer is not None
