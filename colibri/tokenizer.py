@@ -12,6 +12,9 @@ def load_tokenizer(model_dir):
         name = json.loads(meta.read_text()).get("tokenizer", name)
     except (OSError, ValueError, AttributeError):
         pass
+    parts = Path(name).parts if isinstance(name, str) else None
+    if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name:
+        raise ValueError(f"{meta}: \"tokenizer\" must be a relative path in the model directory, not {name!r}")
     path = model_dir / name
     if not path.is_file():
         return None
