@@ -48,6 +48,25 @@ def _token_ids(tokens):
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def _seed_value(seed, what="seed"):
+    """A generator seed as uint64 (an integer, taken modulo 2**64); refuses what int() would truncate."""
+    try:
+        return operator.index(seed) & 0xFFFFFFFFFFFFFFFF
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {seed!r}") from None
+
+
+def _threads_value(threads):
+    """Threads sharing the big matmuls: 0 (COLIBRI_THREADS, else the cores) to 256, as the core takes."""
+    try:
+        n = operator.index(threads)
+    except TypeError:
+        raise TypeError(f"threads must be an integer, not {threads!r}") from None
+    if not 0 <= n <= 256:
+        raise ValueError(f"threads must lie in [0, 256] (0: $COLIBRI_THREADS, else the cores), not {n}")
+    return n
+
+
 def kernel_variants():
     """{name: whether this CPU runs it} for the kernel variants this build has, the reference first."""
     out = {}
@@ -236,7 +255,7 @@ cdef class Model:
     cdef readonly str path
     cdef readonly int threads
 
-    def __cinit__(self, path, *, bint verify=False, int threads=0, bint experts_elsewhere=False):
+    def __cinit__(self, path, *, bint verify=False, threads=0, bint experts_elsewhere=False):
         """``threads``: how many threads its sessions share big matmuls with (0: $COLIBRI_THREADS,
         else the machine's cores); the results are the same for any count.  ``experts_elsewhere``:
         weights.bin holds only what precedes the routed experts (an interleaved file cut there);
@@ -246,9 +265,7 @@ cdef class Model:
         cdef unsigned flags = (c.COLIBRI_LOAD_VERIFY if verify else 0) | \
             (c.COLIBRI_LOAD_EXPERTS_ELSEWHERE if experts_elsewhere else 0)
         self.path = os.fspath(path)
-        if threads < 0:
-            raise ValueError(f"threads must be >= 0, not {threads}")
-        self.threads = threads
+        self.threads = _threads_value(threads)
         cdef bytes bpath = os.fsencode(self.path)
         if b"\0" in bpath:
             raise ValueError("model path contains a NUL byte")
@@ -473,10 +490,10 @@ cdef class Session:
         memset(&opts, 0, sizeof(opts))
         opts.routing = _ROUTINGS[routing]
         opts.routing_noise = noise
-        opts.routing_seed = <uint64_t>(int(noise_seed) & 0xFFFFFFFFFFFFFFFF)
+        opts.routing_seed = <uint64_t>_seed_value(noise_seed, "noise_seed")
         opts.capacity_factor = capacity_factor
         opts.profile = profile
-        opts.threads = model.threads if threads is None else threads
+        opts.threads = model.threads if threads is None else _threads_value(threads)
         opts.kernels = c.COLIBRI_KERNELS_AUTO
         opts.kernel_variant = NULL if kernels == "auto" else <const char *>kernel_name
         opts.n_ctx = ctx
@@ -677,6 +694,8 @@ cdef class Session:
         return out
 
     cdef _enter(self):
+        # Callers convert and check every argument before taking the flag and release it in a
+        # finally: an exception must never leave the session marked busy.
         if self._busy:
             raise RuntimeError("this session is already computing in another thread")
         self._busy = True
@@ -698,8 +717,10 @@ cdef class Session:
     def reset(self):
         """Empties the KV cache."""
         self._enter()
-        c.colibri_session_reset(self._session)
-        self._busy = False
+        try:
+            c.colibri_session_reset(self._session)
+        finally:
+            self._busy = False
 
     cdef _expert_counts(self, bint dropped, bint clear):
         cdef const c.colibri_hparams *hp = c.colibri_model_hparams(self.model._model)
@@ -739,8 +760,10 @@ cdef class Session:
     def expert_cache_stats_clear(self):
         """Zeroes the expert cache's counters (the slots keep what they hold)."""
         self._enter()
-        c.colibri_expert_cache_stats_clear(self._session)
-        self._busy = False
+        try:
+            c.colibri_expert_cache_stats_clear(self._session)
+        finally:
+            self._busy = False
 
     def expert_cache_slots(self):
         """[(layer, expert, pinned)] for each slot of the expert cache: what it holds now, (-1, -1,
@@ -763,10 +786,13 @@ cdef class Session:
         return {c.colibri_phase_name(p).decode(): ns[p] for p in range(c.COLIBRI_PHASE_COUNT)}
 
     def seed(self, seed):
-        """Seeds the sampler's generator."""
+        """Seeds the sampler's generator: an integer, taken modulo 2**64."""
+        cdef uint64_t value = _seed_value(seed)   # converted before the flag: a bad seed leaves the session usable
         self._enter()
-        self._rng = <uint64_t>(int(seed) & 0xFFFFFFFFFFFFFFFF)
-        self._busy = False
+        try:
+            self._rng = value
+        finally:
+            self._busy = False
 
     def forward(self, tokens):
         """Appends ``tokens`` to the KV cache; returns float32 logits [len(tokens), vocab]."""

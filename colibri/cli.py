@@ -29,6 +29,7 @@ orchestrator places each edge's hottest experts local under its budget, by measu
 """
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -49,6 +50,23 @@ def _model(path, verify=False, experts_elsewhere=False):
     if experts_elsewhere:
         return colibri.Model(path, verify=verify, experts_elsewhere=True)
     return colibri.Model(path, verify=verify)
+
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def _count(lo, hi):
+    """An argparse type: an integer in [lo, hi]; argparse names the option when it is not one."""
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects an integer, got {text!r}") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{n} is outside [{lo}, {hi}]")
+        return n
+    parse.__name__ = "integer"
+    return parse
 
 
 # convert --quantize NAME: the weight dtype it means (the spec writes w4a16: 4-bit weights, 16-bit activations).
@@ -230,9 +248,16 @@ def _cache_counters(stats):
 def _prompt_ids(model, args):
     if args.tokens is not None:
         try:
-            return [int(t) for t in args.tokens.split(",") if t.strip()]
+            ids = [int(t) for t in args.tokens.split(",") if t.strip()]
         except ValueError:
-            raise SystemExit(f"colibri: --tokens expects comma-separated integers, got {args.tokens!r}")
+            raise SystemExit(f"colibri {args.command}: --tokens expects comma-separated integers, got {args.tokens!r}")
+        if not ids:
+            raise SystemExit(f"colibri {args.command}: --tokens {args.tokens!r} holds no token id")
+        outside = [t for t in ids if not 0 <= t < model.vocab_size]
+        if outside:
+            raise SystemExit(f"colibri {args.command}: --tokens: id {outside[0]} is outside the vocabulary "
+                             f"[0, {model.vocab_size})")
+        return ids
     from colibri import Error
 
     try:   # the core's encoder (colibri_tokenize), as the model's tokenizer encodes
@@ -443,6 +468,8 @@ def cmd_stats(args):
             text = read_regular_text(path)
         except OSError as e:
             raise SystemExit(f"colibri stats: --text {path}: {e.strerror or e}")
+        except UnicodeDecodeError as e:
+            raise SystemExit(f"colibri stats: --text {path}: not UTF-8 text (byte {e.start})")
         ids += model.tokenizer.encode(text).ids
     ctx = args.ctx or min(cfg["max_position_embeddings"], 256)
     windows = [ids[i:i + ctx + 1] for i in range(0, len(ids) - 1, ctx)]
@@ -541,13 +568,15 @@ def cmd_profile_show(args):
     """The breakdown of a profile.json that colibri-infer --profile wrote: time per phase, per token."""
     try:
         doc = json.loads(read_regular_text(args.file))
-        phases, tokens = doc["phases_ns"], doc["prompt_tokens"] + doc["generated_tokens"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        phases, tokens, wall = doc["phases_ns"], doc["prompt_tokens"] + doc["generated_tokens"], doc["wall_ns"]
+        if not all(isinstance(x, (int, float)) and x >= 0 for x in (*phases.values(), tokens, wall)):
+            raise ValueError("its counts and times must be numbers >= 0")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise SystemExit(f"colibri profile show: {args.file}: not a colibri profile ({e})")
     total = sum(phases.values()) or 1
     print(f"{doc.get('model', '?')} ({doc.get('kernels', '?')} kernels): {doc['prompt_tokens']} prompt + "
-          f"{doc['generated_tokens']} generated tokens, {doc['wall_ns'] / 1e6:.1f} ms, "
-          f"{total / doc['wall_ns']:.0%} of it in the phases below")
+          f"{doc['generated_tokens']} generated tokens, {wall / 1e6:.1f} ms, "
+          + (f"{total / wall:.0%} of it in the phases below" if wall else "no wall time measured"))
     def row(label, ns, note=""):
         print(f"  {label + ':':<17}{ns / max(tokens, 1) / 1e3:>9.1f} µs per token ({ns / total:5.1%}){note}")
 
@@ -596,6 +625,7 @@ def _checkout_names(module, name):
 
 def build_parser():
     p = argparse.ArgumentParser(prog="colibri", description="Run Mixture-of-Experts models with the colibri engine.")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="Hugging Face directory (config.json + *.safetensors) or .gguf file -> colibri model")
@@ -623,9 +653,9 @@ def build_parser():
         src = p.add_mutually_exclusive_group()
         src.add_argument("--prompt", default="", help="prompt text, encoded by the encoder the model carries")
         src.add_argument("--tokens", help=tokens_help)
-        p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+        p.add_argument("--max-tokens", type=_count(0, INT32_MAX), default=64, help="tokens to generate (default 64)")
         p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
-        p.add_argument("--top-k", type=int, default=40, help="0 = no limit (default 40)")
+        p.add_argument("--top-k", type=_count(0, INT32_MAX), default=40, help="0 = no limit (default 40)")
         p.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
         p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
         p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
@@ -650,16 +680,16 @@ def build_parser():
                             "start, never evicted (default: the hot ones, with at least twice an even share of "
                             "their layer's tokens, as many as fit: the slots less one layer's top-k)")
         pin = s.add_mutually_exclusive_group()
-        pin.add_argument("--pin-count", type=int, metavar="N", help="pin the N most loaded experts")
+        pin.add_argument("--pin-count", type=_count(0, INT32_MAX), metavar="N", help="pin the N most loaded experts")
         pin.add_argument("--pin-share", type=float, metavar="F",
                          help="pin a share F of the slots (0 to 1; at most the slots less one layer's top-k)")
 
     g = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
     g.add_argument("--model", help="colibri model directory (default: the bundled Shakespeare model)")
     generation_arguments(g, "prompt as comma-separated token ids; prints ids")
-    g.add_argument("--ctx", type=int, default=0, help="context to reserve (default: model's, at most 4096)")
-    g.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
-    g.add_argument("--threads", type=int, default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
+    g.add_argument("--ctx", type=_count(0, INT32_MAX), default=0, help="context to reserve (default: model's, at most 4096)")
+    g.add_argument("--batch", type=_count(0, 4096), default=0, help="prefill chunk (default 64)")
+    g.add_argument("--threads", type=_count(0, 256), default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
     g.add_argument("--verbose", action="store_true", help="timings (and the expert cache's counters) on stderr")
     from colibri import targets
 
@@ -671,8 +701,8 @@ def build_parser():
 
     m = sub.add_parser("memdump", help="the memory a model and context need, before any token")
     m.add_argument("--model", help="colibri model directory (default: the bundled model)")
-    m.add_argument("--ctx", type=int, default=0, help="context length (default: the model's, at most 4096)")
-    m.add_argument("--batch", type=int, default=0, help="prefill chunk (default 64)")
+    m.add_argument("--ctx", type=_count(0, INT32_MAX), default=0, help="context length (default: the model's, at most 4096)")
+    m.add_argument("--batch", type=_count(0, 4096), default=0, help="prefill chunk (default 64)")
     streaming_arguments(m)
     m.set_defaults(func=cmd_memdump)
 
@@ -686,9 +716,9 @@ def build_parser():
         f = fw_sub.add_parser(name, help=help)
         f.add_argument("--board", required=True, choices=_checkout_names(firmware, "BOARDS"))
         f.add_argument("--model", help="colibri model directory (default: the bundled model)")
-        f.add_argument("--ctx", type=int, default=DEFAULT_CTX, help=f"context the image reserves (default {DEFAULT_CTX})")
-        f.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
-        f.add_argument("--stack", type=int, default=DEFAULT_STACK, help=f"stack bytes (default {DEFAULT_STACK})")
+        f.add_argument("--ctx", type=_count(1, INT32_MAX), default=DEFAULT_CTX, help=f"context the image reserves (default {DEFAULT_CTX})")
+        f.add_argument("--batch", type=_count(1, 4096), default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
+        f.add_argument("--stack", type=_count(1, INT32_MAX), default=DEFAULT_STACK, help=f"stack bytes (default {DEFAULT_STACK})")
         f.add_argument("--expert-budget", metavar="SIZE",
                        help="stream the routed experts of an interleaved model into SIZE bytes of cache slots (bytes, "
                             "512K, 2M, or a percentage of what every routed expert takes): flash holds the rest of "
@@ -716,7 +746,7 @@ def build_parser():
     st = sub.add_parser("stats", help="per-expert load (and loss) on a text, or the training report's")
     st.add_argument("--model", help="colibri model directory (default: the bundled model)")
     st.add_argument("--text", nargs="*", help="UTF-8 text files to run (default: the training report's figures)")
-    st.add_argument("--ctx", type=int, default=0, help="window length (default: the model's, at most 256)")
+    st.add_argument("--ctx", type=_count(0, INT32_MAX), default=0, help="window length (default: the model's, at most 256)")
     st.add_argument("--save-load", metavar="LOAD.json",
                     help="write the tokens routed to each expert on the text, as JSON (for generate --pin)")
     st.set_defaults(func=cmd_stats)
@@ -736,8 +766,8 @@ def build_parser():
     se.add_argument("--insecure", action="store_true", help="allow a non-loopback address without a token and TLS")
     se.add_argument("--kernels", default="auto", help="kernel variant: auto (default), reference (strict: "
                     "the same bits as an edge computing with the reference kernels), or one of colibri's variants")
-    se.add_argument("--threads", type=int, default=0, help="compute threads (default: $COLIBRI_THREADS, else the cores)")
-    se.add_argument("--batch", type=int, default=64, help="the largest prefill chunk of the edges served (default 64): "
+    se.add_argument("--threads", type=_count(0, 256), default=0, help="compute threads (default: $COLIBRI_THREADS, else the cores)")
+    se.add_argument("--batch", type=_count(1, 4096), default=64, help="the largest prefill chunk of the edges served (default 64): "
                     "a call carries at most batch * top_k rows")
     se.add_argument("--max-message", type=float, metavar="MB",
                     help="bound on one message's MiB (default: what the largest call needs)")
@@ -759,12 +789,41 @@ def main(argv=None):
     from colibri.targets import TargetError
 
     try:
-        return args.func(args)
-    except (colibri.Error, ConvertError, TargetError) as e:
-        print(f"colibri {args.command}: {e}", file=sys.stderr)
-        return 1
+        status = args.func(args)
+        sys.stdout.flush()   # a full disk shows here, not in the interpreter's flush at exit
+        return status
     except BrokenPipeError:
+        _drop_stdout()
         return 0
+    except Exception as e:
+        if _stdout_fails():
+            _drop_stdout()
+            print(f"colibri {args.command}: cannot write standard output: {getattr(e, 'strerror', None) or e}",
+                  file=sys.stderr)
+            return 1
+        if args.debug:
+            raise
+        known = isinstance(e, (colibri.Error, ConvertError, TargetError, OSError))
+        print(f"colibri {args.command}: {e}" if known else f"colibri {args.command}: {type(e).__name__}: {e} "
+              "(--debug shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _stdout_fails():
+    """Whether standard output cannot take what it holds (an error writing it stays in its buffer)."""
+    try:
+        sys.stdout.flush()
+        return False
+    except OSError:
+        return True
+
+
+def _drop_stdout():
+    """Points standard output at /dev/null, so the interpreter's flush at exit does not fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

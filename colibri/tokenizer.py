@@ -24,6 +24,9 @@ def load_tokenizer(model_dir):
         name = json.loads(read_regular_text(meta)).get("tokenizer", name)
     except (OSError, ValueError, AttributeError):
         pass
+    parts = Path(name).parts if isinstance(name, str) else None
+    if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name:
+        raise ValueError(f"{meta}: \"tokenizer\" must be a relative path in the model directory, not {name!r}")
     path = model_dir / name
     if not os.path.lexists(path):
         return None

@@ -152,6 +152,19 @@ bad:
     return 0;
 }
 
+/* The options that take a value: a trailing one lacks it, any other trailing word is unknown. */
+static int takes_a_value(const char *arg)
+{
+    static const char *const names[] = { "model", "tokens", "prompt", "logits", "expert_load", "profile", "kernels",
+                                         "device", "placement", "threads", "max_tokens", "ctx", "batch", "top_k",
+                                         "temperature", "top_p", "seed", "routing", "routing_noise", "routing_seed",
+                                         "capacity_factor", "expert_budget", "expert_cache" };
+    size_t k;
+    for (k = 0; k < sizeof names / sizeof names[0]; k++)
+        if (option_is(arg, names[k])) return 1;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, options *o)
 {
     int i;
@@ -176,6 +189,7 @@ static int parse_args(int argc, char **argv, options *o)
             o->profile_path = "profile.json";   /* the file is optional: --profile alone writes profile.json */
             takes_value = 0;
         }
+        else if (!takes_a_value(a)) { fprintf(stderr, "colibri-infer: unknown option %s (see --help)\n", a); return 0; }
         else if (!v) { fprintf(stderr, "colibri-infer: %s needs a value (see --help)\n", a); return 0; }
         else if (option_is(a, "model")) o->model = v;
         else if (option_is(a, "tokens")) o->tokens = v;
@@ -186,7 +200,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "kernels")) o->kernels = v;
         else if (option_is(a, "device")) o->device = v;
         else if (option_is(a, "placement")) o->placement_path = v;
-        else if (option_is(a, "threads")) { if (!parse_long(a, v, 1, 256, &o->threads)) return 0; }
+        else if (option_is(a, "threads")) { if (!parse_long(a, v, 0, 256, &o->threads)) return 0; }
         else if (option_is(a, "max_tokens")) { if (!parse_long(a, v, 0, 1 << 24, &o->max_tokens)) return 0; }
         else if (option_is(a, "ctx")) { if (!parse_long(a, v, 1, 1 << 24, &o->ctx)) return 0; }
         else if (option_is(a, "batch")) { if (!parse_long(a, v, 1, 4096, &o->batch)) return 0; }
@@ -386,8 +400,7 @@ int main(int argc, char **argv)
         printf("%s: valid %s model, %d tensors, %llu weight bytes, checksums match\n", o.model,
                colibri_model_architecture(model), colibri_model_tensor_count(model),
                (unsigned long long)colibri_model_weight_bytes(model));
-        colibri_model_close(model);
-        return 0;
+        goto done;
     }
     if (o.verbose)
         fprintf(stderr, "model: %s, %d layers, dim %d, %d experts (top-%d), vocab %d, %.1f MB of weights, loaded in %.1f ms\n",
@@ -467,13 +480,18 @@ int main(int argc, char **argv)
         /* every prompt position's logits, for comparing targets and implementations */
         size_t count = n_prompt * (size_t)hp->vocab_size;
         float *all = malloc(count * sizeof(float));
-        FILE *f = fopen(o.logits_path, "wb");
-        if (!all || !f) { fprintf(stderr, "colibri-infer: cannot write %s\n", o.logits_path); rc = 1; free(all); if (f) fclose(f); goto done; }
-        if (colibri_forward(session, prompt, n_prompt, all, &err)) { rc = fail("prefill failed", &err); free(all); fclose(f); goto done; }
-        if (fwrite(all, sizeof(float), count, f) != count) { fprintf(stderr, "colibri-infer: short write to %s\n", o.logits_path); rc = 1; }
+        FILE *f;
+        if (!all) { fprintf(stderr, "colibri-infer: out of memory for the logits\n"); rc = 1; goto done; }
+        if (colibri_forward(session, prompt, n_prompt, all, &err)) { rc = fail("prefill failed", &err); free(all); goto done; }
+        f = fopen(o.logits_path, "wb");   /* only now: a failed prefill leaves no file */
+        if (!f || fwrite(all, sizeof(float), count, f) != count) rc = 1;
+        if (f && fclose(f) != 0) rc = 1;
         free(all);
-        if (fclose(f) != 0) rc = 1;
-        if (rc) goto done;
+        if (rc) {
+            fprintf(stderr, "colibri-infer: --logits %s: cannot write it: %s\n", o.logits_path, strerror(errno));
+            if (f) remove(o.logits_path);
+            goto done;
+        }
     } else if (colibri_forward(session, prompt, n_prompt, NULL, &err)) {
         rc = fail("prefill failed", &err);
         goto done;
@@ -515,7 +533,7 @@ int main(int argc, char **argv)
         FILE *f = fopen(o.profile_path, "w");
         int p;
         colibri_profile(session, ns);
-        if (!f) { fprintf(stderr, "colibri-infer: cannot write %s\n", o.profile_path); rc = 1; }
+        if (!f) { fprintf(stderr, "colibri-infer: --profile %s: %s\n", o.profile_path, strerror(errno)); rc = 1; }
         else {
             fprintf(f, "{\"model\": \"%s\", \"kernels\": \"%s\", \"prompt_tokens\": %zu, \"generated_tokens\": %ld, "
                        "\"wall_ns\": %.0f, \"phases_ns\": {", colibri_model_architecture(model), colibri_session_kernels(session),
@@ -523,7 +541,10 @@ int main(int argc, char **argv)
             for (p = 0; p < COLIBRI_PHASE_COUNT; p++)
                 fprintf(f, "%s\"%s\": %llu", p ? ", " : "", colibri_phase_name(p), (unsigned long long)ns[p]);
             fprintf(f, "}}\n");
-            if (fclose(f) != 0) rc = 1;
+            if (ferror(f) | fclose(f)) {
+                fprintf(stderr, "colibri-infer: --profile %s: cannot write it: %s\n", o.profile_path, strerror(errno));
+                rc = 1;
+            }
         }
     }
     if (o.verbose && generated > 0)
@@ -545,5 +566,9 @@ done:
     colibri_session_destroy(session);
     colibri_model_close(model);
     free(prompt_text);
+    if (ferror(stdout) | fclose(stdout)) {   /* every write to it, checked once: a full disk is an error */
+        fprintf(stderr, "colibri-infer: cannot write standard output: %s\n", strerror(errno));
+        return 1;
+    }
     return rc;
 }

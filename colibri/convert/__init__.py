@@ -15,6 +15,7 @@ from pathlib import Path
 from .errors import ConvertError
 from .families import FAMILIES
 from .hf import Checkpoint
+from .limits import check as check_limits
 from .vocab import byte_table, encoder, token_bytes
 from .writer import DTYPES, LAYOUTS, check_dtype, check_layout, write_model
 
@@ -42,17 +43,19 @@ def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked"):
     check_dtype(dtype)
     check_layout(layout)
     src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if out_dir.resolve() == src_dir.resolve():
+        raise ConvertError(f"{out_dir}: the output directory is the source {src_dir}: give another")
     if src_dir.suffix == ".gguf" and src_dir.is_file():
         from .gguf_import import convert_gguf
 
         return convert_gguf(src_dir, out_dir, progress=progress, layout=layout)
     with Checkpoint(src_dir) as ckpt:
         model_type = ckpt.config.get("model_type")
-        if model_type not in FAMILIES:
+        if not isinstance(model_type, str) or model_type not in FAMILIES:
             raise ConvertError(f"{src_dir / 'config.json'}: model_type {model_type!r} is not supported "
                                f"(supported: {', '.join(sorted(FAMILIES))})")
         family = FAMILIES[model_type]
-        desc = family.describe(ckpt.config, model_type)
+        desc = check_limits(family.describe(ckpt.config, model_type))   # before a plan is sized by it
         plan = family.plan(desc, ckpt)
         source_dtypes = set()
         for entry in plan:  # every missing tensor and wrong shape is reported before writing

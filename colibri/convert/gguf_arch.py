@@ -29,6 +29,7 @@ src/models/<arch>.cpp), so it is assumed here too:
 import numpy as np
 
 from .errors import ConvertError
+from .limits import check as check_limits
 from .families import FAMILIES
 
 MISSING = object()
@@ -353,7 +354,7 @@ def describe(meta, arch, tensors):
     config["bos_token_id"] = token_id(meta, "tokenizer.ggml.bos_token_id")
     config["eos_token_id"] = token_id(meta, "tokenizer.ggml.eos_token_id")
     module = FAMILIES[family]
-    desc = module.describe(config, family)
+    desc = check_limits(module.describe(config, family))
     hp = desc["hparams"]
     if arch == "granitemoe":
         hp["rope_interleaved"] = True   # q and k rows reordered by llama.cpp's converter for adjacent-pair RoPE

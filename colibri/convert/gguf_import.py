@@ -20,6 +20,7 @@ import numpy as np
 from .errors import ConvertError
 from . import gguf_arch
 from .gguf_vocab import gguf_vocabulary
+from .limits import check as check_limits
 from .writer import INTEGER_DTYPES, Stored, write_model
 
 STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",   # GGUF type -> colibri dtype
@@ -247,7 +248,7 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked"):
     if "token_embd.weight" not in tensors:
         raise ConvertError(f"{path}: no token_embd.weight")
     if arch in ("llama", "qwen3moe"):
-        desc, entries = _describe(meta, arch, tensors), _entries(reader, arch, lambda t: _colibri_name(t.name))
+        desc, entries = check_limits(_describe(meta, arch, tensors)), _entries(reader, arch, lambda t: _colibri_name(t.name))
     else:
         desc, entries = _family_entries(reader, meta, arch, tensors)
     encoder, vocab_tensors = gguf_vocabulary(reader, desc["hparams"]["vocab_size"], desc["hparams"]["bos_token_id"])

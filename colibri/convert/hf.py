@@ -28,9 +28,15 @@ class Checkpoint:
         if not config_path.is_file():
             raise ConvertError(f"{self.dir}: no config.json (is this a Hugging Face model directory?)")
         try:
-            self.config = json.loads(config_path.read_text())
+            self.config = json.loads(config_path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConvertError(f"{config_path}: not UTF-8 (byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise ConvertError(f"{config_path}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise ConvertError(f"{config_path}: nested too deeply to be a model's config") from None
+        if not isinstance(self.config, dict):
+            raise ConvertError(f"{config_path}: a JSON object of the model's settings, not {type(self.config).__name__}")
         self.shards = sorted(self.dir.glob("*.safetensors"))
         if not self.shards:
             raise ConvertError(f"{self.dir}: no *.safetensors files")

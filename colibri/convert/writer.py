@@ -110,7 +110,7 @@ def encode(x, dtype):
 def _header_text(doc):
     """The JSON, indented, with each tensor entry on one line so the table reads as a table."""
     head = {k: v for k, v in doc.items() if k != "tensors"}
-    text = json.dumps(head, indent=2)
+    text = json.dumps(head, indent=2, allow_nan=False)   # NaN is not JSON: the core would refuse it
     rows = ",\n".join("    " + json.dumps(t) for t in doc["tensors"])
     return text[:-2] + ',\n  "tensors": [\n' + rows + "\n  ]\n}\n"
 

@@ -310,6 +310,21 @@ colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
     i = json_object_get(L->text, L->tok, root, "tokenizer");
     if (i >= 0 && L->tok[i].type != JSON_STRING)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "model.tokenizer must be a string");
+    if (i >= 0) {   /* a file in the model directory: nothing outside it is read as the tokenizer */
+        const char *t = L->text + L->tok[i].start;
+        uint32_t n = L->tok[i].len, start = 0;
+        if (n == 0 || t[0] == '/')
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "model.tokenizer must be a relative path in the model directory");
+        for (k = 0; k <= n; k++) {
+            if (k < n && t[k] == '\\')
+                return colibri_fail(L->err, COLIBRI_E_VALUE, "model.tokenizer must be a path without backslashes");
+            if (k == n || t[k] == '/') {
+                if (k - start == 2 && t[start] == '.' && t[start + 1] == '.')
+                    return colibri_fail(L->err, COLIBRI_E_VALUE, "model.tokenizer must not leave the model directory (..)");
+                start = k + 1;
+            }
+        }
+    }
     i = json_object_get(L->text, L->tok, root, "metadata");
     if (i >= 0 && L->tok[i].type != JSON_OBJECT)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "model.metadata must be an object");

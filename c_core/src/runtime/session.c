@@ -209,6 +209,9 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
     if (st) return st;
     *n_ctx = o && o->n_ctx ? o->n_ctx : (hp->max_position_embeddings < DEFAULT_CTX ? hp->max_position_embeddings : DEFAULT_CTX);
     *n_batch = o && o->n_batch ? o->n_batch : DEFAULT_BATCH;
+    if (o && (o->threads < 0 || o->threads > 256))
+        return colibri_fail(err, COLIBRI_E_ARG, "threads = %d must lie in [0, 256] (0: COLIBRI_THREADS, else the cores)",
+                            o->threads);
     if (*n_ctx < 1 || *n_ctx > hp->max_position_embeddings)
         return colibri_fail(err, COLIBRI_E_ARG, "n_ctx = %d must lie in [1, %d] (max_position_embeddings)",
                             *n_ctx, hp->max_position_embeddings);

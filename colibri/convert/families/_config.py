@@ -3,6 +3,7 @@
 import math
 
 from ..errors import ConvertError
+from ..limits import INTEGERS, limit_error
 
 MISSING = object()
 _KINDS = {int: "an integer", float: "a number", bool: "true or false"}
@@ -10,7 +11,7 @@ _KINDS = {int: "an integer", float: "a number", bool: "true or false"}
 
 def get(config, key, default=MISSING, kind=int):
     """config[key] checked to be of `kind` (float accepts integers too). An optional key that is
-    absent or null gives `default`."""
+    absent or null gives `default`. A float must be finite (json reads NaN and Infinity)."""
     value = config.get(key, default)
     if value is None and default is not MISSING:
         return default
@@ -20,13 +21,19 @@ def get(config, key, default=MISSING, kind=int):
         isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool))
     if not ok:
         raise ConvertError(f"config.json: `{key}` = {value!r} is not {_KINDS[kind]}")
+    if kind is float and not -math.inf < value < math.inf:
+        raise ConvertError(f"config.json: `{key}` = {value!r} is not a finite number")
     return value
 
 
-def dim(config, key, default=MISSING):
+def dim(config, key, default=MISSING, limit=None):
+    """A size: an integer >= 1 and, with `limit` (a colibri field of limits.INTEGERS), within the
+    range the core loads, checked before anything is sized by it."""
     value = get(config, key, default)
     if value is not None and value < 1:
         raise ConvertError(f"config.json: `{key}` = {value} must be at least 1")
+    if value is not None and limit and not INTEGERS[limit][0] <= value <= INTEGERS[limit][1]:
+        raise limit_error(limit, value, key)
     return value
 
 
@@ -85,11 +92,11 @@ def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=
     act = config.get("hidden_act", "silu")
     if act not in activations:
         raise unsupported(family, f"hidden_act {act!r}")
-    hidden = dim(config, "hidden_size")
-    heads = dim(config, "num_attention_heads")
-    kv_heads = dim(config, "num_key_value_heads", heads)
-    head_dim = dim(config, "head_dim", None) or hidden // heads
-    vocab = dim(config, "vocab_size")
+    hidden = dim(config, "hidden_size", limit="hparams.hidden_size")
+    heads = dim(config, "num_attention_heads", limit="hparams.num_heads")
+    kv_heads = dim(config, "num_key_value_heads", heads, limit="hparams.num_kv_heads")
+    head_dim = dim(config, "head_dim", None, limit="hparams.head_dim") or hidden // heads
+    vocab = dim(config, "vocab_size", limit="hparams.vocab_size")
     if heads % kv_heads:
         raise ConvertError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     if head_dim % 2:
@@ -102,11 +109,12 @@ def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": expert_ffn,
-        "num_layers": dim(config, "num_hidden_layers"),
+        "num_layers": dim(config, "num_hidden_layers", limit="hparams.num_layers"),   # before any per-layer list
         "num_heads": heads,
         "num_kv_heads": kv_heads,
         "head_dim": head_dim,
-        "max_position_embeddings": dim(config, "max_position_embeddings", 4096 * 32),
+        "max_position_embeddings": dim(config, "max_position_embeddings", 4096 * 32,
+                                       limit="hparams.max_position_embeddings"),
         "rope_theta": positional["rope_theta"],
         "rms_norm_eps": float(get(config, "rms_norm_eps", eps_default, kind=float)),
         "sliding_window": 0,
@@ -126,7 +134,7 @@ ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
 def experts(config, count_keys, top_k_key="num_experts_per_tok"):
     """(n_experts, top_k) from the first of `count_keys` present."""
     key = next((k for k in count_keys if config.get(k) is not None), count_keys[0])
-    n_experts, top_k = dim(config, key), dim(config, top_k_key)
+    n_experts, top_k = dim(config, key, limit="experts.count"), dim(config, top_k_key, limit="routing.top_k")
     if not 1 <= top_k <= n_experts:
         raise ConvertError(f"config.json: {top_k_key} {top_k} not in [1, {key}={n_experts}]")
     return n_experts, top_k
