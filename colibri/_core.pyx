@@ -250,6 +250,12 @@ cdef class Model:
     """A colibri model directory (colibri_model.json + weights.bin), validated and mapped.
 
     ``verify=True`` also checks every tensor's CRC-32 and that all weights are finite.
+
+    weights.bin is mapped privately and read-only (``MAP_PRIVATE``), not copied.  Each new Session
+    checks that it is still the file opened (device, inode, size, modification time) and raises
+    Error (``COLIBRI_E_IO``, naming weights.bin and what changed) if not.  Nothing more: writes by
+    another process during a session may still show through on Linux and are not detected, and
+    truncating the file under a live mapping may still end the process with SIGBUS.
     """
     cdef c.colibri_model *_model
     cdef readonly str path

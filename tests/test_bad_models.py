@@ -46,6 +46,44 @@ def test_a_fifo_is_refused_not_waited_on(run, tmp_path):
     assert r.returncode != 0 and f"{name} is not a regular file" in r.stderr, (r.returncode, r.stderr[-2000:])
 
 
+def _truncate(w):
+    os.truncate(w, w.stat().st_size - 4096)
+
+
+def _rewrite(w):
+    """Same size, other bytes, a later modification time (set outright: a write in the same clock
+    tick as the open could keep it)."""
+    before = w.stat()
+    with open(w, "r+b") as f:
+        f.write(b"\0" * 64)
+    os.utime(w, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+
+
+def _replace(w):
+    data = w.read_bytes()
+    (w.parent / "new.bin").write_bytes(data)
+    os.replace(w.parent / "new.bin", w)
+
+
+# weights.bin changed after the model was opened: the next session is refused, naming the file.
+WEIGHT_CHANGES = {"truncated": (_truncate, "bytes, then"), "rewritten": (_rewrite, "written to"),
+                  "replaced": (_replace, "replaced by another file"), "removed": (os.unlink, "No such file")}
+
+
+@pytest.mark.parametrize("change", WEIGHT_CHANGES, ids=list(WEIGHT_CHANGES))
+def test_weights_changed_after_open_refuse_new_sessions(change, tmp_path):
+    d = tmp_path / "model"
+    shutil.copytree(FIXTURE, d)
+    model = colibri.Model(d)
+    colibri.Session(model, ctx=8)
+    mutate, fragment = WEIGHT_CHANGES[change]
+    mutate(d / "weights.bin")
+    with pytest.raises(colibri.Error) as e:
+        colibri.Session(model, ctx=8)
+    assert e.value.status == "COLIBRI_E_IO", str(e.value)
+    assert "weights.bin changed since the model was opened" in e.value.detail and fragment in e.value.detail, str(e.value)
+
+
 def test_corpus_is_large_enough():
     assert len(CASES) >= 20
     assert len({c.status for c in CASES}) >= 15, "the corpus should cover most distinct statuses"
