@@ -449,6 +449,28 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
             TRY(get_float(L, rs, where, "long_mscale", 0.0, 1e6, &hp->rope_long_mscale));
         }
     }
+    {   /* the largest RoPE angle, max_position_embeddings * the fastest inv_freq (1/theta^(2j/d), divided
+         * by YaRN's or Llama 3's factor), stays within 2^31, the range ops/math.c reduces as it always did */
+        double limit = 2147483648.0, angle = hp->max_position_embeddings;
+        int32_t scaled = hp->rope_type == COLIBRI_ROPE_YARN || hp->rope_type == COLIBRI_ROPE_LLAMA3;
+        const char *name = NULL;
+        int32_t at = -1;
+        if (hp->rope_theta < 1.0f) angle /= hp->rope_theta;
+        if (angle > limit) {
+            name = "rope_theta";
+            at = json_object_get(L->text, L->tok, h, "rope_theta");
+        } else if (scaled && hp->rope_factor < 1.0f && angle / hp->rope_factor > limit) {
+            name = "rope_scaling.factor";
+            at = json_object_get(L->text, L->tok, rs, "factor");
+        }
+        if (name) {
+            char text[32];
+            colibri_copy_token_text(text, sizeof text, L->text, &L->tok[at]);
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.%s = %s turns RoPE angles past 2^31 within "
+                                "max_position_embeddings = %d (needs max_position_embeddings * max(1, 1/rope_theta) "
+                                "* max(1, 1/factor) <= 2^31)", name, text, hp->max_position_embeddings);
+        }
+    }
 
     TRY(colibri_get_field(L, root, "model", "routing", JSON_OBJECT, &r));
     TRY(colibri_check_keys(L, r, "routing", routing_keys));
