@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import time
 from fractions import Fraction
@@ -90,8 +91,10 @@ def cmd_convert(args):
         raise SystemExit("colibri convert: give the source and the output directory (SRC OUT, or --input-dir and --output-dir)")
     dtype = _one_spelling("weight dtype", ("--quant", args.dtype),
                           ("--quantize", QUANTIZE.get(args.quantize) if args.quantize else None)) or "f32"
+    # SIGTERM unwinds like Ctrl-C, so the unfinished model is removed (a kill -9 leaves it for the next run)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out = convert(src, out, dtype=dtype, progress=not args.quiet, layout=args.layout)
-    model = _model(out, verify=True)
+    model = _model(out)   # convert() has loaded it with verify=True before putting it in place
     matrices = sorted({t["dtype"] for t in model.tensors() if len(t["shape"]) >= 2 and t["dtype"] not in ("u8", "i32")})
     print(f"wrote {out}: {model.architecture}, {len(model.tensors())} tensors, "
           f"{model.weight_bytes / 1e6:.1f} MB of weights, matrices in {', '.join(matrices)} (validated)")

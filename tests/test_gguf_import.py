@@ -264,8 +264,8 @@ K_TYPES = ("Q4_K", "Q6_K", "Q5_K", "Q2_K", "Q3_K", "IQ4_XS", "Q5_0", "Q4_1", "IQ
 
 
 def k_quant_gguf(path):
-    """A llama GGUF with 256 weights a row, each matrix in another of K_TYPES (random blocks: only
-    their bytes are looked at), the norms F32; and a vocabulary, for the byte tables."""
+    """A llama GGUF with 256 weights a row, each matrix in another of K_TYPES (random blocks with
+    finite scales: only their bytes are looked at), the norms F32; and a vocabulary, for the byte tables."""
     D, E, L = 256, 4, 2
     out = GGUFWriter(str(path), "llama")
     for add, value in ((out.add_context_length, 64), (out.add_embedding_length, D), (out.add_block_count, L),
@@ -284,6 +284,13 @@ def k_quant_gguf(path):
         kind = GGMLQuantizationType[next(kinds)]
         block, size = GGML_QUANT_SIZES[kind]
         rows = rng.integers(0, 256, (*shape[:-1], shape[-1] // block * size), dtype=np.uint8)
+        blocks = rows.reshape(-1, size)
+        while True:   # a block whose scale is not finite is redrawn: the model must load
+            with np.errstate(all="ignore"):
+                bad = ~np.isfinite(dequantize(blocks, kind)).all(-1)
+            if not bad.any():
+                break
+            blocks[bad] = rng.integers(0, 256, (int(bad.sum()), size), dtype=np.uint8)
         out.add_tensor(name, rows, raw_dtype=kind)
 
     add("token_embd.weight", (300, D))

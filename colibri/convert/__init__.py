@@ -16,6 +16,7 @@ from .errors import ConvertError
 from .families import FAMILIES
 from .hf import Checkpoint
 from .limits import check as check_limits
+from .output import staged
 from .vocab import byte_table, encoder, token_bytes
 from .writer import DTYPES, LAYOUTS, check_dtype, check_layout, write_model
 
@@ -39,16 +40,38 @@ def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked"):
     (f32, f16, bf16, q8_0, q4_0 or w4g128); or import a .gguf file, its weights as they are. `layout`:
     the routed experts "stacked" (each tensor whole) or "interleaved" (each expert's tensors one
     extent, read at once; docs/FORMAT.md). Returns out_dir as a Path. Raises ConvertError on anything
-    it cannot convert."""
+    it cannot convert.
+
+    out_dir is replaced whole once the new model is written and the core has loaded it (CRCs and
+    all): a conversion that fails, or is interrupted, leaves what was there (output.py). It must be
+    new, empty, or a colibri model; files other than the model's own in it are kept."""
     check_dtype(dtype)
     check_layout(layout)
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if out_dir.resolve() == src_dir.resolve():
         raise ConvertError(f"{out_dir}: the output directory is the source {src_dir}: give another")
-    if src_dir.suffix == ".gguf" and src_dir.is_file():
-        from .gguf_import import convert_gguf
+    with staged(out_dir, src_dir) as work:
+        if src_dir.suffix == ".gguf" and src_dir.is_file():
+            from .gguf_import import convert_gguf
 
-        return convert_gguf(src_dir, out_dir, progress=progress, layout=layout)
+            convert_gguf(src_dir, work, progress=progress, layout=layout)
+        else:
+            _convert_checkpoint(src_dir, work, dtype, progress, layout)
+        _check_loads(work)
+    return out_dir
+
+
+def _check_loads(model_dir):
+    """The core's own validation of what was written, before it replaces anything."""
+    import colibri
+
+    try:
+        colibri.Model(model_dir, verify=True)
+    except colibri.Error as e:
+        raise ConvertError(f"the converted model does not load (nothing was replaced): {e}") from None
+
+
+def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout):
     with Checkpoint(src_dir) as ckpt:
         model_type = ckpt.config.get("model_type")
         if not isinstance(model_type, str) or model_type not in FAMILIES:
@@ -85,4 +108,3 @@ def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked"):
         write_model(out_dir, doc, tensors, dtype, progress=progress, layout=layout)
     if has_tokenizer:
         shutil.copyfile(src_dir / "tokenizer.json", out_dir / "tokenizer.json")
-    return out_dir

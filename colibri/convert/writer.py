@@ -2,7 +2,6 @@
 
 import functools
 import json
-import os
 import re
 import zlib
 from pathlib import Path
@@ -216,8 +215,8 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):
     so the progress bar knows its size. One tensor is in memory at a time; with layout
     "interleaved", one layer's routed-expert tensors, written as its experts' extents, all of them
     after every other tensor: weights.bin is then the resident prefix (what a device keeps in
-    memory), then the extents (what it may stream). The table keeps the plan's order. weights.bin
-    is written under a temporary name and renamed only when every tensor was written.
+    memory), then the extents (what it may stream). The table keeps the plan's order. out_dir is
+    written in place: convert() gives it a fresh directory it renames into place (output.py).
     """
     check_dtype(dtype)
     check_layout(layout)
@@ -233,27 +232,22 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked"):
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = [(t[0], t[1], t[2], t[3] if len(t) > 3 else stored_dtype(t[1], dtype)) for t in tensors]
     total = sum(nbytes(shape, stored) for _, shape, _, stored in tensors)   # bytes, padding aside
-    partial = out_dir / "weights.bin.partial"
     groups = _groups(tensors, layout)
     rows = [[] for _ in groups]   # each group's table entries, in plan order
-    try:
-        with open(partial, "wb") as f, tqdm(total=total, unit="B", unit_scale=True,
-                                            desc="weights.bin", disable=not progress) as bar:
-            for i in sorted(range(len(groups)), key=lambda i: groups[i][0]):   # the extents last
-                extents, group = groups[i]
-                if extents:
-                    _write_extents(f, group, dtype, rows[i], bar)
-                    continue
-                name, shape, load, _ = group[0]
-                data, stored = _encoded(name, shape, load, dtype)
-                _pad(f)
-                rows[i].append(_entry(name, stored, shape, f.tell(), data))
-                f.write(data)
-                _count(bar, nbytes(shape, group[0][3]), len(data))
-                bar.update(len(data))
-        os.replace(partial, out_dir / "weights.bin")
-    finally:
-        partial.unlink(missing_ok=True)
+    with open(out_dir / "weights.bin", "wb") as f, tqdm(total=total, unit="B", unit_scale=True,
+                                                        desc="weights.bin", disable=not progress) as bar:
+        for i in sorted(range(len(groups)), key=lambda i: groups[i][0]):   # the extents last
+            extents, group = groups[i]
+            if extents:
+                _write_extents(f, group, dtype, rows[i], bar)
+                continue
+            name, shape, load, _ = group[0]
+            data, stored = _encoded(name, shape, load, dtype)
+            _pad(f)
+            rows[i].append(_entry(name, stored, shape, f.tell(), data))
+            f.write(data)
+            _count(bar, nbytes(shape, group[0][3]), len(data))
+            bar.update(len(data))
     table = [entry for row in rows for entry in row]
     if "experts" in doc:
         doc = {**doc, "experts": {**doc["experts"], "weight_layout": layout}}
