@@ -39,7 +39,7 @@ def test_a_fifo_is_refused_not_waited_on(run, tmp_path):
     if fifo.exists():
         fifo.unlink()
     os.mkfifo(fifo)
-    try:
+    try:   # a refusal takes well under a second; 30 s is for a loaded 2-core machine starting Python
         r = subprocess.run(command(d, fifo), capture_output=True, text=True, timeout=30, cwd=tmp_path)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{run}: blocked on the FIFO {name}")

@@ -17,7 +17,9 @@ from test_convert import copy_hf
     ({"rope_theta": float("inf"), "rope_parameters": None}, r"`rope_theta` = inf is not a finite number"),
     ({"rms_norm_eps": 2.0}, r"`hparams\.rms_norm_eps` = 2\.0 is outside \(0, 1\]"),
     ({"head_dim": 2048}, r"`head_dim` = 2048 is outside \[2, 1024\]"),
-], ids=["experts", "layers", "nan-theta", "inf-theta", "eps", "head-dim"])
+    ({"rope_theta": 1e-6, "rope_parameters": None, "max_position_embeddings": 4096},
+     r"`hparams\.rope_theta` = 1e-06 turns RoPE angles past 2\^31 within max_position_embeddings = 4096"),
+], ids=["experts", "layers", "nan-theta", "inf-theta", "eps", "head-dim", "rope-angle"])
 def test_out_of_range_hparams_refused_before_anything_is_written(tmp_path, edit, match):
     copy_hf(FIXTURES / "tiny-mixtral", tmp_path / "src", config=edit)
     start = time.monotonic()

@@ -70,6 +70,23 @@ def _field(desc, field):
     return node
 
 
+def _largest_rope_angle(hp):
+    """(max_position_embeddings * the fastest RoPE frequency, "rope_scaling.factor" when the factor
+    is what passes 2^31, else None), in float32 parameters as schema.c reckons it."""
+    angle = float(hp["max_position_embeddings"])
+    theta = float(np.float32(hp["rope_theta"]))
+    if theta < 1.0:
+        angle /= theta
+    if angle > 2.0 ** 31:
+        return angle, None
+    scaling = hp.get("rope_scaling") or {}
+    if scaling.get("type") in ("yarn", "llama3") and "factor" in scaling:
+        factor = float(np.float32(scaling["factor"]))
+        if factor < 1.0 and angle / factor > 2.0 ** 31:
+            return angle / factor, "rope_scaling.factor"
+    return angle, None
+
+
 def check(desc):
     """Raise a ConvertError naming the first field of the description (architecture, hparams,
     routing, experts) outside the range the core loads, or that is not a finite number."""
@@ -94,6 +111,12 @@ def check(desc):
     if hp["num_heads"] * hp["head_dim"] > MAX_FFN:
         raise ConvertError(f"`hparams.num_heads` * `head_dim` = {hp['num_heads'] * hp['head_dim']} exceeds {MAX_FFN}, "
                            f"the most colibri's loader accepts")
+    angle, scaling = _largest_rope_angle(hp)
+    if angle > 2.0 ** 31:
+        raise ConvertError(f"`hparams.{scaling or 'rope_theta'}` = {_field(desc, 'hparams.' + (scaling or 'rope_theta'))} "
+                           f"turns RoPE angles past 2^31 within max_position_embeddings = "
+                           f"{hp['max_position_embeddings']} (colibri's loader needs max_position_embeddings * "
+                           f"max(1, 1/rope_theta) * max(1, 1/factor) <= 2^31)")
     if desc["routing"]["top_k"] > desc["experts"]["count"]:
         raise ConvertError(f"`routing.top_k` = {desc['routing']['top_k']} exceeds `experts.count` = "
                            f"{desc['experts']['count']}")
