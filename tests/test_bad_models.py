@@ -84,6 +84,20 @@ def test_weights_changed_after_open_refuse_new_sessions(change, tmp_path):
     assert "weights.bin changed since the model was opened" in e.value.detail and fragment in e.value.detail, str(e.value)
 
 
+def test_a_model_opened_by_a_relative_path_survives_a_change_of_directory(tmp_path, monkeypatch):
+    """The weights are checked (and streamed experts read) by the path resolved when the model was opened."""
+    shutil.copytree(FIXTURE, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    model = colibri.Model("model")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    tokens = [1, 2, 3]
+    resident = colibri.Session(model, ctx=8, kernels="reference").forward(tokens)
+    _, least = model.expert_slots(expert_budget=1)
+    streamed = colibri.Session(model, ctx=8, kernels="reference", expert_budget=least).forward(tokens)
+    np.testing.assert_array_equal(resident, streamed)
+
+
 def test_corpus_is_large_enough():
     assert len(CASES) >= 20
     assert len({c.status for c in CASES}) >= 15, "the corpus should cover most distinct statuses"

@@ -173,10 +173,9 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
     if (!st) st = colibri_model_meta_bytes(pm->json, json_len, &meta_bytes, err);
     if (!st) st = path_join(path, sizeof path, dir, "weights.bin", err);
     if (!st) st = map_weights(path, &pm->weights, &pm->weights_len, &pm->weights_stat, err);
-    if (!st) {
-        pm->weights_path = malloc(strlen(path) + 1);
-        if (pm->weights_path) memcpy(pm->weights_path, path, strlen(path) + 1);
-        else st = colibri_fail(err, COLIBRI_E_NOMEM, "out of memory");
+    if (!st) {   /* absolute: later checks and expert reads must not depend on the working directory */
+        pm->weights_path = realpath(path, NULL);
+        if (!pm->weights_path) st = colibri_fail(err, COLIBRI_E_IO, "cannot resolve %s: %s", path, strerror(errno));
     }
     if (!st) {
         meta = malloc(meta_bytes);   /* malloc aligns to 16 on every POSIX ABI we target */
