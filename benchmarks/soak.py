@@ -26,6 +26,7 @@ Prints a markdown table and writes it, with the machine, date, commit and load a
 """
 import argparse
 import datetime
+import fnmatch
 import gc
 import json
 import os
@@ -86,6 +87,13 @@ def stats(ns):
     p50, p99, p999 = np.percentile(ms, [50, 99, 99.9])
     return {"n": int(ms.size), "slow": int((ms > 1.0).sum()), "median": p50, "p99": p99, "p99.9": p999, "std": float(ms.std()), "max": float(ms.max()),
             "sum_s": float(ms.sum() / 1e3)}
+
+
+def resident(n):
+    """int64 zeros (n) whose pages are already touched: filling them does not grow the RSS."""
+    a = np.empty(n, dtype=np.int64)
+    a.fill(0)
+    return a
 
 
 def prompt_for(vocab):
@@ -210,6 +218,7 @@ def traced(run):
     """tracemalloc's growth over run(on_warm): bytes and blocks from after warm-up to the end, and
     the line that grew most."""
     mine = [tracemalloc.Filter(False, tracemalloc.__file__)]   # not the snapshots' own bookkeeping
+    fnmatch.fnmatch(tracemalloc.__file__, tracemalloc.__file__)   # the filter's pattern compiled (and cached) now
     tracemalloc.start()
     snaps = []
     run(lambda: snaps.append(tracemalloc.take_snapshot().filter_traces(mine)))
@@ -230,31 +239,30 @@ def python_side(model_dir, prompt, tokens, requests, threads):
     session = model.session()
     out = {}
 
-    lat, ids = np.zeros(tokens, dtype=np.int64), np.zeros(tokens, dtype=np.int64)
+    lat, ids = resident(tokens), resident(tokens)
     warm = []
     gc0, start = gc_collections(), time.perf_counter()
     k = py_decode(session, prompt, tokens, lat, ids, lambda: warm.append(rss_kib()))
-    wall = time.perf_counter() - start
+    wall, rss_end, n_gc = time.perf_counter() - start, rss_kib(), gc_collections() - gc0   # before the figures' own memory
     out["decode"] = {**stats(lat[:k]), "tokens": tokens, "wall_s": wall, "ids": ids.tolist(), "rss_start": rss_start,
-                     "rss_warm": warm[0] if warm else rss_kib(), "rss_end": rss_kib(),
-                     "gc": gc_collections() - gc0}
+                     "rss_warm": warm[0] if warm else rss_end, "rss_end": rss_end, "gc": n_gc}
 
     n_steps = requests * (REQUEST_TOKENS - 1)
-    lat, req, rids = (np.zeros(n_steps, dtype=np.int64), np.zeros(requests, dtype=np.int64),
-                      np.zeros(requests * REQUEST_TOKENS, dtype=np.int64))
+    lat, req, rids = (resident(n_steps), resident(requests),
+                      resident(requests * REQUEST_TOKENS))
     warm, rss0 = [], rss_kib()
     gc0, start = gc_collections(), time.perf_counter()
     k = py_requests(session, prompt, requests, lat, req, rids, lambda: warm.append(rss_kib()))
-    wall = time.perf_counter() - start
+    wall, rss_end, n_gc = time.perf_counter() - start, rss_kib(), gc_collections() - gc0
     out["requests"] = {**stats(lat[:k]), "tokens": requests * REQUEST_TOKENS, "wall_s": wall, "ids": rids.tolist(),
-                       "request": stats(req), "rss_start": rss0, "rss_warm": warm[0] if warm else rss_kib(),
-                       "rss_end": rss_kib(), "gc": gc_collections() - gc0}
+                       "request": stats(req), "rss_start": rss0, "rss_warm": warm[0] if warm else rss_end,
+                       "rss_end": rss_end, "gc": n_gc}
 
     # the allocation passes, apart: tracemalloc slows every Python allocation
-    scratch = np.zeros(tokens, dtype=np.int64), np.zeros(tokens, dtype=np.int64)
+    scratch = resident(tokens), resident(tokens)
     out["decode"]["alloc"] = traced(lambda w: py_decode(session, prompt, tokens, *scratch, w))
-    scratch = (np.zeros(n_steps, dtype=np.int64), np.zeros(requests, dtype=np.int64),
-               np.zeros(requests * REQUEST_TOKENS, dtype=np.int64))
+    scratch = (resident(n_steps), resident(requests),
+               resident(requests * REQUEST_TOKENS))
     out["requests"]["alloc"] = traced(lambda w: py_requests(session, prompt, requests, *scratch, w))
     return out
 

@@ -533,6 +533,7 @@ int main(int argc, char **argv)
         rc = 1;
         goto done;
     }
+    if (latency) memset(latency, 0, (size_t)o.max_tokens * sizeof *latency);   /* resident now: RSS stays flat while decoding */
     t2 = now_seconds();
     if (o.verbose)
         fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s)\n", n_prompt, 1e3 * (t2 - t1),
