@@ -5,6 +5,7 @@
  *   colibri-infer --model DIR --validate-model
  *   colibri-infer --model DIR --memdump [--ctx 2048]
  *   colibri-infer --model DIR --tokens 1,415 --expert_budget 512M --verbose   (experts streamed)
+ *   colibri-infer --model DIR --tokens 1,415 --max_tokens 100000 --reset_every 0 --latency lat.bin --ids   (a soak)
  *
  * Prints the text as it is produced when the model carries its vocabulary (the prompt first),
  * else (or with --ids) the generated token ids, comma-separated. */
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 
 #include "colibri/colibri.h"
 #include "colibri/device.h"
@@ -29,7 +31,9 @@ typedef struct options {
     const char *load_path;
     const char *profile_path;
     const char *kernels;            /* a kernel variant by name, NULL: the best */
+    const char *latency_path;       /* each decode step's nanoseconds, uint64 */
     long max_tokens;
+    long reset_every;               /* -1: stop at a full context; 0: reset there; K: also after K tokens */
     long ctx;
     long batch;
     double temperature;
@@ -68,6 +72,11 @@ static void usage(FILE *f)
         "  --ctx N            context length to reserve (default: the model's, at most 4096)\n"
         "  --batch N          tokens per prefill chunk (default 64)\n"
         "  --ignore_eos       do not stop at the end-of-sequence token\n"
+        "  --reset_every K    after K generated tokens, at a full context (K = 0: there only) or at the\n"
+        "                     end-of-sequence token, empty the KV cache, prefill the prompt again and go on;\n"
+        "                     --max_tokens counts the tokens of every round (a soak)\n"
+        "  --latency FILE     write each decode step's time (a token's forward plus sampling the next, by\n"
+        "                     the monotonic clock) as uint64 nanoseconds in this machine's byte order to FILE\n"
         "  --ids              print token ids even when the model has a vocabulary\n"
         "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
         "  --reference        compute with the plain C reference kernels (as COLIBRI_KERNELS=reference)\n"
@@ -157,6 +166,7 @@ static int takes_a_value(const char *arg)
 {
     static const char *const names[] = { "model", "tokens", "prompt", "logits", "expert_load", "profile", "kernels",
                                          "device", "placement", "threads", "max_tokens", "ctx", "batch", "top_k",
+                                         "reset_every", "latency",
                                          "temperature", "top_p", "seed", "routing", "routing_noise", "routing_seed",
                                          "capacity_factor", "expert_budget", "expert_cache" };
     size_t k;
@@ -171,6 +181,7 @@ static int parse_args(int argc, char **argv, options *o)
     memset(o, 0, sizeof *o);
     o->max_tokens = 16; o->temperature = 0.8; o->top_k = 40; o->top_p = 0.95; o->stop_at_eos = 1;
     o->routing_noise = 1.0;
+    o->reset_every = -1;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -198,6 +209,8 @@ static int parse_args(int argc, char **argv, options *o)
         else if (option_is(a, "expert_load")) o->load_path = v;
         else if (option_is(a, "profile")) o->profile_path = v;
         else if (option_is(a, "kernels")) o->kernels = v;
+        else if (option_is(a, "latency")) o->latency_path = v;
+        else if (option_is(a, "reset_every")) { if (!parse_long(a, v, 0, 1 << 24, &o->reset_every)) return 0; }
         else if (option_is(a, "device")) o->device = v;
         else if (option_is(a, "placement")) o->placement_path = v;
         else if (option_is(a, "threads")) { if (!parse_long(a, v, 0, 256, &o->threads)) return 0; }
@@ -315,6 +328,20 @@ static char *read_prompt(const char *arg, size_t *len)
     return text;
 }
 
+/* 1 when f is a regular file: one this program failed to write may be removed, a device (/dev/full) never. */
+static int is_regular(FILE *f)
+{
+    struct stat st;
+    return fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static double now_seconds(void)
 {
     struct timespec ts;
@@ -378,7 +405,10 @@ int main(int argc, char **argv)
     size_t n_prompt = 0;
     uint64_t rng;
     double t0, t1, t2;
-    long generated = 0;
+    long generated = 0, round_tokens = 0, resets = 0;
+    uint64_t *latency = NULL, step_start = 0;   /* (max_tokens) ns, allocated before decoding */
+    size_t n_latency = 0;
+    int timing = 0;
     int32_t token;
     int rc = 0;
     char *prompt_text = NULL;
@@ -481,41 +511,72 @@ int main(int argc, char **argv)
         size_t count = n_prompt * (size_t)hp->vocab_size;
         float *all = malloc(count * sizeof(float));
         FILE *f;
+        int regular;
         if (!all) { fprintf(stderr, "colibri-infer: out of memory for the logits\n"); rc = 1; goto done; }
         if (colibri_forward(session, prompt, n_prompt, all, &err)) { rc = fail("prefill failed", &err); free(all); goto done; }
         f = fopen(o.logits_path, "wb");   /* only now: a failed prefill leaves no file */
         if (!f || fwrite(all, sizeof(float), count, f) != count) rc = 1;
+        regular = f && is_regular(f);
         if (f && fclose(f) != 0) rc = 1;
         free(all);
         if (rc) {
             fprintf(stderr, "colibri-infer: --logits %s: cannot write it: %s\n", o.logits_path, strerror(errno));
-            if (f) remove(o.logits_path);
+            if (regular) remove(o.logits_path);
             goto done;
         }
     } else if (colibri_forward(session, prompt, n_prompt, NULL, &err)) {
         rc = fail("prefill failed", &err);
         goto done;
     }
+    if (o.latency_path && !(latency = malloc((size_t)(o.max_tokens > 0 ? o.max_tokens : 1) * sizeof *latency))) {
+        fprintf(stderr, "colibri-infer: out of memory for --latency\n");
+        rc = 1;
+        goto done;
+    }
+    if (latency) memset(latency, 0, (size_t)o.max_tokens * sizeof *latency);   /* resident now: RSS stays flat while decoding */
     t2 = now_seconds();
     if (o.verbose)
         fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s)\n", n_prompt, 1e3 * (t2 - t1),
                 (double)n_prompt / (t2 - t1));
     while (generated < o.max_tokens) {
+        int full, eos;
         if (colibri_sample(session, &sp, &rng, &token, &err)) { rc = fail("sampling failed", &err); break; }
+        if (timing) { latency[n_latency++] = now_ns() - step_start; timing = 0; }
         if (o.ids) printf(generated ? ",%d" : "%d", token);
         else put_token_text(model, token);
         fflush(stdout);
         generated++;
-        if (o.stop_at_eos && token == hp->eos_token_id) break;
-        if (generated == o.max_tokens) break;
-        if (colibri_session_position(session) >= colibri_session_n_ctx(session)) {
+        round_tokens++;
+        eos = o.stop_at_eos && token == hp->eos_token_id;
+        if (generated == o.max_tokens || (eos && o.reset_every < 0)) break;
+        full = colibri_session_position(session) >= colibri_session_n_ctx(session);
+        if (o.reset_every >= 0 && (full || eos || round_tokens == o.reset_every)) {
+            colibri_session_reset(session);   /* the next round: the prompt again, its first token untimed */
+            if (colibri_forward(session, prompt, n_prompt, NULL, &err)) { rc = fail("prefill failed", &err); break; }
+            round_tokens = 0;
+            resets++;
+            continue;
+        }
+        if (full) {
             fprintf(stderr, "\ncolibri-infer: context of %d tokens is full\n", colibri_session_n_ctx(session));
             break;
         }
+        if (latency) { step_start = now_ns(); timing = 1; }
         if (colibri_forward(session, &token, 1, NULL, &err)) { rc = fail("decode failed", &err); break; }
     }
     flush_text();
     printf("\n");
+    if (latency && rc == 0) {
+        FILE *f = fopen(o.latency_path, "wb");
+        int regular;
+        if (!f || fwrite(latency, sizeof *latency, n_latency, f) != n_latency) rc = 1;
+        regular = f && is_regular(f);
+        if (f && fclose(f) != 0) rc = 1;
+        if (rc) {
+            fprintf(stderr, "colibri-infer: --latency %s: cannot write it: %s\n", o.latency_path, strerror(errno));
+            if (regular) remove(o.latency_path);
+        }
+    }
     if (o.load_path && rc == 0) {
         size_t count = (size_t)hp->n_layers * (size_t)hp->n_experts;
         uint64_t *load = malloc(count * sizeof(uint64_t));
@@ -548,8 +609,8 @@ int main(int argc, char **argv)
         }
     }
     if (o.verbose && generated > 0)
-        fprintf(stderr, "decode: %ld tokens in %.1f ms (%.1f tok/s)\n", generated, 1e3 * (now_seconds() - t2),
-                (double)generated / (now_seconds() - t2));
+        fprintf(stderr, "decode: %ld tokens in %.1f ms (%.1f tok/s), %ld resets\n", generated, 1e3 * (now_seconds() - t2),
+                (double)generated / (now_seconds() - t2), resets);
     if (o.verbose && o.expert_budget) {
         colibri_expert_cache_stats cs;
         if (colibri_expert_cache_stats_get(session, &cs) == COLIBRI_OK) {
@@ -566,6 +627,7 @@ done:
     colibri_session_destroy(session);
     colibri_model_close(model);
     free(prompt_text);
+    free(latency);
     if (ferror(stdout) | fclose(stdout)) {   /* every write to it, checked once: a full disk is an error */
         fprintf(stderr, "colibri-infer: cannot write standard output: %s\n", strerror(errno));
         return 1;
