@@ -283,6 +283,8 @@ def generate_on_target(model, ids, args):
 
     from colibri import targets
 
+    if not 0 <= args.seed <= INT32_MAX:   # what colibri-infer takes; the Python API takes any integer mod 2**64
+        raise SystemExit(f"colibri generate: --seed {args.seed}: a --target run takes 0 to {INT32_MAX}")
     command = targets.infer_command(args.target) + [
         "--model", model.path, "--tokens", ",".join(map(str, ids)), "--max_tokens", str(args.max_tokens),
         "--temperature", str(args.temperature), "--top_k", str(args.top_k), "--top_p", str(args.top_p),
