@@ -10,7 +10,7 @@ from bad_models import FIXTURE
 from colibri.targets import build, env_for
 
 
-@pytest.mark.parametrize("kind", ["native", "clang", "sanitize"])
+@pytest.mark.parametrize("kind", ["native", "clang", "sanitize", "clang-sanitize"])
 def test_meson_tests_pass(kind):
     out = build(kind)
     r = subprocess.run(["meson", "test", "-C", str(out), "--print-errorlogs"], capture_output=True, text=True,
