@@ -382,9 +382,84 @@ def make_seeds():
             except ConvertError as e:
                 raise SystemExit(f"seed {target}/{name} is refused: {e}")
         print(f"{folder}: {len(seeds)} seeds, {sum(map(len, seeds.values()))} bytes")
+    # libFuzzer dictionaries: the config keys and some values worth trying; the GGUF metadata keys
+    keys = sorted({k for text in corpora["config"].values() for k in _keys(json.loads(text))})
+    values = ["0", "-1", "1e309", "NaN", "-Infinity", "null", "true", "[]", "{}", "1000000000", "4294967296",
+              "1e-45", "0.5", '""', '"yarn"', '"longrope"', '"llama3"', '"default"', '"dense"']
+    _write_dict(CORPUS / "config.dict", [f'"{k}"' for k in keys] + values)
+    from colibri.convert import gguf_arch
+    gguf_keys = sorted(set(gguf_arch.KEYS) | {k for extra, _ in GGUF_SEEDS.values() for k in extra})
+    _write_dict(CORPUS / "gguf.dict", gguf_keys + ["tokenizer.ggml.", "general.architecture"] + list(GGUF_SEEDS))
+
+
+def _keys(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield k
+            yield from _keys(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _keys(v)
+
+
+def _write_dict(path, entries):
+    """A libFuzzer dictionary: one quoted entry a line (quotes and backslashes escaped)."""
+    quoted = ['"' + e.replace("\\", "\\\\").replace('"', '\\"') + '"' for e in entries]
+    path.write_text("\n".join(quoted) + "\n")
 
 
 # ------------------------------------------------------------------------------------ fuzz loop
+
+# values a config.json mutant may take: limits, their neighbours, overflows, NaN, wrong types
+INTERESTING = [0, 1, -1, 2, 3, 8, 16, 31, 32, 64, 127, 1024, 1025, 4096, 4097, 1 << 16, 1 << 20, 1 << 24,
+               (1 << 24) + 1, 2**31 - 1, 2**31, 2**32, 2**63, 2**64, 10**7, 10**9, 10**30, 0.0, -0.0, 0.5, 1e-45,
+               1e-38, 1e-30, 1e12, 1e13, 3.4e38, 1e39, float("inf"), float("-inf"), float("nan"), None, True, False,
+               "", "x", "silu", "gelu", "yarn", "longrope", "llama3", "linear", "dense", "sparse", "sigmoid", "softmax",
+               "noaux_tc", "group_limited_greedy", [], [0], [1, 2], ["full_attention"], ["conv"], {}, {"rope_type": "yarn"}]
+
+
+def _slots(node, out):
+    """Every (container, key) of a JSON document, depth first."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        out.append((node, k))
+        _slots(v, out)
+    return out
+
+
+def _config_mutator(atheris, keys):
+    """A custom mutator that edits config.json as JSON (a value replaced, scaled or removed; a
+    key added), and otherwise mutates the bytes as libFuzzer does."""
+    import random
+
+    def mutate(data, max_size, seed):
+        rng = random.Random(seed)
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict) or rng.random() < 0.15:
+            return atheris.Mutate(data, max_size)
+        for _ in range(rng.choice((1, 1, 1, 2, 3))):
+            slots = _slots(doc, [])
+            op = rng.random()
+            if op < 0.15 or not slots:
+                parent = rng.choice([doc] + [c[k] for c, k in slots if isinstance(c[k], dict)])
+                parent[rng.choice(keys)] = rng.choice(INTERESTING)
+                continue
+            container, key = rng.choice(slots)
+            value = container[key]
+            if op < 0.3:
+                del container[key]
+            elif op < 0.55 and isinstance(value, (int, float)) and not isinstance(value, bool):
+                container[key] = rng.choice((value + 1, value - 1, value * 2, -value, value * 1000, value // 2
+                                             if isinstance(value, int) else value / 2))
+            else:
+                container[key] = rng.choice(INTERESTING)
+        return json.dumps(doc).encode()[:max_size]
+
+    return mutate
+
 
 def main(argv):
     if argv[1:2] == ["--make-seeds"]:
@@ -404,8 +479,11 @@ def main(argv):
         if target == "gguf":
             import gguf   # noqa: F401
             import gguf.quants   # noqa: F401
-    fn = TARGETS[target]
-    atheris.Setup(argv, fn)
+    fn, extra = TARGETS[target], {}
+    if target == "config":
+        keys = sorted({k for path in (CORPUS / "config").iterdir() for k in _keys(json.loads(path.read_bytes()))})
+        extra["custom_mutator"] = _config_mutator(atheris, keys)
+    atheris.Setup(argv, fn, **extra)
     atheris.Fuzz()
 
 
