@@ -56,9 +56,9 @@ def _convert(src, out, data, refusal_ok):
     h = zlib.crc32(data)
     try:
         convert(src, out, dtype=DTYPES[h % len(DTYPES)] if refusal_ok else "f32", progress=False, layout=LAYOUTS[(h >> 8) % len(LAYOUTS)])
-    except ConvertError:
-        if not refusal_ok:
-            raise
+    except ConvertError as e:
+        if not refusal_ok or (e.__cause__ is not None and not isinstance(e.__cause__, ConvertError)):
+            raise   # a refusal only by convert()'s safety net is a finding too
 
 
 class _Shapes:
@@ -430,9 +430,16 @@ def _slots(node, out):
 def _config_mutator(atheris, keys):
     """A custom mutator that edits config.json as JSON (a value replaced, scaled or removed; a
     key added), and otherwise mutates the bytes as libFuzzer does."""
+    import copy
     import random
 
     def mutate(data, max_size, seed):
+        try:
+            return edit(data, max_size, seed)
+        except (ValueError, RecursionError):   # a document json cannot write back
+            return atheris.Mutate(data, max_size)
+
+    def edit(data, max_size, seed):
         rng = random.Random(seed)
         try:
             doc = json.loads(data)
@@ -445,7 +452,7 @@ def _config_mutator(atheris, keys):
             op = rng.random()
             if op < 0.15 or not slots:
                 parent = rng.choice([doc] + [c[k] for c, k in slots if isinstance(c[k], dict)])
-                parent[rng.choice(keys)] = rng.choice(INTERESTING)
+                parent[rng.choice(keys)] = copy.deepcopy(rng.choice(INTERESTING))
                 continue
             container, key = rng.choice(slots)
             value = container[key]
@@ -455,7 +462,7 @@ def _config_mutator(atheris, keys):
                 container[key] = rng.choice((value + 1, value - 1, value * 2, -value, value * 1000, value // 2
                                              if isinstance(value, int) else value / 2))
             else:
-                container[key] = rng.choice(INTERESTING)
+                container[key] = copy.deepcopy(rng.choice(INTERESTING))
         return json.dumps(doc).encode()[:max_size]
 
     return mutate
