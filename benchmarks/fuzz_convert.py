@@ -62,24 +62,31 @@ def _convert(src, out, data, refusal_ok):
 
 
 class _Shapes:
-    """A checkpoint with no tensors: what a family's plan asks of it, answered without one."""
+    """A checkpoint with no tensors: what a family's plan asks of it, answered without one; its
+    experts per-expert tensors (the hub's layout) or fused (transformers 5's)."""
 
-    def __init__(self, config):
-        self.config = config
+    def __init__(self, config, fused):
+        self.config, self.fused = config, fused
 
     def __contains__(self, name):
-        return False
+        return self.fused and name.endswith(".gate_up_proj")
+
+    def __len__(self):
+        return 0
 
 
-def _planned_tensors(config):
-    """{source name: shape} of the tensors the family's plan reads for `config`, or None when the
-    config is refused before a plan or the plan holds more than MAX_ELEMENTS weights."""
+def _planned_tensors(config, fused=False):
+    """{source name: shape} of the tensors the family's plan reads for `config` (the experts fused
+    where asked, or where there are many), or None when the config is refused before a plan or
+    the plan holds more than MAX_ELEMENTS weights."""
     from colibri.convert import FAMILIES, ConvertError
     from colibri.convert.limits import check
 
     try:
         family = FAMILIES[config["model_type"]]
-        plan = family.plan(check(family.describe(config, config["model_type"])), _Shapes(config))
+        desc = check(family.describe(config, config["model_type"]))
+        many = desc["hparams"]["num_layers"] * desc["experts"]["count"] > 4096
+        plan = family.plan(desc, _Shapes(config, fused or many))
     except ConvertError:
         return None
     sources = {name: tuple(shape) for entry in plan for name, shape in entry.sources}
@@ -107,7 +114,7 @@ def target_config(data, refusal_ok=True):
     try:
         config = json.loads(data)
         if isinstance(config, dict) and isinstance(config.get("model_type"), str):
-            sources = _planned_tensors(config)
+            sources = _planned_tensors(config, fused=bool(zlib.crc32(data) & 0x10000))
     except (ValueError, RecursionError):   # the converter's own reading is what is tested
         pass
     except Exception:   # whatever the plan raises here, convert() meets again below, and reports

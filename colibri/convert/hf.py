@@ -64,6 +64,9 @@ class Checkpoint:
     def __contains__(self, name):
         return name in self._where
 
+    def __len__(self):
+        return len(self._where)
+
     def _handle(self, name):
         if name not in self._where:
             raise ConvertError(f"tensor `{name}` missing from {self.dir}")
