@@ -115,9 +115,7 @@ def target_config(data, refusal_ok=True):
         config = json.loads(data)
         if isinstance(config, dict) and isinstance(config.get("model_type"), str):
             sources = _planned_tensors(config, fused=bool(zlib.crc32(data) & 0x10000))
-    except (ValueError, RecursionError):   # the converter's own reading is what is tested
-        pass
-    except Exception:   # whatever the plan raises here, convert() meets again below, and reports
+    except Exception:   # whatever json or the plan raises here, convert() meets again below
         pass
     _tensors_file(src / "model.safetensors", sources or {"placeholder": (1,)}, zlib.crc32(data))
     _convert(src, src.parent / "out", data, refusal_ok)
