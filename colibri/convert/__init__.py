@@ -78,7 +78,15 @@ def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout):
             raise ConvertError(f"{src_dir / 'config.json'}: model_type {model_type!r} is not supported "
                                f"(supported: {', '.join(sorted(FAMILIES))})")
         family = FAMILIES[model_type]
-        desc = check_limits(family.describe(ckpt.config, model_type))   # before a plan is sized by it
+        try:
+            desc = check_limits(family.describe(ckpt.config, model_type))   # before a plan is sized by it
+        except ConvertError:
+            raise
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as e:
+            # a setting of a type or value the family's reading does not check for: named, not a traceback
+            # (chained, so that the fuzz target still reports it as a finding)
+            raise ConvertError(f"{src_dir / 'config.json'}: a setting {model_type} cannot take "
+                               f"({type(e).__name__}: {e})") from e
         plan = family.plan(desc, ckpt)
         source_dtypes = set()
         for entry in plan:  # every missing tensor and wrong shape is reported before writing

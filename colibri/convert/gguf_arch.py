@@ -338,13 +338,17 @@ ARCHS = ("qwen2moe", "olmoe", "granitemoe", "phimoe", "deepseek2", "glm4moe", "d
 
 class _Shapes:
     """What a family's plan asks of a checkpoint, answered without one: only the names and shapes
-    of the colibri tensors it lists are used."""
+    of the colibri tensors it lists are used. The experts are said to be fused (the same colibri
+    tensors as per-expert ones), so that the plan does not name each of E experts in each layer."""
 
     def __init__(self, config):
         self.config = config
 
     def __contains__(self, name):
-        return False
+        return name.endswith(".gate_up_proj")
+
+    def __len__(self):
+        return 0
 
 
 def describe(meta, arch, tensors):

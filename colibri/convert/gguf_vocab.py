@@ -35,13 +35,21 @@ PRE_TOKENIZERS = {
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
+def _contents(field, key):
+    """A GGUF field's value; its strings must be UTF-8, as the format says."""
+    try:
+        return field.contents()
+    except UnicodeDecodeError as e:
+        raise ConvertError(f"gguf `{key}`: a string that is not UTF-8 (byte {e.start})") from None
+
+
 def _array(reader, key, kind, count=None):
     """The values of the GGUF array `key` (None when absent), each of Python type `kind`, and
     `count` of them when given."""
     field = reader.fields.get(key)
     if field is None:
         return None
-    values = field.contents()
+    values = _contents(field, key)
     if not isinstance(values, list) or not all(isinstance(v, kind) for v in values):
         raise ConvertError(f"gguf `{key}`: not an array of {kind.__name__}")
     if count is not None and len(values) != count:
@@ -51,7 +59,7 @@ def _array(reader, key, kind, count=None):
 
 def _scalar(reader, key, default):
     field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    return default if field is None else _contents(field, key)
 
 
 def _merges_from_scores(tokens, scores):

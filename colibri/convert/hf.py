@@ -17,6 +17,7 @@ from .errors import ConvertError
 
 # safetensors dtype name -> our short name; only float weights can be converted.
 SOURCE_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64"}
+SECTIONS = ("rope_parameters", "rope_scaling")   # config.json's nested objects
 
 
 class Checkpoint:
@@ -37,6 +38,9 @@ class Checkpoint:
             raise ConvertError(f"{config_path}: nested too deeply to be a model's config") from None
         if not isinstance(self.config, dict):
             raise ConvertError(f"{config_path}: a JSON object of the model's settings, not {type(self.config).__name__}")
+        for key in SECTIONS:   # the families read these as objects
+            if self.config.get(key) is not None and not isinstance(self.config[key], dict):
+                raise ConvertError(f"{config_path}: `{key}` = {self.config[key]!r:.60} is not an object")
         self.shards = sorted(self.dir.glob("*.safetensors"))
         if not self.shards:
             raise ConvertError(f"{self.dir}: no *.safetensors files")
@@ -59,6 +63,9 @@ class Checkpoint:
 
     def __contains__(self, name):
         return name in self._where
+
+    def __len__(self):
+        return len(self._where)
 
     def _handle(self, name):
         if name not in self._where:

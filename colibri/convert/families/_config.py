@@ -37,6 +37,11 @@ def dim(config, key, default=MISSING, limit=None):
     return value
 
 
+def names(value, n, allowed):
+    """Whether `value` is a list of `n` strings, each one of `allowed` (a per-layer list of kinds)."""
+    return isinstance(value, list) and len(value) == n and all(isinstance(v, str) and v in allowed for v in value)
+
+
 def unsupported(family, feature):
     return ConvertError(f"unsupported: {feature} in {family}")
 
@@ -64,14 +69,14 @@ def rope(config, family, rope_types=("default",)):
         original = dim({"original_max_position_embeddings": original}, "original_max_position_embeddings")
         factor = rope.get("factor") or dim(config, "max_position_embeddings") / original
         factor = float(get({"factor": factor}, "factor", kind=float))
-        attention_factor = rope.get("attention_factor")
+        attention_factor = get(rope, "attention_factor", None, kind=float)
         if attention_factor is None:
-            mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+            mscale, mscale_all_dim = get(rope, "mscale", None, kind=float), get(rope, "mscale_all_dim", None, kind=float)
             attention_factor = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
                                 if mscale and mscale_all_dim else _yarn_mscale(factor))
         out["rope_scaling"] = {"type": "yarn", "factor": factor, "original_max_position_embeddings": original,
-                               "beta_fast": float(rope.get("beta_fast") or 32.0),
-                               "beta_slow": float(rope.get("beta_slow") or 1.0),
+                               "beta_fast": float(get(rope, "beta_fast", 32.0, kind=float) or 32.0),
+                               "beta_slow": float(get(rope, "beta_slow", 1.0, kind=float) or 1.0),
                                "truncate": bool(rope.get("truncate", True)),
                                "attention_factor": float(attention_factor)}
     return out

@@ -1,6 +1,7 @@
 """The plan every decoder family shares: embeddings, per layer the attention block (biases and
 QK-norm as the hparams say) and an MLP the family supplies, the final norm and lm_head."""
 
+from ..errors import ConvertError
 from ..layout import dim1_slice, direct, stacked
 
 
@@ -50,12 +51,15 @@ def plan(desc, mlp, attention=None, names=None):
 def routed_experts(ckpt, src, dst, E, F, D, names=("gate_proj", "up_proj", "down_proj")):
     """experts.w1/w3/w2 from per-expert tensors `src.{e}.{name}.weight` (what save_pretrained
     and the hub write), or from transformers 5's fused `src.gate_up_proj` [E, 2F, D] (gate
-    first) and `src.down_proj` [E, D, F]."""
+    first) and `src.down_proj` [E, D, F]. A checkpoint without expert E - 1 is refused here:
+    the plan of a config's 4096 experts in each of 1024 layers is 12 million names."""
     if src + "gate_up_proj" in ckpt:
         return [dim1_slice(dst + "experts.w1", (E, F, D), src + "gate_up_proj", (E, 2 * F, D), 0),
                 dim1_slice(dst + "experts.w3", (E, F, D), src + "gate_up_proj", (E, 2 * F, D), F),
                 direct(dst + "experts.w2", (E, D, F), src + "down_proj")]
     gate, up, down = names
+    if len(ckpt) and f"{src}{E - 1}.{gate}.weight" not in ckpt:   # before E names are made for each layer
+        raise ConvertError(f"tensor `{src}{E - 1}.{gate}.weight` missing from {ckpt.dir}: the config says {E} experts")
     per_expert = [f"{src}{e}." for e in range(E)]
     return [stacked(dst + "experts.w1", (E, F, D), [p + gate + ".weight" for p in per_expert]),
             stacked(dst + "experts.w3", (E, F, D), [p + up + ".weight" for p in per_expert]),

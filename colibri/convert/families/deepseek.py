@@ -46,7 +46,7 @@ def _layer_types(config, family, n_layers):
     window = c.dim(config, "sliding_window")
     types = config.get("layer_types") or ["sliding_attention" if i >= c.get(config, "max_window_layers", 0)
                                           else "full_attention" for i in range(n_layers)]
-    if not isinstance(types, list) or len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
+    if not c.names(types, n_layers, {"sliding_attention", "full_attention"}):
         raise c.unsupported(family, f"layer_types {types!r}")
     return window, ["sliding" if t == "sliding_attention" else "full" for t in types]
 
@@ -69,9 +69,10 @@ def _latent_attention(config, family, hp):
     hp.update(attention_bias=bias, attention_out_bias=bias)
     rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
     scale = (nope + rope_dim) ** -0.5   # as transformers computes it, in Python floats
-    if rope.get("rope_type", rope.get("type", "default")) != "default" and rope.get("mscale_all_dim"):
+    mscale_all_dim = c.get(rope, "mscale_all_dim", None, kind=float)
+    if rope.get("rope_type", rope.get("type", "default")) != "default" and mscale_all_dim:
         factor = hp["rope_scaling"]["factor"]
-        mscale = 1.0 if factor <= 1 else 0.1 * rope["mscale_all_dim"] * math.log(factor) + 1.0
+        mscale = 1.0 if factor <= 1 else 0.1 * mscale_all_dim * math.log(factor) + 1.0
         scale *= mscale * mscale
     hp["attention_scale"] = scale
 
@@ -87,7 +88,7 @@ def describe(config, family):
     n_experts, top_k = c.experts(config, ("n_routed_experts",))
     first_dense = c.get(config, "first_k_dense_replace", {"glm4_moe": 1, "deepseek_v3": 3}.get(family, 0))
     kinds = config.get("mlp_layer_types") or ["dense" if i < first_dense else "sparse" for i in range(L)]
-    if not isinstance(kinds, list) or len(kinds) != L or set(kinds) - {"dense", "sparse"}:
+    if not c.names(kinds, L, {"dense", "sparse"}):
         raise c.unsupported(family, f"mlp_layer_types {kinds!r}")
     if "dense" in kinds:
         hp["mlp_layers"] = ["moe" if k == "sparse" else "dense" for k in kinds]

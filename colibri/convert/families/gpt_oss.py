@@ -41,7 +41,7 @@ def describe(config, family):
     window = c.get(config, "sliding_window", None)
     if window:
         types = config.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
-        if not isinstance(types, list) or len(types) != L or set(types) - {"sliding_attention", "full_attention"}:
+        if not c.names(types, L, {"sliding_attention", "full_attention"}):
             raise c.unsupported(family, f"layer_types {types!r}")
         hp["sliding_window"] = c.dim(config, "sliding_window")
         hp["attention_layers"] = ["sliding" if t == "sliding_attention" else "full" for t in types]

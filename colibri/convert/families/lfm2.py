@@ -25,7 +25,7 @@ def describe(config, family):
     L = hp["num_layers"]
     n_experts, top_k = c.experts(config, ("num_experts",))
     types = config.get("layer_types")
-    if not isinstance(types, list) or len(types) != L or set(types) - {"conv", "full_attention"}:
+    if not c.names(types, L, {"conv", "full_attention"}):
         raise c.unsupported(family, f"layer_types {types!r}")
     n_dense = c.get(config, "num_dense_layers", 2)
     hp.update(operator_layers=["conv" if t == "conv" else "attention" for t in types],

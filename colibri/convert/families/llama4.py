@@ -13,6 +13,7 @@ dense feed_forward.{gate,up,down}_proj.  The hub's multimodal checkpoints prefix
 with language_model.: convert the text model saved on its own.
 """
 
+from ..errors import ConvertError
 from ..layout import Entry, direct
 from . import _config as c
 from . import _decoder
@@ -39,7 +40,8 @@ def _rope(config, family):
 
 def _layer_list(config, key, n_layers, allowed):
     value = config.get(key)
-    if not isinstance(value, list) or len(value) != n_layers or not set(value) <= allowed:
+    if not isinstance(value, list) or len(value) != n_layers or \
+            not all(isinstance(v, (int, str)) and v in allowed for v in value):
         raise c.unsupported("llama4_text", f"{key} {value!r} (expected {n_layers} of {sorted(allowed)})")
     return value
 
@@ -60,6 +62,8 @@ def describe(config, family):
     if moe_layers is None:
         step = c.dim(config, "interleave_moe_layer_step", 1)
         moe_layers = list(range(step - 1, L, step))
+    if not isinstance(moe_layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in moe_layers):
+        raise ConvertError(f"config.json: `moe_layers` = {moe_layers!r:.60} is not a list of layer indices")
     rope_layers = _layer_list(config, "no_rope_layers", L, {0, 1})
     types = _layer_list(config, "layer_types", L, {"full_attention", "chunked_attention"})
     hp.update(rope_interleaved=True, position_layers=["rope" if r else "nope" for r in rope_layers],

@@ -13,6 +13,8 @@ Checkpoint: model.layers.{i}.block_sparse_moe.gate.weight [E, D], block_sparse_m
 (or transformers 5's fused mlp.experts.gate_up_proj / down_proj and mlp.router.weight).
 """
 
+import math
+
 import numpy as np
 
 from ..errors import ConvertError
@@ -26,7 +28,8 @@ def _longrope(config, family, head_dim):
     if rope.get("rope_type", rope.get("type", "default")) != "longrope":
         return None, None
     factors = rope.get("short_factor")
-    if not isinstance(factors, list) or len(factors) != head_dim // 2:
+    if not isinstance(factors, list) or len(factors) != head_dim // 2 or \
+            not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) for f in factors):
         raise ConvertError(f"config.json: rope short_factor must list {head_dim // 2} numbers")
     original = config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
     scaling = {"type": "longrope",

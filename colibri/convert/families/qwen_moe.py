@@ -39,7 +39,7 @@ def _attention_layers(config, family, n_layers):
     if types is None:
         limit = c.get(config, "max_window_layers", n_layers)
         types = ["sliding_attention" if i % 2 == 0 and i < limit else "full_attention" for i in range(n_layers)]
-    if not isinstance(types, list) or len(types) != n_layers or set(types) - {"sliding_attention", "full_attention"}:
+    if not c.names(types, n_layers, {"sliding_attention", "full_attention"}):
         raise c.unsupported(family, f"layer_types {types!r}")
     return window, ["sliding" if t == "sliding_attention" else "full" for t in types]
 
