@@ -13,8 +13,10 @@ from colibri.targets import build, env_for
 @pytest.mark.parametrize("kind", ["native", "clang", "sanitize", "clang-sanitize"])
 def test_meson_tests_pass(kind):
     out = build(kind)
-    r = subprocess.run(["meson", "test", "-C", str(out), "--print-errorlogs"], capture_output=True, text=True,
-                       env=env_for(kind), timeout=600)
+    # ASan and UBSan make the kernel sweeps 2-3 times slower; their timeouts scale with that
+    slower = ["--timeout-multiplier", "3"] if "sanitize" in kind else []
+    r = subprocess.run(["meson", "test", "-C", str(out), "--print-errorlogs", *slower], capture_output=True, text=True,
+                       env=env_for(kind), timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert re.search(r"Fail:\s+0", r.stdout), r.stdout
 
