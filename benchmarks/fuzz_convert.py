@@ -232,7 +232,7 @@ GGUF_SEEDS = {
                    "attention.kv_lora_rank": 8, "attention.q_lora_rank": 8, "attention.key_length": 12,
                    "attention.value_length": 8, "leading_dense_block_count": 1, "expert_shared_count": 1,
                    "expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.5,
-                   "expert_group_count": 2, "expert_group_used_count": 1, "rope.scaling.type": "yarn",
+                   "expert_count": 4, "expert_group_count": 2, "expert_group_used_count": 1, "rope.scaling.type": "yarn",
                    "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 16,
                    "rope.scaling.yarn_log_multiplier": 0.1}, ("exp_probs_b.bias",)),
     "glm4moe": ({"feed_forward_length": 16, "expert_feed_forward_length": 16, "leading_dense_block_count": 1,
@@ -355,9 +355,9 @@ def _gguf_seeds(tmp):
         _add_meta(w, "llama", k, v)
     _gguf_vocab(w, 32, "llama")
     for name, shape in _llama_shapes("llama", {**meta, "block_count": 1}).items():
-        shape = tuple(32 if d == 16 else d for d in shape)   # D 32, F 32, heads of 16
+        shape = tuple({16: 32, 8: 16}.get(d, d) for d in shape)   # D 32, F 32, heads of 16 (the kv projection too)
         x = (rng.standard_normal(shape) * 0.1 + ("norm" in name)).astype(np.float32)
-        if x.ndim >= 2:
+        if x.ndim >= 2 and x.shape[-1] % 32 == 0:
             w.add_tensor(_gguf_names("llama")(name), quantize(x, GGMLQuantizationType.Q8_0),
                          raw_dtype=GGMLQuantizationType.Q8_0)
         else:
