@@ -1,15 +1,17 @@
 """colibri against llama.cpp on identical weights: decode, prefill, peak RSS, and the share of the
 memory-bandwidth limit each reaches.
 
-    python benchmarks/vs_llamacpp.py [--work DIR] [--reps 3] [--threads 2] [--models qwen3moe,mixtral]
-                                     [--types bf16,q8_0,q4_0,q4_k_m] [--contended] [--out FILE]
+    python benchmarks/vs_llamacpp.py [--work DIR] [--reps 3] [--threads 1,2] [--models qwen3moe,mixtral]
+                                     [--types bf16,q8_0,q4_0,q4_k_m] [--families native,avx2] [--contended] [--out FILE]
 
 One command does everything, caching what it made under --work (default build/bench):
   1. builds the two bench models (MODELS: Qwen3-MoE's and Mixtral's layouts at hidden 1024, 24 layers)
      as Hugging Face checkpoints: random weights N(0, 0.02), norms 1, bf16, seed fixed, hub tensor
      names, a synthetic SentencePiece tokenizer (32000 pieces) so llama.cpp's converter accepts them;
   2. installs llama-cpp-python from PyPI when missing (built for this CPU), and takes llama.cpp's own
-     converter from its source distribution;
+     converter from its source distribution; on a CPU with AVX-512 it also builds llama.cpp without it
+     (GGML_NATIVE off, AVX2 on, AVX-512 off) into --work, so the AVX2 family (colibri with
+     COLIBRI_KERNELS=avx2 against that build) is measured in the same run as the AVX-512 one;
   3. converts each checkpoint to a BF16 GGUF with that converter, quantizes it with llama.cpp
      (Q8_0, Q4_0: every tensor in the one type, `pure`; Q4_K_M and the other llama.cpp file types
      by name: llama.cpp's own mix of types), and imports every GGUF into colibri, byte for byte:
@@ -19,8 +21,8 @@ One command does everything, caching what it made under --work (default build/be
      a 128-token prompt in one forward (pp128), then 64 greedy tokens (tg64), tokens/s by the wall
      clock around the same calls, peak RSS of the process; per run, the CPU time other processes
      took (/proc/stat) marks it quiet or not;
-  6. prints one table (medians of the quiet runs; the ratio to llama.cpp as the median of the
-     per-pair ratios) and writes it, with the machine and date, to --out.
+  6. prints one table per thread count (medians of the quiet runs; the ratio to llama.cpp as the
+     median of the per-pair ratios) and writes it, with the CPU it found and the date, to --out.
 --contended repeats decode with one busy process beside the engines.
 """
 import argparse
@@ -171,15 +173,32 @@ X86_FEATURES = {"sse4_2": "SSE42", "avx": "AVX", "avx2": "AVX2", "avx_vnni": "AV
                 "avx512_bf16": "AVX512_BF16"}   # /proc/cpuinfo flag -> GGML_ option
 
 
-def llama_cpp_cmake_args():
+def cpu_flags():
+    return set(next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), []))
+
+
+def llama_cpp_cmake_args(family="native"):
     """llama.cpp built for this CPU: on x86 every SIMD extension the CPU has but AMX (`-march=native`
     would take AMX too, whose tiles need a permission from the kernel that virtual machines often
-    withhold: llama.cpp then dies of SIGILL on its first quantized matmul)."""
+    withhold: llama.cpp then dies of SIGILL on its first quantized matmul).  Family "avx2": what an
+    AVX2-only CPU (an AMD EPYC before Zen 4) runs: no AVX-512, no AVX-VNNI."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return "-DGGML_NATIVE=ON"
-    flags = set(next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), []))
+    flags = cpu_flags()
+    if family == "avx2":
+        flags = {f for f in flags if not f.startswith("avx512") and f != "avx_vnni"}
     return " ".join(["-DGGML_NATIVE=OFF"] + [f"-DGGML_{opt}={'ON' if flag in flags else 'OFF'}"
                                              for flag, opt in X86_FEATURES.items()])
+
+
+# The x86 families measured: the kernels colibri is told to take (None: its pick for this CPU) and the
+# llama.cpp build beside them.  "avx2" runs only where the CPU has AVX-512 (else "native" is it).
+FAMILIES = {"native": None, "avx2": "avx2"}
+
+
+def families_here(names):
+    has_avx512 = "avx512f" in cpu_flags() and platform.machine() in ("x86_64", "AMD64")
+    return [f for f in names if f == "native" or has_avx512]
 
 
 def ensure_llama_cpp():
@@ -193,6 +212,20 @@ def ensure_llama_cpp():
     # never pip's cached wheel: it may have been built for another CPU, with other flags
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
                    check=True, env=env)
+
+
+def llama_cpp_family(work, family):
+    """PYTHONPATH for a worker of `family`: "" for the installed build; for "avx2" a build of its own
+    under WORK (pip --target), made once."""
+    if family == "native":
+        return ""
+    target = work / f"llama-cpp-{family}"
+    if not (target / "llama_cpp" / "__init__.py").exists():
+        log(f"building llama-cpp-python {LLAMA_CPP_VERSION} without AVX-512 into {target} (about 10 minutes on 2 cores)")
+        env = dict(os.environ, CMAKE_ARGS=llama_cpp_cmake_args(family), CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", "--no-deps", "--target", str(target),
+                        f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True, env=env)
+    return str(target)
 
 
 def llama_cpp_source(work):
@@ -304,7 +337,8 @@ start = time.perf_counter()
 for _ in range(n_decode):
     llm.eval([token]); token = greedy()
 tg = time.perf_counter() - start
-print(json.dumps({"pp": len(prompt) / pp, "tg": n_decode / tg, "last": token}))
+print(json.dumps({"pp": len(prompt) / pp, "tg": n_decode / tg, "last": token,
+                  "system": llama_cpp.llama_print_system_info().decode()}))
 """
 
 WORKER_COLIBRI = """
@@ -322,7 +356,7 @@ for _ in range(n_decode):
 tg = time.perf_counter() - start
 decode = {k: (v - after_prefill[k]) / n_decode for k, v in s.profile().items()} if len(sys.argv) > 5 else {}
 print(json.dumps({"pp": len(prompt) / pp, "tg": n_decode / tg, "last": token, "kernels": s.kernels,
-                  "decode_step_ns": decode}))
+                  "kv": s.memory()["kv_cache"], "decode_step_ns": decode}))
 """
 
 
@@ -339,9 +373,16 @@ def warm_page_cache(path):
                 pass
 
 
-def run_engine(engine, path, threads, profile=False):
-    """One run in a fresh process: {pp, tg, rss (bytes), other_cpu (cores other processes used)}."""
+def run_engine(engine, path, threads, family=("native", ""), profile=False):
+    """One run in a fresh process: {pp, tg, rss (bytes), other_cpu (cores other processes used)}.
+    family: (name, PYTHONPATH of its llama.cpp build)."""
     warm_page_cache(path)
+    env = dict(os.environ, COLIBRI_THREADS=str(threads))
+    env.pop("COLIBRI_KERNELS", None)
+    if engine == "llama.cpp" and family[1]:
+        env["PYTHONPATH"] = os.pathsep.join([family[1]] + [p for p in [env.get("PYTHONPATH")] if p])
+    if engine == "colibri" and FAMILIES[family[0]]:
+        env["COLIBRI_KERNELS"] = FAMILIES[family[0]]
     code = WORKER_LLAMA if engine == "llama.cpp" else WORKER_COLIBRI
     args = [sys.executable, "-c", code, str(path), str(threads), json.dumps(prompt_tokens()), str(DECODE_TOKENS)]
     if profile:
@@ -349,8 +390,7 @@ def run_engine(engine, path, threads, profile=False):
     tick = os.sysconf("SC_CLK_TCK")
     busy0, wall0 = cpu_busy_ticks(), time.perf_counter()
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, cwd="/",
-                                env=dict(os.environ, COLIBRI_THREADS=str(threads)))
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, cwd="/", env=env)
         out = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)   # this process's own rusage: its peak RSS
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -430,22 +470,38 @@ def machine():
     return f"{cpu}, {os.cpu_count()} CPUs, {mem:.0f} GiB, {simd}"
 
 
+def kv_bytes_llama(gguf_file, ctx=256):
+    """llama.cpp's KV cache at n_ctx: f16 keys and values of every layer."""
+    from gguf import GGUFReader
+    r = GGUFReader(str(gguf_file))
+    meta = {k: f.parts[f.data[0]].tolist() for k, f in r.fields.items() if f.data}
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    layers, kv_heads = meta[f"{arch}.block_count"][0], meta[f"{arch}.attention.head_count_kv"][0]
+    head_dim = meta.get(f"{arch}.attention.key_length", [meta[f"{arch}.embedding_length"][0] // meta[f"{arch}.attention.head_count"][0]])[0]
+    return layers * 2 * kv_heads * head_dim * 2 * ctx
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=HERE.parent / "build" / "bench")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", default="2", help="thread counts, comma-separated (e.g. 1,2)")
     p.add_argument("--models", default="qwen3moe,mixtral")
     p.add_argument("--types", default="bf16,q8_0,q4_0")
+    p.add_argument("--families", default="native,avx2",
+                   help="x86 kernel families: native (the best this CPU runs, both engines), avx2 (colibri's AVX2 "
+                        "kernels against llama.cpp built without AVX-512; only where the CPU has AVX-512)")
     p.add_argument("--contended", action="store_true", help="also decode with one busy process beside the engine")
     p.add_argument("--prepare", action="store_true", help="only build, convert, quantize and import the models")
     p.add_argument("--out", type=Path, default=HERE / "results" / "vs_llamacpp.md")
     args = p.parse_args()
     models, types = args.models.split(","), args.types.split(",")
+    thread_counts = [int(t) for t in args.threads.split(",")]
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
 
     ensure_llama_cpp()
+    families = [(f, llama_cpp_family(work, f)) for f in families_here(args.families.split(","))]
     tree = llama_cpp_source(work)
     files = {}
     for name in models:
@@ -463,45 +519,57 @@ def main():
 
     if args.prepare:
         return
-    gbps = bandwidth(work, args.threads)
-    log(f"bandwidth (STREAM triad, {args.threads} threads): {gbps:.1f} GB/s")
+    gbps = {t: bandwidth(work, t) for t in thread_counts}
+    log("bandwidth (STREAM triad): " + ", ".join(f"{t} threads {g:.1f} GB/s" for t, g in gbps.items()))
 
-    runs = {key: {"llama.cpp": [], "colibri": []} for key in files}
+    cases = [(family, t, key) for family in families for t in thread_counts for key in files]
+    runs = {case: {"llama.cpp": [], "colibri": []} for case in cases}
     for rep in range(args.reps):   # interleaved: every pair side by side, rep after rep
-        for key, paths in files.items():
+        for case in cases:
+            family, threads, key = case
             for engine in ("llama.cpp", "colibri"):
-                r = run_engine(engine, paths[engine], args.threads)
-                runs[key][engine].append(r)
-                log(f"rep {rep + 1}/{args.reps} {key[0]} {key[1]} {engine:9s} pp {r['pp']:7.1f}  tg {r['tg']:6.1f}  "
-                    f"rss {r['rss'] / 2**30:.2f} GiB  others {r['other_cpu']:.2f} cores")
+                r = run_engine(engine, files[key][engine], threads, family)
+                runs[case][engine].append(r)
+                log(f"rep {rep + 1}/{args.reps} {family[0]} {threads}t {key[0]} {key[1]} {engine:9s} pp {r['pp']:7.1f}  "
+                    f"tg {r['tg']:6.1f}  rss {r['rss'] / 2**30:.2f} GiB  others {r['other_cpu']:.2f} cores")
 
+    top = max(thread_counts)
     contended = {}
     if args.contended:
         neighbour = busy_neighbour()
         try:
             for key, paths in files.items():
-                contended[key] = {e: statistics.median(run_engine(e, paths[e], args.threads)["tg"] for _ in range(2))
+                contended[key] = {e: statistics.median(run_engine(e, paths[e], top)["tg"] for _ in range(2))
                                   for e in ("llama.cpp", "colibri")}
                 log(f"contended {key}: {contended[key]}")
         finally:
             neighbour.kill()
 
-    routing = routing_microbench(work, args.threads)
+    routing = routing_microbench(work, top)
     log(f"routing: colibri alone {routing[0]:.1f} us, in a prefill {routing[1]:.1f} us, PyTorch {routing[2]:.1f} us")
-    profiles = {key: run_engine("colibri", paths["colibri"], args.threads, profile=True)["decode_step_ns"]
+    profiles = {key: run_engine("colibri", paths["colibri"], top, profile=True)["decode_step_ns"]
                 for key, paths in files.items()}
 
+    builds = {f[0]: runs[next(c for c in cases if c[0] == f)]["llama.cpp"][0]["system"] for f in families}
+    kernels = {f[0]: runs[next(c for c in cases if c[0] == f)]["colibri"][0]["kernels"] for f in families}
     lines = [f"# colibri vs llama.cpp {LLAMA_CPP_VERSION}, {datetime.date.today()}", "",
-             f"Machine: {machine()}.  Bandwidth (STREAM triad, {args.threads} threads): {gbps:.1f} GB/s.",
-             f"{args.threads} threads, {args.reps} interleaved repetitions, medians of the quiet ones (other processes "
-             f"< {QUIET_OTHER_CPU:.0%} of a core; all when none was quiet).  pp128: one forward over a 128-token prompt; "
-             f"tg64: 64 greedy tokens; tokens/s.  Limit: bandwidth / bytes one decode step reads.", "",
-             "| model | type | engine | pp128 | tg64 | peak RSS | file | tg % of limit | pp ratio | tg ratio | quiet runs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key, by_engine in runs.items():
-        name, kind = key
-        limit = gbps * 1e9 / bytes_per_token(files[key]["llama.cpp"], PROMPT_TOKENS + DECODE_TOKENS // 2)
-        size = files[key]["llama.cpp"].stat().st_size
+             f"Machine: {machine()}.  Bandwidth (STREAM triad): "
+             + ", ".join(f"{g:.1f} GB/s on {t} thread{'s' * (t > 1)}" for t, g in gbps.items()) + ".", ""]
+    lines += [f"- family `{f}`: colibri's `{kernels[f]}` kernels; llama.cpp built with `{llama_cpp_cmake_args(f)}` "
+              f"(its system info: `{builds[f].strip()}`)" for f, _ in families]
+    lines += ["", f"{args.reps} interleaved repetitions, medians of the quiet ones (other processes < {QUIET_OTHER_CPU:.0%} "
+              f"of a core; all when none was quiet).  pp128: one forward over a 128-token prompt; tg64: 64 greedy tokens; "
+              f"tokens/s.  Limit: bandwidth / bytes one decode step reads.  RSS / (file + KV): peak RSS over the weights "
+              f"file plus the engine's KV cache at 256 positions (target <= 1.10).", "",
+             "| family | threads | model | type | engine | pp128 | tg64 | peak RSS | RSS / (file + KV) | tg % of limit "
+             "| pp ratio | tg ratio | quiet runs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for case, by_engine in runs.items():
+        family, threads, (name, kind) = case
+        limit = gbps[threads] * 1e9 / bytes_per_token(files[name, kind]["llama.cpp"], PROMPT_TOKENS + DECODE_TOKENS // 2)
+        size = {"llama.cpp": files[name, kind]["llama.cpp"].stat().st_size,
+                "colibri": (files[name, kind]["colibri"] / "weights.bin").stat().st_size}
+        kv = {"llama.cpp": kv_bytes_llama(files[name, kind]["llama.cpp"]), "colibri": by_engine["colibri"][0]["kv"]}
         pairs = list(zip(by_engine["llama.cpp"], by_engine["colibri"]))
         quiet = [(a, b) for a, b in pairs if a["other_cpu"] < QUIET_OTHER_CPU and b["other_cpu"] < QUIET_OTHER_CPU] or pairs
         for i, engine in enumerate(("llama.cpp", "colibri")):
@@ -509,17 +577,18 @@ def main():
             pp, tg = statistics.median(r["pp"] for r in rs), statistics.median(r["tg"] for r in rs)
             rss = max(r["rss"] for r in by_engine[engine])
             ratio = lambda f: "1" if engine == "llama.cpp" else f"{statistics.median(b[f] / a[f] for a, b in quiet):.2f}"
-            lines.append(f"| bench-{name} | {kind} | {engine} | {pp:.0f} | {tg:.1f} | {rss / 2**30:.2f} GiB | "
-                         f"{size / 2**30:.2f} GiB | {100 * tg / limit:.0f}% | {ratio('pp')} | {ratio('tg')} | {len(quiet)}/{len(pairs)} |")
+            lines.append(f"| {family[0]} | {threads} | bench-{name} | {kind} | {engine} | {pp:.0f} | {tg:.1f} | "
+                         f"{rss / 2**30:.2f} GiB | {rss / (size[engine] + kv[engine]):.2f} | {100 * tg / limit:.0f}% | "
+                         f"{ratio('pp')} | {ratio('tg')} | {len(quiet)}/{len(pairs)} |")
     if contended:
-        lines += ["", "Decode with one busy process beside the engine (tg64, tokens/s, median of 2):", "",
+        lines += ["", f"Decode with one busy process beside the engine (native, {top} threads, tg64, tokens/s, median of 2):", "",
                   "| model | type | llama.cpp | colibri | ratio |", "|---|---|---|---|---|"]
         for (name, kind), c in contended.items():
             lines.append(f"| bench-{name} | {kind} | {c['llama.cpp']:.1f} | {c['colibri']:.1f} | {c['colibri'] / c['llama.cpp']:.2f} |")
     lines += ["", f"Routing (128 tokens x hidden 4096, 8 experts, top-2; router matmul + softmax + top-k + "
-              f"renormalise, f32, medians): colibri alone {routing[0]:.1f} us (benchmarks/routing.c, warm caches), "
+              f"renormalise, f32, {top} threads, medians): colibri alone {routing[0]:.1f} us (benchmarks/routing.c, warm caches), "
               f"PyTorch {routing[2]:.1f} us (warm); colibri's router phase inside a 128-token prefill {routing[1]:.1f} us."]
-    lines += ["", "One colibri decode step (mean of the 64 after the 128-token prompt, the session's profiler):", ""]
+    lines += ["", f"One colibri decode step (native, {top} threads, mean of the 64 after the 128-token prompt, the session's profiler):", ""]
     for (name, kind), prof in profiles.items():
         total = sum(prof.values()) or 1
         parts = ", ".join(f"{phase} {ns / 1e3:.0f} us ({100 * ns / total:.0f}%)"
