@@ -150,10 +150,10 @@ static inline __attribute__((always_inline)) void tile_x8(int RN, int q8, float 
     int32_t b;
     int t;
     for (t = 0; t < RN; t++) acc[t] = X8_ZERO();
-    for (b = 0; b < blocks; b++, w += gb) {
-        _mm_prefetch((const char *)w + 1024, _MM_HINT_T0);
-        _mm_prefetch((const char *)w + 1024 + 64, _MM_HINT_T0);
-        if (q8) { _mm_prefetch((const char *)w + 1024 + 128, _MM_HINT_T0); _mm_prefetch((const char *)w + 1024 + 192, _MM_HINT_T0); }
+    for (b = 0; b < blocks; b++, w += gb) {   /* the group's one stream, 2 KiB ahead (1 KiB: 10-20% slower from DRAM) */
+        _mm_prefetch((const char *)w + 2048, _MM_HINT_T0);
+        _mm_prefetch((const char *)w + 2048 + 64, _MM_HINT_T0);
+        if (q8) { _mm_prefetch((const char *)w + 2048 + 128, _MM_HINT_T0); _mm_prefetch((const char *)w + 2048 + 192, _MM_HINT_T0); }
         group_x8(RN, q8, w, xq + b, (size_t)blocks, acc);
     }
     for (t = 0; t < RN; t++) store_x8(y + (size_t)t * rows, acc[t]);
