@@ -129,7 +129,7 @@ typedef struct colibri_dtype_traits {
     int int8_path;          /* dot products with int8 activation blocks (matmul_q8) */
     int simd;               /* the arch variants' kernels for it: COLIBRI_SIMD_*; 0: they call the reference */
     int32_t f16_at, f16_count;
-    int32_t rows;
+    int32_t rows;           /* rows interleaved in each block group; 1: every row stands alone */
 } colibri_dtype_traits;
 extern const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT];
 

@@ -174,7 +174,7 @@ void colibri_dequantize(float *y, const void *w, colibri_dtype dtype, size_t n)
 }
 
 /* A group of 8 rows' block b: d[0..7], then byte 16 + 64 c + 8 i + k = byte 8 c + k of row i's
- * quants (X8-SPEC: q4_0x8 2 chunks, q8_0x8 4). */
+ * quants (docs/FORMAT.md: q4_0x8 2 chunks, q8_0x8 4). */
 const uint8_t *colibri_block_at(uint8_t *buf, const void *w, colibri_dtype dtype, int32_t cols, int32_t r, int32_t b)
 {
     const colibri_dtype_traits *tr = &colibri_dtypes[dtype];
