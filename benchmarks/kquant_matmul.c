@@ -65,7 +65,7 @@ int main(int argc, char **argv)
             for (s = 0; s < n_sets; s++) {
                 uint64_t start = colibri_platform_now_ns();
                 if (sets[s]->matmul_q8 && tr->int8_path) {
-                    sets[s]->quantize_q8(xq, x, n, COLS);
+                    colibri_quantize_q8_for(sets[s], dtype, xq, x, n, COLS);
                     sets[s]->matmul_q8(y, xq, w, dtype, n, COLS, ROWS);
                 } else sets[s]->matmul(y, x, w, dtype, n, COLS, ROWS);
                 ms[s * reps + r] = (double)(colibri_platform_now_ns() - start) / 1e6 / n;

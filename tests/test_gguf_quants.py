@@ -22,6 +22,7 @@ FORMATS = {"Q4_K": (0, 2), "Q6_K": (208, 1), "Q5_K": (0, 2), "Q4_1": (0, 2), "Q5
            "IQ4_NL": (0, 1), "IQ4_XS": (0, 1), "MXFP4": (0, 0), "Q3_K": (108, 1), "Q2_K": (80, 2)}
 QUANTIZABLE = {"Q4_1", "Q5_0", "Q5_1", "MXFP4"}   # those gguf.quants.quantize writes
 INT8 = {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4", "Q4_1", "Q5_0", "Q5_1", "Q3_K", "Q2_K"}   # the int8 path's: activations rounded to int8 blocks of 32
+# (one scale per 32, or per 256 for the formats of 256-weight blocks, as llama.cpp's Q8_K)
 U = 2.0 ** -24   # float32's unit roundoff
 U64 = 2.0 ** -53
 
@@ -123,10 +124,11 @@ def test_matmul_is_the_exact_dot_rounded(quant_cli, name, tmp_path):
         assert np.array_equal(yk.view(np.uint32), y.view(np.uint32)), f"{name} with the {kernels} kernels"
 
 
-def quantize_activations(x):
-    """x (n, cols) as the core's int8 blocks of 32 (ops.h), in float32 as it computes them: d = max|x| / 127,
-    q = round-half-even(x * (1 / d)); returns d * q (n, cols) float64."""
-    blocks = x.reshape(len(x), -1, 32)
+def quantize_activations(x, group):
+    """x (n, cols) as the core's int8 blocks of 32 (ops.h), in float32 as it computes them: d = max|x| / 127
+    over each `group` (32, or 256 for the 256-weight formats), q = round-half-even(x * (1 / d)); returns
+    d * q (n, cols) float64."""
+    blocks = x.reshape(len(x), -1, group)
     d = np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
     return (d.astype(np.float64) * np.rint(blocks * inv).astype(np.float64)).reshape(x.shape)
@@ -153,20 +155,22 @@ def test_int8_path_is_the_dot_of_int8_activations(quant_cli, name, tmp_path):
     """Every kernel set's int8 path (reference-int8's scalar one too) against float64: with the
     activations as the core rounds them (x^ = d q), the exact dot to float rounding, (cols / 32 + 8)
     2^-22 of sum |x^| (|scale part| + |min part|) (per block a few roundings, then the block sums);
-    with x itself, the format's budget: rounding moves each x by at most amax / 254 of its block, so
-    |y - x W^T| <= sum over blocks amax / 254 sum |w|, plus that float rounding."""
+    with x itself, the format's budget: rounding moves each x by at most amax / 254 of its scale's
+    group, so |y - x W^T| <= sum over groups amax / 254 sum |w|, plus that float rounding."""
     run, kernel_sets = quant_cli
     rng = np.random.default_rng(3 + sum(map(ord, name)))
     block = GGML_QUANT_SIZES[qtype(name)][0]
+    group = 256 if block == 256 else 32
     cols = max(3 * block, 256)
     x = rng.standard_normal((3, cols)).astype(np.float32)
-    x[1, :32] = 0   # a block of zeros: d = 0
+    x[1, :group] = 0   # a group of zeros: d = 0
+    x[2, :16] *= 40    # a group whose scale its largest value sets
     for w in (random_blocks(name, 9, cols, rng, target=0.1), random_blocks(name, 5, cols, rng)):
         deq = dequantize(w, qtype(name)).astype(np.float64)
-        xq, parts = quantize_activations(x), weight_parts(name, w)
+        xq, parts = quantize_activations(x, group), weight_parts(name, w)
         rounding = (cols / 32 + 8) * 2.0 ** -22 * (np.abs(xq) @ parts.T) + 1e-30
-        amax = np.abs(x.reshape(3, -1, 32)).max(axis=2).astype(np.float64)   # (n, blocks)
-        wsum = np.abs(deq).reshape(len(w), -1, 32).sum(axis=2)               # (rows, blocks)
+        amax = np.abs(x.reshape(3, -1, group)).max(axis=2).astype(np.float64)   # (n, groups)
+        wsum = np.abs(deq).reshape(len(w), -1, group).sum(axis=2)               # (rows, groups)
         budget = amax / 254 * (1 + 1e-6) @ wsum.T + cols * 2.0 ** -22 * (np.abs(x.astype(np.float64)) @ parts.T)
         ran = []
         for kernels in kernel_sets:

@@ -60,7 +60,7 @@ int main(int argc, char **argv)
     colibri_dequantize_rows(out, w, (colibri_dtype)d, rows, cols);
     k->matmul(out + (size_t)rows * cols, x, w, (colibri_dtype)d, n, cols, rows);
     if (q8) {
-        k->quantize_q8(xq, x, n, cols);
+        colibri_quantize_q8_for(k, (colibri_dtype)d, xq, x, n, cols);
         k->matmul_q8(out + (size_t)rows * cols + (size_t)n * rows, xq, w, (colibri_dtype)d, n, cols, rows);
     }
     f = fopen(argv[7], "wb");

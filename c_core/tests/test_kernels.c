@@ -115,19 +115,20 @@ static void term_magnitudes(float *wmag, const uint8_t *row, colibri_dtype dtype
 }
 
 /* Budget of the int8 path against the float oracle: quantizing x to blocks moves each x by at
- * most d / 2 = amax / 254 of its block (d's and 1/d's roundings inside the 1e-6), so |error| <=
- * sum over blocks of amax / 254 * sum |w|, plus float summation of the block sums and the oracle's
- * rounding of each weight, both relative to the terms' magnitudes (wmag). */
-static double q8_budget(const float *w32, const float *wmag, const float *x, int32_t cols)
+ * most d / 2 = amax / 254 of its scale's group (32 activations, or 256 for the formats of 256-weight
+ * blocks; d's and 1/d's roundings inside the 1e-6), so |error| <= sum over groups of amax / 254 *
+ * sum |w|, plus float summation of the block sums and the oracle's rounding of each weight, both
+ * relative to the terms' magnitudes (wmag). */
+static double q8_budget(const float *w32, const float *wmag, const float *x, int32_t cols, int32_t group)
 {
     double budget = 0.0, mag = 0.0;
     int32_t b, j;
-    for (b = 0; b < cols / 32; b++) {
+    for (b = 0; b < cols / group; b++) {
         double amax = 0.0, wsum = 0.0;
-        for (j = 0; j < 32; j++) {
-            if (fabs((double)x[b * 32 + j]) > amax) amax = fabs((double)x[b * 32 + j]);
-            wsum += fabs((double)w32[b * 32 + j]);
-            mag += fabs((double)wmag[b * 32 + j] * x[b * 32 + j]);
+        for (j = 0; j < group; j++) {
+            if (fabs((double)x[b * group + j]) > amax) amax = fabs((double)x[b * group + j]);
+            wsum += fabs((double)w32[b * group + j]);
+            mag += fabs((double)wmag[b * group + j] * x[b * group + j]);
         }
         budget += amax / 254.0 * wsum * (1.0 + 1e-6);
     }
@@ -230,6 +231,7 @@ static void test_variant(const colibri_kernels *k)
             void *w = malloc(wsize), *wp = plain != dtype ? malloc(wsize) : w;   /* wp: the rows in the plain format */
             for (i = 0; i < n * cols; i++) x[i] = next_float();
             if (n == 3 && cols >= 64) for (i = 0; i < 32; i++) x[i] = 0.0f;   /* an all-zero block: d = 0 */
+            if (n == 5 && cols >= 512) for (i = 256; i < 512; i++) x[i] = 0.0f;   /* and a group of 256 */
             for (i = 0; i < rows * cols; i++) {
                 w32[i] = next_float();
                 if (dtype == COLIBRI_DTYPE_F32) ((float *)w)[i] = w32[i];
@@ -259,8 +261,8 @@ static void test_variant(const colibri_kernels *k)
                       cols * ldexp(1.0, -24) * mag + 1e-30);
             }
             if (colibri_dtype_int8_path(dtype) && k->matmul_q8) {
-                colibri_ref_quantize_q8(xq_ref, x, n, cols);
-                k->quantize_q8(xq, x, n, cols);
+                colibri_quantize_q8_for(colibri_kernels_reference_int8(), dtype, xq_ref, x, n, cols);
+                colibri_quantize_q8_for(k, dtype, xq, x, n, cols);
                 for (i = 0; i < n * cols / 32; i++) {   /* the same blocks, bit for bit */
                     checked++;
                     if ((memcmp(&xq[i].d, &xq_ref[i].d, 4) || xq[i].sum != xq_ref[i].sum || memcmp(xq[i].q, xq_ref[i].q, 32))
@@ -276,7 +278,8 @@ static void test_variant(const colibri_kernels *k)
                     check(k->name, "matmul_q8 vs scalar int8", dtype_name, n, cols, rows, t, r, y_q8[t * rows + r],
                           y[t * rows + r], (cols / 32 + 8) * ldexp(1.0, -23) * mag + 1e-30);
                     check(k->name, "matmul_q8 vs float oracle", dtype_name, n, cols, rows, t, r, y_q8[t * rows + r],
-                          y_ref[t * rows + r], q8_budget(w32 + (size_t)r * cols, wmag + (size_t)r * cols, x + (size_t)t * cols, cols));
+                          y_ref[t * rows + r], q8_budget(w32 + (size_t)r * cols, wmag + (size_t)r * cols, x + (size_t)t * cols, cols,
+                                    colibri_dtypes[dtype].block == 256 ? 256 : 32));
                 }
             }
             free(x); free(w32); free(wmag); free(y_ref); free(y); free(y_q8); free(xq_ref); free(xq); free(w);

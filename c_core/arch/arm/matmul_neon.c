@@ -211,7 +211,7 @@ static void silu_mul(float *g, const float *u, size_t n)
 }
 
 static const colibri_kernels neon_kernels = {
-    .name = "neon", .matmul = matmul_neon, .rmsnorm = rmsnorm, .quantize_q8 = quantize_q8_neon, .matmul_q8 = matmul_q8,
+    .name = "neon", .matmul = matmul_neon, .rmsnorm = rmsnorm, .quantize_q8 = quantize_q8_neon, .quantize_q8_256 = quantize_q8_256_neon, .matmul_q8 = matmul_q8,
     .attention_scores = attention_scores, .attention_values = attention_values, .softmax = softmax, .silu_mul = silu_mul,
 };
 

@@ -12,7 +12,7 @@ static void matmul_q8_dotprod(float *y, const colibri_q8_block *xq, const void *
 }
 
 static const colibri_kernels dotprod_kernels = {
-    .name = "neon-dotprod", .quantize_q8 = quantize_q8_neon, .matmul_q8 = matmul_q8_dotprod,
+    .name = "neon-dotprod", .quantize_q8 = quantize_q8_neon, .quantize_q8_256 = quantize_q8_256_neon, .matmul_q8 = matmul_q8_dotprod,
 };
 
 const colibri_kernels *colibri_kernels_neon_dotprod(void) { return &dotprod_kernels; }

@@ -11,24 +11,48 @@
 #include "../../src/ops/quant_tables.h"
 #include "rows8_neon.h"
 
+/* max |x| of 32 activations, 4 lanes apart. */
+static inline float32x4_t abs_max32(const float *x, float32x4_t m)
+{
+    int32_t i;
+    for (i = 0; i < 8; i++) m = vmaxq_f32(m, vabsq_f32(vld1q_f32(x + 4 * i)));
+    return m;
+}
+
+/* One block of 32 activations with the scale d (colibri_ref_quantize_q8's rounding). */
+static inline void quantize_block_neon(colibri_q8_block *xq, const float *x, float d)
+{
+    int32x4_t q[8], sum = vdupq_n_s32(0);
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t i;
+    xq->d = d;
+    for (i = 0; i < 8; i++) { q[i] = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + 4 * i), id)); sum = vaddq_s32(sum, q[i]); }
+    xq->sum = vaddvq_s32(sum);
+    for (i = 0; i < 2; i++) {   /* 16 int32 -> 16 int8, in order */
+        int16x8_t lo = vcombine_s16(vmovn_s32(q[4 * i]), vmovn_s32(q[4 * i + 1]));
+        int16x8_t hi = vcombine_s16(vmovn_s32(q[4 * i + 2]), vmovn_s32(q[4 * i + 3]));
+        vst1q_s8(xq->q + 16 * i, vcombine_s8(vmovn_s16(lo), vmovn_s16(hi)));
+    }
+}
+
 /* xq (n, cols / 32) = x (n, cols) in blocks of 32, as colibri_ref_quantize_q8 (same rounding). */
 static inline void quantize_q8_neon(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
 {
-    int32_t b, i, blocks = n * (cols / COLIBRI_BLOCK);
-    for (b = 0; b < blocks; b++, x += COLIBRI_BLOCK, xq++) {
-        float32x4_t v[8], m = vdupq_n_f32(0.0f);
-        int32x4_t q[8], sum = vdupq_n_s32(0);
-        float id;
-        for (i = 0; i < 8; i++) { v[i] = vld1q_f32(x + 4 * i); m = vmaxq_f32(m, vabsq_f32(v[i])); }
-        xq->d = vmaxvq_f32(m) / 127.0f;
-        id = xq->d != 0.0f ? 1.0f / xq->d : 0.0f;
-        for (i = 0; i < 8; i++) { q[i] = vcvtnq_s32_f32(vmulq_n_f32(v[i], id)); sum = vaddq_s32(sum, q[i]); }
-        xq->sum = vaddvq_s32(sum);
-        for (i = 0; i < 2; i++) {   /* 16 int32 -> 16 int8, in order */
-            int16x8_t lo = vcombine_s16(vmovn_s32(q[4 * i]), vmovn_s32(q[4 * i + 1]));
-            int16x8_t hi = vcombine_s16(vmovn_s32(q[4 * i + 2]), vmovn_s32(q[4 * i + 3]));
-            vst1q_s8(xq->q + 16 * i, vcombine_s8(vmovn_s16(lo), vmovn_s16(hi)));
-        }
+    int32_t b, blocks = n * (cols / COLIBRI_BLOCK);
+    for (b = 0; b < blocks; b++, x += COLIBRI_BLOCK, xq++)
+        quantize_block_neon(xq, x, vmaxvq_f32(abs_max32(x, vdupq_n_f32(0.0f))) / 127.0f);
+}
+
+/* The same, each 256 sharing one d (colibri_ref_quantize_q8_256). */
+static inline void quantize_q8_256_neon(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
+{
+    int32_t g, b, groups = n * (cols / 256);
+    for (g = 0; g < groups; g++, x += 256, xq += 8) {
+        float32x4_t m = vdupq_n_f32(0.0f);
+        float d;
+        for (b = 0; b < 8; b++) m = abs_max32(x + 32 * b, m);
+        d = vmaxvq_f32(m) / 127.0f;
+        for (b = 0; b < 8; b++) quantize_block_neon(xq + b, x + 32 * b, d);
     }
 }
 

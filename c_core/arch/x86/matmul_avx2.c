@@ -99,10 +99,16 @@ static inline __m256i dot_us(__m256i u, __m256i s)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+/* acc + sc16 * (u s) per pair of products, summed in int32 pairs: maddubs, madd, add. */
+static inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i sc16)
+{
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc16));
+}
+
 static void matmul_q8_avx2(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
-    matmul_q8_x86(2, y, xq, w, dtype, n, cols, rows, dot_us);   /* 16 ymm registers: 4 x 2 accumulators */
+    matmul_q8_x86(2, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 16 ymm registers: 4 x 2 accumulators */
 }
 
 /* scores (span) = scale * K q, four keys at a time: four 8-wide dot products, then one
@@ -235,6 +241,7 @@ static void silu_mul_avx2(float *g, const float *u, size_t n)
 
 static const colibri_kernels avx2_kernels = {
     .name = "avx2", .matmul = matmul_avx2, .rmsnorm = rmsnorm_avx2, .quantize_q8 = quantize_q8_x86,
+    .quantize_q8_256 = quantize_q8_256_x86,
     .matmul_q8 = matmul_q8_avx2, .attention_scores = attention_scores_avx2, .attention_values = attention_values_avx2,
     .softmax = softmax_avx2, .silu_mul = silu_mul_avx2,
 };

@@ -112,10 +112,16 @@ static void matmul_avx512(float *y, const float *x, const void *w, colibri_dtype
 /* vpdpbusd: unsigned bytes times signed bytes, four products summed into each int32 lane. */
 static inline __m256i dot_us(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 
+/* vpdpwssd: the int16 pairs maddubs makes, times sc16, summed into each int32 lane of acc. */
+static inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i sc16)
+{
+    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), sc16);
+}
+
 static void matmul_q8_avx512(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                              int32_t n, int32_t cols, int32_t rows)
 {
-    matmul_q8_x86(4, y, xq, w, dtype, n, cols, rows, dot_us);   /* 32 registers: 4 x 4 accumulators */
+    matmul_q8_x86(4, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 32 registers: 4 x 4 accumulators */
 }
 
 /* y (dim) = x / sqrt(mean(x^2) + eps) * w, 16 at a time; block-format weights take the reference. */
@@ -243,6 +249,7 @@ static void silu_mul_avx512(float *g, const float *u, size_t n)
 
 static const colibri_kernels avx512_kernels = {
     .name = "avx512", .matmul = matmul_avx512, .rmsnorm = rmsnorm_avx512, .quantize_q8 = quantize_q8_x86,
+    .quantize_q8_256 = quantize_q8_256_x86,
     .matmul_q8 = matmul_q8_avx512, .attention_scores = attention_scores_avx512,
     .attention_values = attention_values_avx512, .softmax = softmax_avx512, .silu_mul = silu_mul_avx512,
 };

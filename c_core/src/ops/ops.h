@@ -15,7 +15,10 @@
 
 /* 32 activations quantized to int8 on the fly, for integer dot products with the int8 path's
  * weights (traits' int8_path): x[j] ~ d * q[j], d = max|x| / 127, q rounded to nearest (ties to
- * even).  Every sub-block of those formats (16 or 32 weights, aligned) lies inside one block. */
+ * even).  Every sub-block of those formats (16 or 32 weights, aligned) lies inside one block.
+ * For the formats of 256-weight blocks (the k-quants, iq4_xs) the 8 blocks of each 256 share one d,
+ * the max over the 256 (quantize_q8_256, as llama.cpp's Q8_K): their kernels then sum a weight
+ * block's integer dots exactly and scale once per 256, not once per 32. */
 typedef struct colibri_q8_block {
     float d;
     int32_t sum;            /* sum of q: folds q4_0's "- 8" and q4_k's mins into one product per block */
@@ -34,6 +37,7 @@ typedef struct colibri_kernels {
      * xq (n, cols / 32) = blocks of x (n, cols); then y (n, rows) = xq @ W (rows, cols)^T by integer
      * dot products, one scale per block pair. */
     void (*quantize_q8)(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
+    void (*quantize_q8_256)(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);   /* cols % 256 == 0 */
     void (*matmul_q8)(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                       int32_t n, int32_t cols, int32_t rows);
     /* One head's attention over its cached rows (span of them, `stride` floats apart):
@@ -57,7 +61,7 @@ typedef struct colibri_kernels {
 
 /* Every slot above, X(slot) each: how arch/dispatch.c fills the slots a variant leaves empty from
  * its base (a slot added above is named here too; dispatch.c's size check fails until it is). */
-#define COLIBRI_KERNEL_SLOTS(X) X(matmul) X(rmsnorm) X(quantize_q8) X(matmul_q8) X(attention_scores) \
+#define COLIBRI_KERNEL_SLOTS(X) X(matmul) X(rmsnorm) X(quantize_q8) X(quantize_q8_256) X(matmul_q8) X(attention_scores) \
                                 X(attention_values) X(softmax) X(silu_mul) X(latent_query) X(latent_scores)
 
 /* What a forward pass computes with: the kernels, and the threads (platform.h's pool) that share
@@ -86,6 +90,11 @@ const colibri_kernels *colibri_kernels_named(const char *name);
 
 /* The scalar int8 path: what every variant's quantize_q8 and matmul_q8 are tested against. */
 void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
+void colibri_ref_quantize_q8_256(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
+/* xq (n, cols / 32) = x (n, cols) as matmul_q8 takes it for W in `dtype`: k's quantize_q8, or
+ * quantize_q8_256 for the 256-weight block formats. */
+void colibri_quantize_q8_for(const colibri_kernels *k, colibri_dtype dtype, colibri_q8_block *xq, const float *x,
+                             int32_t n, int32_t cols);
 void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows);
 

@@ -4,7 +4,8 @@
  * as with one thread, so the result is the same whatever the thread count.
  *
  * The int8_path formats take the variant's int8 path when it has one: x is quantized once, by
- * the calling thread, into the compute's scratch, and the threads share the blocks. */
+ * the calling thread, into the compute's scratch (in blocks as W's format wants them), and the
+ * threads share the blocks. */
 #include "ops.h"
 #include "../platform.h"
 
@@ -56,6 +57,12 @@ static void matmul_part(void *context, int32_t part, int32_t parts)
         matmul_range(j, (int32_t)((int64_t)j->n * part / parts), (int32_t)((int64_t)j->n * (part + 1) / parts), 0, j->rows);
 }
 
+void colibri_quantize_q8_for(const colibri_kernels *k, colibri_dtype dtype, colibri_q8_block *xq, const float *x,
+                             int32_t n, int32_t cols)
+{
+    (colibri_dtypes[dtype].block == 256 ? k->quantize_q8_256 : k->quantize_q8)(xq, x, n, cols);
+}
+
 void colibri_matmul(const colibri_compute *c, float *y, const float *x, const void *w, colibri_dtype dtype,
                     int32_t n, int32_t cols, int32_t rows)
 {
@@ -63,7 +70,7 @@ void colibri_matmul(const colibri_compute *c, float *y, const float *x, const vo
     job.kernels = c->kernels; job.y = y; job.x = x; job.xq = NULL; job.w = w; job.dtype = dtype;
     job.n = n; job.cols = cols; job.rows = rows;
     if (colibri_dtype_int8_path(dtype) && c->kernels->matmul_q8 && c->xq) {
-        c->kernels->quantize_q8(c->xq, x, n, cols);
+        colibri_quantize_q8_for(c->kernels, dtype, c->xq, x, n, cols);
         job.xq = c->xq;
     }
     if (!c->pool || ((uint64_t)n * (uint64_t)cols * (uint64_t)rows < PARALLEL_MIN_MACS

@@ -279,20 +279,34 @@ void colibri_layernorm(float *y, const float *x, const void *w, colibri_dtype w_
 /* Round to nearest, ties to even, for |v| < 2^22: what cvtps2dq and fcvtns do in their default mode. */
 static float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
-void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
+/* Blocks of 32 that share one d in each `group` of x's elements (32 or 256). */
+static void quantize_groups(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols, int32_t group)
 {
-    int32_t b, j;
-    for (b = 0; b < n * (cols / COLIBRI_BLOCK); b++, x += COLIBRI_BLOCK, xq++) {
-        float amax = 0.0f, id;
-        xq->sum = 0;
-        for (j = 0; j < COLIBRI_BLOCK; j++) if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
-        xq->d = amax / 127.0f;
-        id = xq->d != 0.0f ? 1.0f / xq->d : 0.0f;
-        for (j = 0; j < COLIBRI_BLOCK; j++) {
-            xq->q[j] = (int8_t)round_even(x[j] * id);
-            xq->sum += xq->q[j];
+    int32_t g, b, j, per = group / COLIBRI_BLOCK;
+    for (g = 0; g < n * (cols / group); g++, x += group, xq += per) {
+        float amax = 0.0f, d, id;
+        for (j = 0; j < group; j++) if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
+        d = amax / 127.0f;
+        id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (b = 0; b < per; b++) {
+            xq[b].d = d;
+            xq[b].sum = 0;
+            for (j = 0; j < COLIBRI_BLOCK; j++) {
+                xq[b].q[j] = (int8_t)round_even(x[b * COLIBRI_BLOCK + j] * id);
+                xq[b].sum += xq[b].q[j];
+            }
         }
     }
+}
+
+void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
+{
+    quantize_groups(xq, x, n, cols, COLIBRI_BLOCK);
+}
+
+void colibri_ref_quantize_q8_256(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
+{
+    quantize_groups(xq, x, n, cols, 256);
 }
 
 /* Activation block g (32 weights from 32 g) of one weight block of the int8 path's other formats
@@ -485,6 +499,7 @@ void colibri_ref_latent_scores(float *scores, const float *q_latent, const float
 static const colibri_kernels reference_kernels = {
     .name = "reference", .matmul = colibri_ref_matmul, .rmsnorm = colibri_ref_rmsnorm,
     .quantize_q8 = NULL, .matmul_q8 = NULL,   /* no int8 path: its matmul is the float oracle */
+    .quantize_q8_256 = colibri_ref_quantize_q8_256,   /* what variants based on it and without their own take */
     .attention_scores = colibri_ref_attention_scores, .attention_values = colibri_ref_attention_values,
     .softmax = colibri_softmax, .silu_mul = colibri_silu_mul,
     .latent_query = colibri_ref_latent_query, .latent_scores = colibri_ref_latent_scores,
@@ -494,8 +509,8 @@ static const colibri_kernels reference_kernels = {
  * a variant can be compared with it to float rounding (never picked as the best). */
 static const colibri_kernels reference_int8_kernels = {
     .name = "reference-int8", .matmul = colibri_ref_matmul, .rmsnorm = colibri_ref_rmsnorm,
-    .quantize_q8 = colibri_ref_quantize_q8, .matmul_q8 = colibri_ref_matmul_q8,
-    .attention_scores = colibri_ref_attention_scores, .attention_values = colibri_ref_attention_values,
+    .quantize_q8 = colibri_ref_quantize_q8, .quantize_q8_256 = colibri_ref_quantize_q8_256,
+    .matmul_q8 = colibri_ref_matmul_q8, .attention_scores = colibri_ref_attention_scores, .attention_values = colibri_ref_attention_values,
     .softmax = colibri_softmax, .silu_mul = colibri_silu_mul,
     .latent_query = colibri_ref_latent_query, .latent_scores = colibri_ref_latent_scores,
 };
