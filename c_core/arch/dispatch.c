@@ -30,6 +30,7 @@ static const variant variants[] = {
     { colibri_kernels_neon_dotprod, colibri_kernels_neon, colibri_cpu_has_dotprod },   /* NEON's float path */
 #endif
 #if defined(COLIBRI_HAVE_RVV)
+    { colibri_kernels_rvv_int8, colibri_kernels_reference, colibri_cpu_has_rvv },   /* for tests: before rvv, never the best */
     { colibri_kernels_rvv, colibri_kernels_reference, colibri_cpu_has_rvv },
 #endif
 };

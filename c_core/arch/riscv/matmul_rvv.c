@@ -374,7 +374,12 @@ static const colibri_kernels rvv_kernels = {
     .attention_scores = attention_scores, .attention_values = attention_values, .softmax = softmax, .silu_mul = silu_mul,
 };
 
+/* rvv's int8 path alone, the rest the reference's: whole-model logits with the bits of
+ * reference-int8's, at every VLEN (tests/test_targets.py); never picked as the best. */
+static const colibri_kernels rvv_int8_kernels = { .name = "rvv-int8", .quantize_q8 = quantize_q8, .matmul_q8 = matmul_q8 };
+
 const colibri_kernels *colibri_kernels_rvv(void) { return &rvv_kernels; }
+const colibri_kernels *colibri_kernels_rvv_int8(void) { return &rvv_int8_kernels; }
 #else
 typedef int colibri_rvv_needs_the_vector_extension;   /* meson compiles this file only with V's flags */
 #endif
