@@ -180,8 +180,9 @@ def test_rvv_int8_path_is_the_scalar_one_at_every_vlen(dtype, vlen, bundled_quan
 
     def logits(command, kernels):
         out = tmp_path / f"{kernels}.logits"
-        subprocess.run([*command, "--model", bundled_quantized[dtype], "--tokens", tokens, "--max_tokens", 0, "--ids",
-                        "--logits", out, "--kernels", kernels], check=True, capture_output=True, timeout=600)
+        args = ["--model", bundled_quantized[dtype], "--tokens", tokens, "--max_tokens", 0, "--ids", "--logits", out,
+                "--kernels", kernels]
+        subprocess.run([*command, *map(str, args)], check=True, capture_output=True, timeout=600)
         return np.fromfile(out, dtype="<u4")
 
     host = logits([str(build("native") / "c_core" / "colibri-infer")], "reference-int8")
