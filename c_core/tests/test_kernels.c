@@ -162,7 +162,7 @@ static int exact_int8(const colibri_kernels *k) { return strncmp(k->name, "rvv",
  * reference's: test_reference_formats). */
 static void test_variant(const colibri_kernels *k)
 {
-    static const int32_t ns[] = { 1, 3, 5, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 256, 257, 384, 1024 };
+    static const int32_t ns[] = { 1, 3, 5, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 256, 257, 384, 1024, 2080 };
     static const int32_t rowss[] = { 1, 5, 70 };   /* 70 x 1024 f32: past 256 KiB, the other tile order */
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
                                             COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128,

@@ -20,6 +20,18 @@ static inline float f16_scale(const uint8_t *p)
     return colibri_f16_to_f32(h);
 }
 
+/* f16 bits (one per u32 lane) as f32, exact, in integer and one float multiply (clang 14 has no
+ * zvfh): exponent and mantissa moved into place read as a float are 2^-112 of the value, for
+ * normals and (as float subnormals) for f16 subnormals alike; inf and nan get exponent 255. */
+static inline vfloat32m4_t f16_to_f32(vuint32m4_t h, size_t vl)
+{
+    vuint32m4_t sign = vsll_vx_u32m4(vand_vx_u32m4(h, 0x8000u, vl), 16, vl);
+    vuint32m4_t mag = vsll_vx_u32m4(vand_vx_u32m4(h, 0x7fffu, vl), 13, vl);
+    vuint32m4_t bits = vreinterpret_v_f32m4_u32m4(vfmul_vf_f32m4(vreinterpret_v_u32m4_f32m4(mag), 0x1p112f, vl));
+    bits = vmerge_vvm_u32m4(vmsgeu_vx_u32m4_b8(mag, 0x0f800000u, vl), bits, vor_vx_u32m4(mag, 0x7f800000u, vl), vl);
+    return vreinterpret_v_u32m4_f32m4(vor_vv_u32m4(bits, sign, vl));
+}
+
 /* ---- the int8 path ---- */
 
 /* xq (n, cols / 32) = x (n, cols) in blocks of 32, as colibri_ref_quantize_q8: max |x| by
@@ -134,28 +146,51 @@ static inline float iq4_xs_block(float acc, const uint8_t *b, const colibri_q8_b
     return acc;
 }
 
-/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W: per block pair an integer dot, times both scales in
- * the scalar int8 path's order. */
+/* acc + the blocks' terms f16 scale * dx * (float)dot, added in block order: the products
+ * elementwise (each one IEEE multiply, as the scalar path's), the sum by vfredosum, which adds
+ * element 0 first and rounds after each: the scalar loop's sums, bit for bit.  The n weight scales
+ * lie `stride` bytes apart from w, the activation blocks' from xb. */
+static inline float add_blocks(float acc, const uint8_t *w, size_t stride, const colibri_q8_block *xb, const int32_t *dots, int32_t n)
+{
+    vfloat32m1_t sum = vfmv_v_f_f32m1(acc, 1);
+    size_t i, vl, end = (size_t)n;
+    for (i = 0; i < end; i += vl) {
+        vfloat32m4_t d, dx;
+        vl = vsetvl_e32m4(end - i);
+        d = f16_to_f32(vzext_vf2_u32m4(vlse16_v_u16m2((const uint16_t *)(const void *)(w + i * stride), (ptrdiff_t)stride, vl), vl), vl);
+        dx = vlse32_v_f32m4(&xb[i].d, (ptrdiff_t)sizeof *xb, vl);
+        sum = vfredosum_vs_f32m4_f32m1(sum, vfmul_vv_f32m4(vfmul_vv_f32m4(d, dx, vl), vfcvt_f_x_v_f32m4(vle32_v_i32m4(dots + i, vl), vl), vl),
+                                       sum, vl);
+    }
+    return vfmv_f_s_f32m1_f32(sum);
+}
+
+/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W: per block pair an integer dot, CHUNK blocks at a time,
+ * then their terms in the scalar int8 path's order (add_blocks). */
+#define CHUNK 64
 static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4,
                                                               int32_t n, int32_t cols, int32_t rows)
 {
     size_t block_bytes = q4 ? 18 : 34, row_bytes = (size_t)(cols / COLIBRI_BLOCK) * block_bytes;
-    int32_t r, t, b, blocks = cols / COLIBRI_BLOCK;
+    int32_t r, t, b, c, blocks = cols / COLIBRI_BLOCK, dots[CHUNK];
     for (r = 0; r < rows; r++) {
         for (t = 0; t < n; t++) {
-            const uint8_t *wb = w + (size_t)r * row_bytes;
             const colibri_q8_block *xb = xq + (size_t)t * blocks;
+            const uint8_t *wb = w + (size_t)r * row_bytes;
             float acc = 0.0f;
-            for (b = 0; b < blocks; b++, wb += block_bytes, xb++) {
-                int32_t dot;
-                if (q4) {   /* byte j: weight j (low nibble), weight j + 16 (high), less 8 */
-                    vuint8m1_t v = vle8_v_u8m1(wb + 2, 16);
-                    dot = dot16x2(vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vand_vx_u8m1(v, 0x0f, 16)), 8, 16),
-                                  vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vsrl_vx_u8m1(v, 4, 16)), 8, 16), xb->q);
-                } else {
-                    dot = dot32(vle8_v_i8m2((const int8_t *)wb + 2, 32), xb->q);
+            for (c = 0; c < blocks; c += CHUNK, wb += CHUNK * block_bytes, xb += CHUNK) {
+                int32_t count = blocks - c < CHUNK ? blocks - c : CHUNK;
+                for (b = 0; b < count; b++) {
+                    const uint8_t *q = wb + (size_t)b * block_bytes + 2;
+                    if (q4) {   /* byte j: weight j (low nibble), weight j + 16 (high), less 8 */
+                        vuint8m1_t v = vle8_v_u8m1(q, 16);
+                        dots[b] = dot16x2(vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vand_vx_u8m1(v, 0x0f, 16)), 8, 16),
+                                          vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vsrl_vx_u8m1(v, 4, 16)), 8, 16), xb[b].q);
+                    } else {
+                        dots[b] = dot32(vle8_v_i8m2((const int8_t *)q, 32), xb[b].q);
+                    }
                 }
-                acc += f16_scale(wb) * xb->d * (float)dot;
+                acc = add_blocks(acc, wb, block_bytes, xb, dots, count);
             }
             y[(size_t)t * rows + r] = acc;
         }
@@ -199,18 +234,6 @@ static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colib
 }
 
 /* ---- the float path ---- */
-
-/* f16 bits (one per u32 lane) as f32, exact, in integer and one float multiply (clang 14 has no
- * zvfh): exponent and mantissa moved into place read as a float are 2^-112 of the value, for
- * normals and (as float subnormals) for f16 subnormals alike; inf and nan get exponent 255. */
-static inline vfloat32m4_t f16_to_f32(vuint32m4_t h, size_t vl)
-{
-    vuint32m4_t sign = vsll_vx_u32m4(vand_vx_u32m4(h, 0x8000u, vl), 16, vl);
-    vuint32m4_t mag = vsll_vx_u32m4(vand_vx_u32m4(h, 0x7fffu, vl), 13, vl);
-    vuint32m4_t bits = vreinterpret_v_f32m4_u32m4(vfmul_vf_f32m4(vreinterpret_v_u32m4_f32m4(mag), 0x1p112f, vl));
-    bits = vmerge_vvm_u32m4(vmsgeu_vx_u32m4_b8(mag, 0x0f800000u, vl), bits, vor_vx_u32m4(mag, 0x7f800000u, vl), vl);
-    return vreinterpret_v_u32m4_f32m4(vor_vv_u32m4(bits, sign, vl));
-}
 
 /* vl weights of row w from c, as floats. */
 static inline vfloat32m4_t load_f32(const void *w, colibri_dtype dtype, size_t c, size_t vl)
