@@ -52,15 +52,17 @@ def random_blocks(name, rows, cols, rng, target=None):
     return w.reshape(rows, -1)
 
 
-@pytest.fixture(scope="module", params=["native", "sanitize", "aarch64", "riscv64"])
+@pytest.fixture(scope="module", params=["native", "sanitize", "aarch64", "riscv64", "riscv64-rvv"])
 def quant_cli(request):
     """(matrix runner, the kernel sets to run it with) on the release, the ASan/UBSan, the aarch64
-    (under QEMU: NEON's dispatch) or the riscv64 build (the reference alone)."""
+    (under QEMU: NEON's dispatch), the riscv64 build (the reference alone) or the riscv64 build
+    with the vector kernels (under QEMU with V, VLEN 256)."""
     kind = request.param
     binary = [*RUNNER.get(kind, []), str(build(kind) / "c_core" / "tests" / "quant_cli")]
     runs = [k for k, ok in colibri.kernel_variants().items() if ok]
     runs = {"native": runs, "sanitize": ["reference", "reference-int8", runs[-1]],
-            "aarch64": ["reference", "reference-int8", "neon", "neon-dotprod"]}.get(kind, ["reference", "reference-int8"])
+            "aarch64": ["reference", "reference-int8", "neon", "neon-dotprod"],
+            "riscv64-rvv": ["reference", "reference-int8", "rvv"]}.get(kind, ["reference", "reference-int8"])
 
     def run(name, kernels, w, x, tmp_path):
         """(dequantized W (rows, cols) f32, y = x @ W^T (n, rows) f32, y by the int8 path or None)

@@ -41,9 +41,12 @@ const colibri_kernels *colibri_kernels_avx2(void);
 const colibri_kernels *colibri_kernels_avx512(void);
 const colibri_kernels *colibri_kernels_neon(void);
 const colibri_kernels *colibri_kernels_neon_dotprod(void);
+const colibri_kernels *colibri_kernels_rvv(void);
+const colibri_kernels *colibri_kernels_rvv_int8(void);
 
 int colibri_cpu_has_avx2(void);
 int colibri_cpu_has_avx512_vnni(void);
 int colibri_cpu_has_dotprod(void);
+int colibri_cpu_has_rvv(void);
 
 #endif

@@ -85,4 +85,9 @@ void colibri_platform_once(int32_t *done, void (*fn)(void));
  * does not, cannot tell, or runs on another CPU. */
 int colibri_platform_arm_dotprod(void);
 
+/* Whether the OS reports the RISC-V Vector extension (Linux: bit 'V' - 'A' of AT_HWCAP, which it
+ * sets only where it also saves the vector registers); 0 where it does not, cannot tell, or runs
+ * on another CPU. */
+int colibri_platform_riscv_vector(void);
+
 #endif

@@ -195,6 +195,10 @@ static void same_bits_as_plain(const char *dtype_name, const float *x, const voi
     free(a); free(b); free(wa); free(wb); free(xq);
 }
 
+/* The variants whose int8 path gives the scalar int8 path's bits: the same integer block sums,
+ * scaled and added in its order (rvv and rvv-int8: vector-length agnostic, so at every VLEN). */
+static int exact_int8(const colibri_kernels *k) { return strncmp(k->name, "rvv", 3) == 0; }
+
 /* One variant against the reference: the float matmul for every dtype; for the int8_path ones,
  * its int8 path against the scalar int8 path (the same integers: only float summation order
  * differs) and against the float oracle (the activation quantization's bound).  The formats
@@ -202,7 +206,7 @@ static void same_bits_as_plain(const char *dtype_name, const float *x, const voi
  * reference's: test_reference_formats). */
 static void test_variant(const colibri_kernels *k)
 {
-    static const int32_t ns[] = { 1, 3, 5, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 256, 257, 384, 1024 };
+    static const int32_t ns[] = { 1, 3, 5, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 256, 257, 384, 1024, 2080 };
     static const int32_t rowss[] = { 1, 5, 70 };   /* 70 x 1024 f32: past 256 KiB, the other tile order */
     static const int32_t rowss_x8[] = { 8, 16, 72 };   /* the interleaved formats: groups of 8 rows */
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
@@ -272,6 +276,12 @@ static void test_variant(const colibri_kernels *k)
                 colibri_ref_matmul_q8(y, xq_ref, w, dtype, n, cols, rows);
                 k->matmul_q8(y_q8, xq_ref, w, dtype, n, cols, rows);
                 same_bits_one_token_at_a_time(k, "matmul_q8", dtype_name, y_q8, NULL, xq_ref, w, dtype, n, cols, rows);
+                for (i = 0; i < n * rows && exact_int8(k); i++) {   /* the scalar int8 path's bits */
+                    checked++;
+                    if (memcmp(&y_q8[i], &y[i], 4) && failures++ < 10)
+                        fprintf(stderr, "%s matmul_q8 %s n=%d cols=%d rows=%d [%d]: %.9g, the scalar int8 path %.9g\n", k->name,
+                                dtype_name, (int)n, (int)cols, (int)rows, (int)i, y_q8[i], y[i]);
+                }
                 for (t = 0; t < n; t++) for (r = 0; r < rows; r++) {
                     double mag = 0.0;   /* sum |block scale * integer dot| bounds the float sums' error */
                     for (i = 0; i < cols; i++) mag += fabs((double)wmag[r * cols + i] * xq_ref[t * cols / 32 + i / 32].d * xq_ref[t * cols / 32 + i / 32].q[i % 32]);
@@ -424,6 +434,70 @@ static void test_latent(const colibri_kernels *k)
            checked - count, failures - before);
 }
 
+/* Every length 1..TAILS of the kernels whose loops run over a vector length (cols, head_dim, n):
+ * 3 times VLMAX + 1 of e32m4 at VLEN 1024, so every tail of RVV's strip-mined loops at every VLEN
+ * the tests run, against the budgets of the tests above. */
+#define TAILS 385
+static void test_tails(const colibri_kernels *k)
+{
+    static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16 };
+    float *x = malloc(3 * TAILS * 4), *v = malloc(3 * TAILS * 4), *y = malloc(TAILS * 4), *y_ref = malloc(TAILS * 4);
+    uint16_t *h = malloc(3 * TAILS * 2);
+    int before = failures, count = checked;
+    int32_t len, i, j, di;
+    for (i = 0; i < 3 * TAILS; i++) { x[i] = next_float(); v[i] = next_float(); }
+    for (len = 1; len <= TAILS; len++) {
+        for (di = 0; di < 3; di++) {   /* y (2) = x (len) @ W (2, len)^T */
+            const void *w = v;
+            double mag[2] = { 0.0, 0.0 };
+            if (dtypes[di] != COLIBRI_DTYPE_F32) {
+                for (i = 0; i < 2 * len; i++) h[i] = to_half_bits(v[i], dtypes[di]);
+                w = h;
+            }
+            colibri_ref_matmul(y_ref, x, w, dtypes[di], 1, len, 2);
+            k->matmul(y, x, w, dtypes[di], 1, len, 2);
+            for (j = 0; j < 2; j++) {
+                for (i = 0; i < len; i++) mag[j] += fabs((double)colibri_load_f32(w, dtypes[di], (size_t)(j * len + i)) * x[i]);
+                check(k->name, "matmul (tails)", colibri_dtypes[dtypes[di]].name, 1, len, 2, 0, j, y[j], y_ref[j],
+                      len * ldexp(1.0, -24) * mag[j] + 1e-30);
+            }
+        }
+        colibri_ref_attention_scores(y_ref, x, v, (size_t)len, 3, len, 0.125f);
+        k->attention_scores(y, x, v, (size_t)len, 3, len, 0.125f);
+        for (j = 0; j < 3; j++) {
+            double mag = 0.0;
+            for (i = 0; i < len; i++) mag += fabs((double)x[i] * v[j * len + i]) * 0.125;
+            check(k->name, "attention_scores (tails)", "f32", 1, len, 3, 0, j, y[j], y_ref[j], 2 * (len + 1) * ldexp(1.0, -24) * mag + 1e-30);
+        }
+        colibri_ref_attention_values(y_ref, x, v, (size_t)len, 3, len);
+        k->attention_values(y, x, v, (size_t)len, 3, len);
+        for (i = 0; i < len; i++) {
+            double mag = 0.0;
+            for (j = 0; j < 3; j++) mag += fabs((double)x[j] * v[j * len + i]);
+            check(k->name, "attention_values (tails)", "f32", 1, 3, len, 0, i, y[i], y_ref[i], 8 * ldexp(1.0, -24) * mag + 1e-30);
+        }
+        memcpy(y, x, (size_t)len * 4);
+        memcpy(y_ref, x, (size_t)len * 4);
+        colibri_softmax(y_ref, len);
+        k->softmax(y, len);
+        for (i = 0; i < len; i++)
+            check(k->name, "softmax (tails)", "f32", 1, len, 1, 0, i, y[i], y_ref[i], (16 + 2 * len) * ldexp(1.0, -24) * y_ref[i] + 1e-30);
+        memcpy(y, x, (size_t)len * 4);
+        memcpy(y_ref, x, (size_t)len * 4);
+        colibri_silu_mul(y_ref, v, (size_t)len);
+        k->silu_mul(y, v, (size_t)len);
+        for (i = 0; i < len; i++)
+            check(k->name, "silu_mul (tails)", "f32", 1, len, 1, 0, i, y[i], y_ref[i], 16 * ldexp(1.0, -24) * fabs(y_ref[i]) + 1e-30);
+        colibri_ref_rmsnorm(y_ref, x, v, COLIBRI_DTYPE_F32, len, 1e-6f);
+        k->rmsnorm(y, x, v, COLIBRI_DTYPE_F32, len, 1e-6f);
+        for (i = 0; i < len; i++)
+            check(k->name, "rmsnorm (tails)", "f32", 1, len, 1, 0, i, y[i], y_ref[i], (len + 4) * ldexp(1.0, -24) * fabs(y_ref[i]) + 1e-30);
+    }
+    free(x); free(v); free(y); free(y_ref); free(h);
+    printf("%s tails 1..%d: %d outputs compared with the reference, %d outside the budget\n", k->name, TAILS, checked - count,
+           failures - before);
+}
+
 /* softmax and silu_mul against the reference's (colibri_expf, within an ulp of exp): each output
  * within a few ulp of the exp plus the float sums' bound, relative to the reference value. */
 static void test_exp_kernels(const colibri_kernels *k)
@@ -494,6 +568,7 @@ int main(int argc, char **argv)
         test_attention(k);
         test_latent(k);
         test_exp_kernels(k);
+        test_tails(k);
         tested++;
     }
     if (tested == 1) printf("no SIMD kernel variant runs here: only the references\n");

@@ -80,7 +80,7 @@ static void usage(FILE *f)
         "  --ids              print token ids even when the model has a vocabulary\n"
         "  --logits FILE      write the prompt's logits, float32 [n_prompt, vocab], to FILE\n"
         "  --reference        compute with the plain C reference kernels (as COLIBRI_KERNELS=reference)\n"
-        "  --kernels NAME     compute with one kernel variant: reference, avx2, avx512, neon, neon-dotprod\n"
+        "  --kernels NAME     compute with one kernel variant: reference, avx2, avx512, neon, neon-dotprod, rvv\n"
         "                     (as COLIBRI_KERNELS=NAME; default: the best this CPU runs)\n"
         "  --expert_load FILE write the tokens routed to each expert, uint64 [n_layers, n_experts], to FILE\n"
         "  --threads N        threads sharing the big matmuls (default: COLIBRI_THREADS, else the cores)\n"

@@ -45,6 +45,7 @@ void colibri_platform_once(int32_t *done, void (*fn)(void))
 
 /* No OS to report CPU extensions (and no AArch64 board yet). */
 int colibri_platform_arm_dotprod(void) { return 0; }
+int colibri_platform_riscv_vector(void) { return 0; }
 
 colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **pool, colibri_error *err)
 {

@@ -12,8 +12,10 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__linux__) && defined(__aarch64__)
+#if defined(__linux__) && (defined(__aarch64__) || defined(__riscv))
 #include <sys/auxv.h>
+#endif
+#if defined(__linux__) && defined(__aarch64__)
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
@@ -239,6 +241,15 @@ int colibri_platform_arm_dotprod(void)
 {
 #if defined(__linux__) && defined(__aarch64__)
     return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+    return 0;
+#endif
+}
+
+int colibri_platform_riscv_vector(void)
+{
+#if defined(__linux__) && defined(__riscv) && __riscv_xlen == 64
+    return (getauxval(AT_HWCAP) & (1ul << ('V' - 'A'))) != 0;
 #else
     return 0;
 #endif
