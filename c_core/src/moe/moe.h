@@ -61,6 +61,9 @@ extern const colibri_aggregator colibri_aggregator_weighted;
 /* Index of the largest v[i] over i < n not yet in taken[0..n_taken), lowest index on ties; -1 when
  * all are taken: the routers' top-k, one pick at a time. */
 int32_t colibri_best_untaken(const float *v, int32_t n, const int32_t *taken, int32_t n_taken);
+/* ids (k) = what k picks of colibri_best_untaken give (k <= n), in one pass that keeps the k best so
+ * far in order: O(n k) instead of O(n k^2). */
+void colibri_top_k(const float *v, int32_t n, int32_t k, int32_t *ids);
 
 /* The router a session of this model uses in routing mode `mode` (COLIBRI_ROUTING_*, validated):
  * capacity routing keeps the model's router, the block drops the pairs over capacity. */
