@@ -65,6 +65,14 @@ int32_t colibri_best_untaken(const float *v, int32_t n, const int32_t *taken, in
  * far in order: O(n k) instead of O(n k^2). */
 void colibri_top_k(const float *v, int32_t n, int32_t k, int32_t *ids);
 
+/* ids, gates (n, K) = router(logits (n, E)), the tokens shared among k's threads in COLIBRI_ROUTE_PARTS
+ * runs (several tokens), each with its own (n_experts + n_groups) of scratch: the same bits as one call,
+ * since a router routes each token alone. */
+#define COLIBRI_ROUTE_PARTS 4
+void colibri_moe_route(const colibri_router *router, const colibri_compute *k, const colibri_hparams *hp,
+                       const colibri_layer_weights *lw, const colibri_routing *r, float *logits, int32_t n,
+                       float *scratch, int32_t *ids, float *gates);
+
 /* The router a session of this model uses in routing mode `mode` (COLIBRI_ROUTING_*, validated):
  * capacity routing keeps the model's router, the block drops the pairs over capacity. */
 const colibri_router *colibri_router_for(const colibri_hparams *hp, int32_t mode);
@@ -78,7 +86,7 @@ void colibri_swiglu(const colibri_compute *k, int activation, colibri_weight w1,
 /* Buffers of one MoE block, carved from the session arena. */
 typedef struct colibri_moe_buffers {
     float *router_logits;   /* (n_batch, n_experts) */
-    float *router_scratch;  /* (n_experts + n_groups) one token's choice values and group scores */
+    float *router_scratch;  /* (COLIBRI_ROUTE_PARTS, n_experts + n_groups) one token's choice values and group scores, per part */
     int32_t *ids;           /* (n_batch, top_k) */
     float *gates;           /* (n_batch, top_k) */
     int32_t *expert_start;  /* (n_experts + 1): routed pairs grouped by expert */
