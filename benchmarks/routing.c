@@ -1,5 +1,6 @@
 /* Routing alone, as the speed issue states it: 128 tokens x hidden 4096, 8 experts, top-2
- * (router matmul, softmax, top-k, renormalise), f32, the best kernels and a pool of THREADS,
+ * (router matmul, softmax, top-k, renormalise), f32, the best kernels and a pool of THREADS (as a
+ * session routes: the matmul, then the tokens' routing, both shared by the threads),
  * caches warm as in PyTorch's timing loop.  Prints the median of REPS runs in microseconds.
  *
  *   routing THREADS [REPS]      (benchmarks/vs_llamacpp.py runs it beside PyTorch) */
@@ -27,7 +28,7 @@ int main(int argc, char **argv)
     colibri_layer_weights lw;
     colibri_error err;
     float *w = malloc((size_t)EXPERTS * HIDDEN * 4), *x = malloc((size_t)TOKENS * HIDDEN * 4);
-    float *logits = malloc((size_t)TOKENS * EXPERTS * 4), scratch[EXPERTS + 1], *gates = malloc((size_t)TOKENS * TOP_K * 4);
+    float *logits = malloc((size_t)TOKENS * EXPERTS * 4), scratch[COLIBRI_ROUTE_PARTS * (EXPERTS + 1)], *gates = malloc((size_t)TOKENS * TOP_K * 4);
     int32_t *ids = malloc((size_t)TOKENS * TOP_K * sizeof *ids);
     double *us = malloc((size_t)reps * sizeof *us);
     uint32_t seed = 1;
@@ -50,7 +51,7 @@ int main(int argc, char **argv)
     for (i = 0; i < reps; i++) {
         uint64_t start = colibri_platform_now_ns();
         colibri_matmul(&compute, logits, x, w, COLIBRI_DTYPE_F32, TOKENS, HIDDEN, EXPERTS);   /* (128, 8) */
-        colibri_router_topk.route(&hp, &lw, NULL, logits, TOKENS, scratch, ids, gates);
+        colibri_moe_route(&colibri_router_topk, &compute, &hp, &lw, NULL, logits, TOKENS, scratch, ids, gates);
         us[i] = (double)(colibri_platform_now_ns() - start) / 1e3;
     }
     qsort(us, (size_t)reps, sizeof *us, by_value);

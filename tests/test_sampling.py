@@ -86,6 +86,38 @@ def test_same_seed_same_tokens(session, logits):
     assert not np.array_equal(a, c)
 
 
+def uniforms(seed, n):
+    """The sampler's uniforms: splitmix64 from the seed, the top 24 bits of each draw."""
+    mask, state, out = (1 << 64) - 1, seed & ((1 << 64) - 1), []
+    for _ in range(n):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        out.append(((z ^ (z >> 31)) >> 40) / 16777216.0)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 0, 1.0), (0.9, 40, 1.0), (0.8, 0, 0.6),
+                                                     (0.9, 40, 0.95)])
+def test_each_draw_is_the_references_on_the_same_uniform(session, logits, temperature, top_k, top_p):
+    """The token a uniform u draws: the first whose cumulative probability passes u, walking the kept
+    tokens in id order for temperature alone (nothing is sorted) and in candidate order (most likely
+    first, lower id on ties) when top-k or top-p cut them; draws within rounding of a boundary are left out."""
+    probs = reference_probs(logits, temperature, top_k, top_p)
+    kept = np.flatnonzero(probs)
+    if top_k or top_p < 1.0:
+        kept = np.array(sorted(kept, key=lambda i: (-probs[i], i)))
+    cum = np.cumsum(probs[kept])
+    session.seed(99)
+    ours = draw(session, 300, temperature=temperature, top_k=top_k, top_p=top_p)
+    u = uniforms(99, 300) * cum[-1]
+    theirs = kept[np.minimum(np.searchsorted(cum, u, side="right"), len(kept) - 1)]
+    clear = np.min(np.abs(cum[None, :] - u[:, None]), axis=1) > 1e-5
+    assert clear.sum() > 250
+    assert np.array_equal(ours[clear], theirs[clear])
+
+
 def test_bad_parameters_are_rejected(session, logits):
     for kw in ({"temperature": float("nan")}, {"temperature": 1.0, "top_p": -1000.0}, {"top_p": float("nan")}):
         with pytest.raises(colibri.Error) as e:

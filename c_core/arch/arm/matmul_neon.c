@@ -210,9 +210,72 @@ static void silu_mul(float *g, const float *u, size_t n)
     for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
+/* q_latent (rank) = Wk (dn, rank)^T q_nope (dn), f32 / f16 / bf16 Wk: 32 outputs held in registers
+ * down the dn rows, each a chain of FMAs in row order as the reference adds them; other formats, and
+ * ranks that are no multiple of 4, take the reference. */
+static void latent_query(float *q_latent, const float *q_nope, const void *wk, colibri_dtype dtype, int32_t dn, int32_t rank)
+{
+    size_t row = colibri_row_bytes(dtype, (size_t)rank);
+    int32_t r = 0, i, g;
+    if ((dtype != COLIBRI_DTYPE_F32 && dtype != COLIBRI_DTYPE_F16 && dtype != COLIBRI_DTYPE_BF16) || rank % 4) {
+        colibri_ref_latent_query(q_latent, q_nope, wk, dtype, dn, rank);
+        return;
+    }
+    for (; r + 32 <= rank; r += 32) {
+        float32x4_t a[8];
+        const uint8_t *w = wk;
+        for (g = 0; g < 8; g++) a[g] = vdupq_n_f32(0.0f);
+        for (i = 0; i < dn; i++, w += row)
+            for (g = 0; g < 8; g++) a[g] = vfmaq_n_f32(a[g], load4(w, dtype, (size_t)r + 4 * g), q_nope[i]);
+        for (g = 0; g < 8; g++) vst1q_f32(q_latent + r + 4 * g, a[g]);
+    }
+    for (; r < rank; r += 4) {
+        float32x4_t a = vdupq_n_f32(0.0f);
+        const uint8_t *w = wk;
+        for (i = 0; i < dn; i++, w += row) a = vfmaq_n_f32(a, load4(w, dtype, (size_t)r), q_nope[i]);
+        vst1q_f32(q_latent + r, a);
+    }
+}
+
+/* scores (span) = scale * (C q_latent + K_rope q_rope), four positions at a time as attention_scores
+ * does; rank or dr no multiple of 4 take the reference. */
+static void latent_scores(float *scores, const float *q_latent, const float *q_rope, const float *latent,
+                          const float *k_rope, int32_t span, int32_t rank, int32_t dr, float scale)
+{
+    int32_t j = 0, i;
+    if (rank % 4 || dr % 4) { colibri_ref_latent_scores(scores, q_latent, q_rope, latent, k_rope, span, rank, dr, scale); return; }
+    for (; j + 4 <= span; j += 4) {
+        const float *c = latent + (size_t)j * rank, *p = k_rope + (size_t)j * dr;
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0, qv;
+        for (i = 0; i < rank; i += 4) {
+            qv = vld1q_f32(q_latent + i);
+            a0 = vfmaq_f32(a0, qv, vld1q_f32(c + i));
+            a1 = vfmaq_f32(a1, qv, vld1q_f32(c + rank + i));
+            a2 = vfmaq_f32(a2, qv, vld1q_f32(c + 2 * (size_t)rank + i));
+            a3 = vfmaq_f32(a3, qv, vld1q_f32(c + 3 * (size_t)rank + i));
+        }
+        for (i = 0; i < dr; i += 4) {
+            qv = vld1q_f32(q_rope + i);
+            a0 = vfmaq_f32(a0, qv, vld1q_f32(p + i));
+            a1 = vfmaq_f32(a1, qv, vld1q_f32(p + dr + i));
+            a2 = vfmaq_f32(a2, qv, vld1q_f32(p + 2 * (size_t)dr + i));
+            a3 = vfmaq_f32(a3, qv, vld1q_f32(p + 3 * (size_t)dr + i));
+        }
+        vst1q_f32(scores + j, vmulq_n_f32(vpaddq_f32(vpaddq_f32(a0, a1), vpaddq_f32(a2, a3)), scale));
+    }
+    for (; j < span; j++) {
+        const float *c = latent + (size_t)j * rank, *p = k_rope + (size_t)j * dr;
+        float32x4_t a = vdupq_n_f32(0.0f);
+        for (i = 0; i < rank; i += 4) a = vfmaq_f32(a, vld1q_f32(q_latent + i), vld1q_f32(c + i));
+        for (i = 0; i < dr; i += 4) a = vfmaq_f32(a, vld1q_f32(q_rope + i), vld1q_f32(p + i));
+        scores[j] = vaddvq_f32(a) * scale;
+    }
+}
+
 static const colibri_kernels neon_kernels = {
     .name = "neon", .matmul = matmul_neon, .rmsnorm = rmsnorm, .quantize_q8 = quantize_q8_neon, .quantize_q8_256 = quantize_q8_256_neon, .matmul_q8 = matmul_q8,
     .attention_scores = attention_scores, .attention_values = attention_values, .softmax = softmax, .silu_mul = silu_mul,
+    .latent_query = latent_query, .latent_scores = latent_scores,
 };
 
 const colibri_kernels *colibri_kernels_neon(void) { return &neon_kernels; }

@@ -239,11 +239,84 @@ static void silu_mul_avx2(float *g, const float *u, size_t n)
     for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
 }
 
+/* q_latent (rank) = Wk (dn, rank)^T q_nope (dn), f32 / f16 / bf16 Wk: 32 outputs held in registers
+ * down the dn rows, each a chain of FMAs in row order as the reference adds them; other formats, and
+ * ranks that are no multiple of 8, take the reference. */
+static void latent_query_avx2(float *q_latent, const float *q_nope, const void *wk, colibri_dtype dtype, int32_t dn,
+                              int32_t rank)
+{
+    size_t row = colibri_row_bytes(dtype, (size_t)rank);
+    int32_t r = 0, i;
+    if ((dtype != COLIBRI_DTYPE_F32 && dtype != COLIBRI_DTYPE_F16 && dtype != COLIBRI_DTYPE_BF16) || rank % 8) {
+        colibri_ref_latent_query(q_latent, q_nope, wk, dtype, dn, rank);
+        return;
+    }
+    for (; r + 32 <= rank; r += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const uint8_t *w = wk;
+        for (i = 0; i < dn; i++, w += row) {
+            __m256 q = _mm256_set1_ps(q_nope[i]);
+            a0 = _mm256_fmadd_ps(q, load8(w, dtype, (size_t)r), a0);
+            a1 = _mm256_fmadd_ps(q, load8(w, dtype, (size_t)r + 8), a1);
+            a2 = _mm256_fmadd_ps(q, load8(w, dtype, (size_t)r + 16), a2);
+            a3 = _mm256_fmadd_ps(q, load8(w, dtype, (size_t)r + 24), a3);
+        }
+        _mm256_storeu_ps(q_latent + r, a0); _mm256_storeu_ps(q_latent + r + 8, a1);
+        _mm256_storeu_ps(q_latent + r + 16, a2); _mm256_storeu_ps(q_latent + r + 24, a3);
+    }
+    for (; r < rank; r += 8) {
+        __m256 a = _mm256_setzero_ps();
+        const uint8_t *w = wk;
+        for (i = 0; i < dn; i++, w += row) a = _mm256_fmadd_ps(_mm256_set1_ps(q_nope[i]), load8(w, dtype, (size_t)r), a);
+        _mm256_storeu_ps(q_latent + r, a);
+    }
+}
+
+/* scores (span) = scale * (C q_latent + K_rope q_rope), four positions at a time as attention_scores
+ * does: each position's latent and rotary products in one 8-wide chain; rank or dr no multiple of 8
+ * take the reference. */
+static void latent_scores_avx2(float *scores, const float *q_latent, const float *q_rope, const float *latent,
+                               const float *k_rope, int32_t span, int32_t rank, int32_t dr, float scale)
+{
+    int32_t j = 0, i;
+    if (rank % 8 || dr % 8) { colibri_ref_latent_scores(scores, q_latent, q_rope, latent, k_rope, span, rank, dr, scale); return; }
+    for (; j + 4 <= span; j += 4) {
+        const float *c = latent + (size_t)j * rank, *p = k_rope + (size_t)j * dr;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, qv;
+        __m128 s;
+        for (i = 0; i < rank; i += 8) {
+            qv = _mm256_loadu_ps(q_latent + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(c + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(c + rank + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(c + 2 * (size_t)rank + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(c + 3 * (size_t)rank + i), a3);
+        }
+        for (i = 0; i < dr; i += 8) {
+            qv = _mm256_loadu_ps(q_rope + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p + dr + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p + 2 * (size_t)dr + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(p + 3 * (size_t)dr + i), a3);
+        }
+        a0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));   /* lanes: j0 j1 j2 j3 | j0 j1 j2 j3 */
+        s = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+        _mm_storeu_ps(scores + j, _mm_mul_ps(s, _mm_set1_ps(scale)));
+    }
+    for (; j < span; j++) {
+        const float *c = latent + (size_t)j * rank, *p = k_rope + (size_t)j * dr;
+        __m256 a = _mm256_setzero_ps();
+        for (i = 0; i < rank; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q_latent + i), _mm256_loadu_ps(c + i), a);
+        for (i = 0; i < dr; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q_rope + i), _mm256_loadu_ps(p + i), a);
+        scores[j] = hsum8(a) * scale;
+    }
+}
+
 static const colibri_kernels avx2_kernels = {
     .name = "avx2", .matmul = matmul_avx2, .rmsnorm = rmsnorm_avx2, .quantize_q8 = quantize_q8_x86,
     .quantize_q8_256 = quantize_q8_256_x86,
     .matmul_q8 = matmul_q8_avx2, .attention_scores = attention_scores_avx2, .attention_values = attention_values_avx2,
-    .softmax = softmax_avx2, .silu_mul = silu_mul_avx2,
+    .softmax = softmax_avx2, .silu_mul = silu_mul_avx2, .latent_query = latent_query_avx2,
+    .latent_scores = latent_scores_avx2,
 };
 
 const colibri_kernels *colibri_kernels_avx2(void) { return &avx2_kernels; }

@@ -247,11 +247,87 @@ static void silu_mul_avx512(float *g, const float *u, size_t n)
     }
 }
 
+/* q_latent (rank) = Wk (dn, rank)^T q_nope (dn), f32 / f16 / bf16 Wk: 64 outputs held in registers
+ * down the dn rows, each a chain of FMAs in row order; other formats and ranks (rank % 16) take AVX2's. */
+static void latent_query_avx512(float *q_latent, const float *q_nope, const void *wk, colibri_dtype dtype, int32_t dn,
+                                int32_t rank)
+{
+    size_t row = colibri_row_bytes(dtype, (size_t)rank);
+    int32_t r = 0, i;
+    if ((dtype != COLIBRI_DTYPE_F32 && dtype != COLIBRI_DTYPE_F16 && dtype != COLIBRI_DTYPE_BF16) || rank % 16) {
+        colibri_kernels_avx2()->latent_query(q_latent, q_nope, wk, dtype, dn, rank);
+        return;
+    }
+    for (; r + 64 <= rank; r += 64) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const uint8_t *w = wk;
+        for (i = 0; i < dn; i++, w += row) {
+            __m512 q = _mm512_set1_ps(q_nope[i]);
+            a0 = _mm512_fmadd_ps(q, load16(w, dtype, (size_t)r), a0);
+            a1 = _mm512_fmadd_ps(q, load16(w, dtype, (size_t)r + 16), a1);
+            a2 = _mm512_fmadd_ps(q, load16(w, dtype, (size_t)r + 32), a2);
+            a3 = _mm512_fmadd_ps(q, load16(w, dtype, (size_t)r + 48), a3);
+        }
+        _mm512_storeu_ps(q_latent + r, a0); _mm512_storeu_ps(q_latent + r + 16, a1);
+        _mm512_storeu_ps(q_latent + r + 32, a2); _mm512_storeu_ps(q_latent + r + 48, a3);
+    }
+    for (; r < rank; r += 16) {
+        __m512 a = _mm512_setzero_ps();
+        const uint8_t *w = wk;
+        for (i = 0; i < dn; i++, w += row) a = _mm512_fmadd_ps(_mm512_set1_ps(q_nope[i]), load16(w, dtype, (size_t)r), a);
+        _mm512_storeu_ps(q_latent + r, a);
+    }
+}
+
+/* scores (span) = scale * (C q_latent + K_rope q_rope), four positions at a time, 16 wide, the
+ * rotary tail (dr % 16) masked; ranks that are no multiple of 16 take AVX2's. */
+static void latent_scores_avx512(float *scores, const float *q_latent, const float *q_rope, const float *latent,
+                                 const float *k_rope, int32_t span, int32_t rank, int32_t dr, float scale)
+{
+    int32_t j = 0, i;
+    if (rank % 16) { colibri_kernels_avx2()->latent_scores(scores, q_latent, q_rope, latent, k_rope, span, rank, dr, scale); return; }
+    for (; j + 4 <= span; j += 4) {
+        const float *c = latent + (size_t)j * rank, *p = k_rope + (size_t)j * dr;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, qv;
+        __m256 h;
+        __m128 s;
+        for (i = 0; i < rank; i += 16) {
+            qv = _mm512_loadu_ps(q_latent + i);
+            a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(c + i), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(c + rank + i), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(c + 2 * (size_t)rank + i), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(c + 3 * (size_t)rank + i), a3);
+        }
+        for (i = 0; i < dr; i += 16) {
+            __mmask16 m = dr - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dr - i)) - 1u);
+            qv = _mm512_maskz_loadu_ps(m, q_rope + i);
+            a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, p + i), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, p + dr + i), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, p + 2 * (size_t)dr + i), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, p + 3 * (size_t)dr + i), a3);
+        }
+        h = _mm256_hadd_ps(_mm256_hadd_ps(fold16(a0), fold16(a1)), _mm256_hadd_ps(fold16(a2), fold16(a3)));
+        s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(scores + j, _mm_mul_ps(s, _mm_set1_ps(scale)));
+    }
+    for (; j < span; j++) {
+        const float *c = latent + (size_t)j * rank, *p = k_rope + (size_t)j * dr;
+        __m512 a = _mm512_setzero_ps();
+        for (i = 0; i < rank; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q_latent + i), _mm512_loadu_ps(c + i), a);
+        for (i = 0; i < dr; i += 16) {
+            __mmask16 m = dr - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dr - i)) - 1u);
+            a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q_rope + i), _mm512_maskz_loadu_ps(m, p + i), a);
+        }
+        scores[j] = _mm512_reduce_add_ps(a) * scale;
+    }
+}
+
 static const colibri_kernels avx512_kernels = {
     .name = "avx512", .matmul = matmul_avx512, .rmsnorm = rmsnorm_avx512, .quantize_q8 = quantize_q8_x86,
     .quantize_q8_256 = quantize_q8_256_x86,
     .matmul_q8 = matmul_q8_avx512, .attention_scores = attention_scores_avx512,
     .attention_values = attention_values_avx512, .softmax = softmax_avx512, .silu_mul = silu_mul_avx512,
+    .latent_query = latent_query_avx512, .latent_scores = latent_scores_avx512,
 };
 
 const colibri_kernels *colibri_kernels_avx512(void) { return &avx512_kernels; }

@@ -21,6 +21,45 @@
 #include "../platform.h"
 #include "../util.h"
 
+/* One part of a pooled routing: its run of tokens, with its own scratch. */
+typedef struct route_job {
+    const colibri_router *router;
+    const colibri_hparams *hp;
+    const colibri_layer_weights *lw;
+    const colibri_routing *r;
+    float *logits, *scratch;
+    int32_t *ids;
+    float *gates;
+    int32_t n;
+} route_job;
+
+static void route_part(void *context, int32_t part, int32_t parts)
+{
+    const route_job *j = context;
+    int32_t E = j->hp->n_experts, K = j->hp->top_k;
+    int32_t t0 = (int32_t)((int64_t)j->n * part / parts), t1 = (int32_t)((int64_t)j->n * (part + 1) / parts);
+    colibri_routing r;
+    if (t1 <= t0) return;
+    if (j->r) {   /* the research routers read the tokens' positions and ids */
+        r = *j->r;
+        r.position += t0;
+        if (r.tokens) r.tokens += t0;
+    }
+    j->router->route(j->hp, j->lw, j->r ? &r : NULL, j->logits + (size_t)t0 * E, t1 - t0,
+                     j->scratch + (size_t)part * (E + j->hp->n_groups), j->ids + (size_t)t0 * K, j->gates + (size_t)t0 * K);
+}
+
+void colibri_moe_route(const colibri_router *router, const colibri_compute *k, const colibri_hparams *hp,
+                       const colibri_layer_weights *lw, const colibri_routing *r, float *logits, int32_t n,
+                       float *scratch, int32_t *ids, float *gates)
+{
+    route_job job;
+    job.router = router; job.hp = hp; job.lw = lw; job.r = r; job.logits = logits; job.scratch = scratch;
+    job.ids = ids; job.gates = gates; job.n = n;
+    if (!k->pool || n < 2 * COLIBRI_ROUTE_PARTS) route_part(&job, 0, 1);
+    else colibri_platform_pool_run(k->pool, route_part, &job, COLIBRI_ROUTE_PARTS);
+}
+
 /* logits (n, E) = x (n, dim) @ router (E, dim)^T (+ router bias), then ids, gates (n, K) from the
  * session's router. */
 static void route(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
@@ -33,7 +72,7 @@ static void route(const colibri_moe *moe, const colibri_compute *k, const colibr
     if (hp->router_logit_bias)
         for (t = 0; t < n; t++)
             for (e = 0; e < E; e++) b->router_logits[(size_t)t * E + e] += colibri_load_f32(bias->data, bias->dtype, (size_t)e);
-    moe->router->route(hp, lw, r, b->router_logits, n, b->router_scratch, b->ids, b->gates);
+    colibri_moe_route(moe->router, k, hp, lw, r, b->router_logits, n, b->router_scratch, b->ids, b->gates);
 }
 
 /* ids, gates (n, K) -> pair_token, pair_gate (n * K) grouped by expert with a counting sort, tokens

@@ -61,6 +61,17 @@ extern const colibri_aggregator colibri_aggregator_weighted;
 /* Index of the largest v[i] over i < n not yet in taken[0..n_taken), lowest index on ties; -1 when
  * all are taken: the routers' top-k, one pick at a time. */
 int32_t colibri_best_untaken(const float *v, int32_t n, const int32_t *taken, int32_t n_taken);
+/* ids (k) = what k picks of colibri_best_untaken give (k <= n), in one pass that keeps the k best so
+ * far in order: O(n k) instead of O(n k^2). */
+void colibri_top_k(const float *v, int32_t n, int32_t k, int32_t *ids);
+
+/* ids, gates (n, K) = router(logits (n, E)), the tokens shared among k's threads in COLIBRI_ROUTE_PARTS
+ * runs (several tokens), each with its own (n_experts + n_groups) of scratch: the same bits as one call,
+ * since a router routes each token alone. */
+#define COLIBRI_ROUTE_PARTS 4
+void colibri_moe_route(const colibri_router *router, const colibri_compute *k, const colibri_hparams *hp,
+                       const colibri_layer_weights *lw, const colibri_routing *r, float *logits, int32_t n,
+                       float *scratch, int32_t *ids, float *gates);
 
 /* The router a session of this model uses in routing mode `mode` (COLIBRI_ROUTING_*, validated):
  * capacity routing keeps the model's router, the block drops the pairs over capacity. */
@@ -75,7 +86,7 @@ void colibri_swiglu(const colibri_compute *k, int activation, colibri_weight w1,
 /* Buffers of one MoE block, carved from the session arena. */
 typedef struct colibri_moe_buffers {
     float *router_logits;   /* (n_batch, n_experts) */
-    float *router_scratch;  /* (n_experts + n_groups) one token's choice values and group scores */
+    float *router_scratch;  /* (COLIBRI_ROUTE_PARTS, n_experts + n_groups) one token's choice values and group scores, per part */
     int32_t *ids;           /* (n_batch, top_k) */
     float *gates;           /* (n_batch, top_k) */
     int32_t *expert_start;  /* (n_experts + 1): routed pairs grouped by expert */

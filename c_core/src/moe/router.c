@@ -25,6 +25,21 @@ int32_t colibri_best_untaken(const float *v, int32_t n, const int32_t *taken, in
     return best;
 }
 
+void colibri_top_k(const float *v, int32_t n, int32_t k, int32_t *ids)
+{
+    int32_t i, m = 0, p;
+    for (i = 0; i < n; i++) {
+        float x = v[i];
+        if (x != x) {   /* the picks order a NaN their own way: take them */
+            for (p = 0; p < k; p++) ids[p] = colibri_best_untaken(v, n, ids, p);
+            return;
+        }
+        if (m == k && !(x > v[ids[k - 1]])) continue;
+        for (p = m < k ? m++ : k - 1; p > 0 && x > v[ids[p - 1]]; p--) ids[p] = ids[p - 1];   /* ties stay behind */
+        ids[p] = i;
+    }
+}
+
 static float sigmoidf(float x) { return 1.0f / (1.0f + colibri_expf(-x)); }
 
 static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
@@ -68,7 +83,7 @@ static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *l
                 if (group_value[g] != HUGE_VALF)
                     for (i = 0; i < per_group; i++) choice[(size_t)g * per_group + i] = -HUGE_VALF;
         }
-        for (j = 0; j < K; j++) id[j] = colibri_best_untaken(choice, E, id, j);
+        colibri_top_k(choice, E, K, id);
 
         /* weigh: the scores again (without the selection bias), or a softmax over the chosen logits */
         if (hp->router_weights == COLIBRI_WEIGHTS_SIGMOID_SELECTED) {
@@ -78,6 +93,8 @@ static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *l
             for (j = 1; j < K; j++) if (lt[id[j]] > top) top = lt[id[j]];
             for (j = 0; j < K; j++) { w[j] = colibri_expf(lt[id[j]] - top); total += w[j]; }
             for (j = 0; j < K; j++) w[j] /= total;
+        } else if (!hp->router_selection_bias && G == 1) {   /* choice[] holds the scores themselves */
+            for (j = 0; j < K; j++) w[j] = choice[id[j]];
         } else {
             for (j = 0; j < K; j++) {
                 float l = lt[id[j]];

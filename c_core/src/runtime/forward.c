@@ -81,7 +81,7 @@ void colibri_guess_next_layer(void *context)
     colibri_matmul(&s->compute, s->guess_logits, s->guess_x, lw->w[L_ROUTER].data, lw->w[L_ROUTER].dtype, 1,
                    hp->hidden_size, E);                                                            /* (E) */
     if (hp->router_logit_bias) colibri_add_bias(s->guess_logits, lw->w[L_ROUTER_BIAS], 1, E);
-    for (j = 0; j < K; j++) s->guess_ids[j] = colibri_best_untaken(s->guess_logits, E, s->guess_ids, j);   /* top K */
+    colibri_top_k(s->guess_logits, E, K, s->guess_ids);
     if (s->devices) {   /* an expert a device in use computes is not read here */
         int32_t kept = 0;
         for (j = 0; j < K; j++) {

@@ -104,7 +104,8 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     s->moe_buf.router_logits = colibri_arena_carve(a, colibri_arena_bytes(a, B, E, f), ARENA_ROUTER, "router_logits", -1, "(n_batch, n_experts) f32");
     s->moe_buf.ids = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "expert_ids", -1, "(n_batch, top_k) i32");
     s->moe_buf.gates = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "gates", -1, "(n_batch, top_k) f32");
-    s->moe_buf.router_scratch = colibri_arena_carve(a, (E + (size_t)hp->n_groups) * f, ARENA_ROUTER, "router_scratch", -1, "(n_experts + n_groups) f32");
+    s->moe_buf.router_scratch = colibri_arena_carve(a, COLIBRI_ROUTE_PARTS * (E + (size_t)hp->n_groups) * f, ARENA_ROUTER, "router_scratch", -1,
+                                                     "(route parts, n_experts + n_groups) f32");
     s->moe_buf.dropped_from = colibri_arena_carve(a, E * sizeof(int32_t), ARENA_ROUTER, "dropped_from", -1, "(n_experts) i32");
     s->expert_dropped = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_layers, E, sizeof(uint64_t)), ARENA_ROUTER,
                                             "expert_dropped", -1, "(n_layers, n_experts) u64");
