@@ -37,6 +37,8 @@ cdef extern from "colibri/colibri.h" nogil:
         COLIBRI_DTYPE_MXFP4
         COLIBRI_DTYPE_Q3_K
         COLIBRI_DTYPE_Q2_K
+        COLIBRI_DTYPE_Q4_0X8
+        COLIBRI_DTYPE_Q8_0X8
 
     ctypedef struct colibri_model:
         pass

@@ -19,7 +19,8 @@ _DTYPES = {c.COLIBRI_DTYPE_F32: "f32", c.COLIBRI_DTYPE_F16: "f16", c.COLIBRI_DTY
            c.COLIBRI_DTYPE_Q4_K: "q4_k", c.COLIBRI_DTYPE_Q6_K: "q6_k", c.COLIBRI_DTYPE_Q5_K: "q5_k",
            c.COLIBRI_DTYPE_Q4_1: "q4_1", c.COLIBRI_DTYPE_Q5_0: "q5_0", c.COLIBRI_DTYPE_Q5_1: "q5_1",
            c.COLIBRI_DTYPE_IQ4_NL: "iq4_nl", c.COLIBRI_DTYPE_IQ4_XS: "iq4_xs", c.COLIBRI_DTYPE_MXFP4: "mxfp4",
-           c.COLIBRI_DTYPE_Q3_K: "q3_k", c.COLIBRI_DTYPE_Q2_K: "q2_k"}
+           c.COLIBRI_DTYPE_Q3_K: "q3_k", c.COLIBRI_DTYPE_Q2_K: "q2_k",
+           c.COLIBRI_DTYPE_Q4_0X8: "q4_0x8", c.COLIBRI_DTYPE_Q8_0X8: "q8_0x8"}
 
 
 class Error(Exception):

@@ -56,7 +56,8 @@ int main(int argc, char **argv)
     out = malloc(((size_t)rows * cols + (size_t)(1 + q8) * n * rows) * sizeof *out);
     xq = malloc((size_t)n * (cols / COLIBRI_BLOCK + 1) * sizeof *xq);
     if (!out || !xq) return 1;
-    colibri_dequantize(out, w, (colibri_dtype)d, (size_t)rows * cols);
+    if (rows % colibri_dtypes[d].rows) { fprintf(stderr, "quant_cli: %s needs rows in groups of 8\n", argv[1]); return 1; }
+    colibri_dequantize_rows(out, w, (colibri_dtype)d, rows, cols);
     k->matmul(out + (size_t)rows * cols, x, w, (colibri_dtype)d, n, cols, rows);
     if (q8) {
         k->quantize_q8(xq, x, n, cols);

@@ -75,6 +75,22 @@ static void random_blocks(uint8_t *w, size_t size, colibri_dtype dtype)
     }
 }
 
+/* out = W (rows, cols) of q4_0 / q8_0 blocks with each 8 rows interleaved (q4_0x8 / q8_0x8,
+ * rows % 8 == 0): per block column d[0..7], then byte 16 + 64 c + 8 i + k = row i's quant byte 8 c + k. */
+static void interleave_rows(uint8_t *out, const uint8_t *plain, colibri_dtype dtype, int32_t rows, int32_t cols)
+{
+    size_t bb = (size_t)colibri_dtypes[dtype].block_bytes, nb = (size_t)cols / 32, row_bytes = nb * bb, g, b, i, c;
+    for (g = 0; g < (size_t)rows / 8; g++)
+        for (b = 0; b < nb; b++) {
+            uint8_t *group = out + g * 8 * row_bytes + b * 8 * bb;
+            for (i = 0; i < 8; i++) {
+                const uint8_t *block = plain + (g * 8 + i) * row_bytes + b * bb;
+                memcpy(group + 2 * i, block, 2);
+                for (c = 0; c < (bb - 2) / 8; c++) memcpy(group + 16 + 64 * c + 8 * i, block + 2 + 8 * c, 8);
+            }
+        }
+}
+
 /* wmag (cols) = per weight of one row, |scale part| + |min part|: weight = d * ... - dmin * m in
  * the formats with two f16 fields (q4_k, q5_k, q4_1, q5_1, q2_k: the int8 path sums the two parts
  * apart, so its float sums' error is relative to both); |weight| in the others. */
@@ -151,6 +167,33 @@ static void same_bits_one_token_at_a_time(const colibri_kernels *k, const char *
     free(one);
 }
 
+/* An interleaved W against the same rows in the plain format: the float oracle's and the scalar
+ * int8 path's outputs bit for bit, and colibri_dequantize_rows's weights. */
+static void same_bits_as_plain(const char *dtype_name, const float *x, const void *w, const void *wp, colibri_dtype dtype,
+                               int32_t n, int32_t cols, int32_t rows)
+{
+    colibri_dtype plain = colibri_dtype_plain(dtype);
+    size_t out = (size_t)n * rows, all = (size_t)rows * cols;
+    float *a = malloc(out * 4), *b = malloc(out * 4), *wa = malloc(all * 4), *wb = malloc(all * 4);
+    colibri_q8_block *xq = malloc((size_t)n * (cols / 32 + 1) * sizeof *xq);
+    int k;
+    colibri_ref_quantize_q8(xq, x, n, cols);
+    for (k = 0; k < 2; k++) {
+        if (k) { colibri_ref_matmul_q8(a, xq, w, dtype, n, cols, rows); colibri_ref_matmul_q8(b, xq, wp, plain, n, cols, rows); }
+        else { colibri_ref_matmul(a, x, w, dtype, n, cols, rows); colibri_ref_matmul(b, x, wp, plain, n, cols, rows); }
+        checked++;
+        if (memcmp(a, b, out * 4) && failures++ < 10)
+            fprintf(stderr, "reference %s %s n=%d cols=%d rows=%d: not the plain format's bits\n", k ? "matmul_q8" : "matmul",
+                    dtype_name, (int)n, (int)cols, (int)rows);
+    }
+    colibri_dequantize_rows(wa, w, dtype, rows, cols);
+    colibri_dequantize_rows(wb, wp, plain, rows, cols);
+    checked++;
+    if (memcmp(wa, wb, all * 4) && failures++ < 10)
+        fprintf(stderr, "colibri_dequantize_rows %s cols=%d rows=%d: not the plain format's weights\n", dtype_name, (int)cols, (int)rows);
+    free(a); free(b); free(wa); free(wb); free(xq);
+}
+
 /* One variant against the reference: the float matmul for every dtype; for the int8_path ones,
  * its int8 path against the scalar int8 path (the same integers: only float summation order
  * differs) and against the float oracle (the activation quantization's bound).  The formats
@@ -160,29 +203,31 @@ static void test_variant(const colibri_kernels *k)
 {
     static const int32_t ns[] = { 1, 3, 5, 8 }, colss[] = { 1, 7, 8, 15, 16, 31, 33, 64, 100, 128, 256, 257, 384, 1024 };
     static const int32_t rowss[] = { 1, 5, 70 };   /* 70 x 1024 f32: past 256 KiB, the other tile order */
+    static const int32_t rowss_x8[] = { 8, 16, 72 };   /* the interleaved formats: groups of 8 rows */
     static const colibri_dtype dtypes[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_BF16,
                                             COLIBRI_DTYPE_Q8_0, COLIBRI_DTYPE_Q4_0, COLIBRI_DTYPE_W4G128,
                                             COLIBRI_DTYPE_Q4_K, COLIBRI_DTYPE_Q5_K, COLIBRI_DTYPE_Q6_K,
                                             COLIBRI_DTYPE_IQ4_XS, COLIBRI_DTYPE_IQ4_NL, COLIBRI_DTYPE_MXFP4,
                                             COLIBRI_DTYPE_Q4_1, COLIBRI_DTYPE_Q5_0, COLIBRI_DTYPE_Q5_1,
-                                            COLIBRI_DTYPE_Q3_K, COLIBRI_DTYPE_Q2_K };
+                                            COLIBRI_DTYPE_Q3_K, COLIBRI_DTYPE_Q2_K, COLIBRI_DTYPE_Q4_0X8,
+                                            COLIBRI_DTYPE_Q8_0X8 };
     const colibri_kernels *ref = colibri_kernels_reference();
     int di, ni, ci, ri, before = failures, count = checked;
     for (di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++) {
-        colibri_dtype dtype = dtypes[di];
+        colibri_dtype dtype = dtypes[di], plain = colibri_dtype_plain(dtype);   /* x8: built from q4_0 / q8_0 rows */
         const char *dtype_name = colibri_dtypes[dtype].name;
         for (ni = 0; ni < (int)(sizeof ns / sizeof ns[0]); ni++) for (ci = 0; ci < (int)(sizeof colss / sizeof colss[0]); ci++) for (ri = 0; ri < (int)(sizeof rowss / sizeof rowss[0]); ri++) {
-            int32_t n = ns[ni], cols = colss[ci], rows = rowss[ri], i, t, r;
+            int32_t n = ns[ni], cols = colss[ci], rows = plain != dtype ? rowss_x8[ri] : rowss[ri], i, t, r;
             size_t wsize = (size_t)rows * colibri_row_bytes(dtype, (size_t)cols);
             if (cols % colibri_dtypes[dtype].block) continue;   /* rows are whole blocks */
             /* emulated: every tail still (cols, tokens, a 4-row tile and one more), at a tenth of the
              * multiply-adds; of the 70-row shapes the one that crosses 256 KiB, 5 tokens of f32 */
-            if (emulated && rows == 70 && !(n == 5 && cols == 1024 && dtype == COLIBRI_DTYPE_F32)) continue;
+            if (emulated && ri == 2 && !(n == 5 && cols == 1024 && dtype == COLIBRI_DTYPE_F32)) continue;
             float *x = malloc((size_t)n * cols * 4), *w32 = malloc((size_t)rows * cols * 4), *wmag = malloc((size_t)rows * cols * 4);
             float *y_ref = malloc((size_t)n * rows * 4), *y = malloc((size_t)n * rows * 4), *y_q8 = malloc((size_t)n * rows * 4);
             colibri_q8_block *xq_ref = malloc((size_t)n * (cols / 32 + 1) * sizeof *xq_ref);
             colibri_q8_block *xq = malloc((size_t)n * (cols / 32 + 1) * sizeof *xq);
-            void *w = malloc(wsize);
+            void *w = malloc(wsize), *wp = plain != dtype ? malloc(wsize) : w;   /* wp: the rows in the plain format */
             for (i = 0; i < n * cols; i++) x[i] = next_float();
             if (n == 3 && cols >= 64) for (i = 0; i < 32; i++) x[i] = 0.0f;   /* an all-zero block: d = 0 */
             for (i = 0; i < rows * cols; i++) {
@@ -193,12 +238,16 @@ static void test_variant(const colibri_kernels *k)
                     w32[i] = colibri_load_f32(w, dtype, (size_t)i);
                 }
             }
-            if (colibri_dtypes[dtype].simd == COLIBRI_SIMD_INT8) random_blocks(w, wsize, dtype);
+            if (colibri_dtypes[plain].simd == COLIBRI_SIMD_INT8) random_blocks(wp, wsize, plain);
             for (r = 0; r < rows && colibri_dtype_is_block(dtype); r++) {   /* the budget is on the weights the blocks encode */
-                uint8_t *row = (uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols);
-                if (colibri_dtypes[dtype].simd != COLIBRI_SIMD_INT8) quantize_row(w32 + (size_t)r * cols, cols, dtype, row);
-                for (i = 0; i < cols; i++) w32[(size_t)r * cols + i] = colibri_load_f32(row, dtype, (size_t)i);
-                term_magnitudes(wmag + (size_t)r * cols, row, dtype, cols);
+                uint8_t *row = (uint8_t *)wp + (size_t)r * colibri_row_bytes(dtype, (size_t)cols);
+                if (colibri_dtypes[plain].simd != COLIBRI_SIMD_INT8) quantize_row(w32 + (size_t)r * cols, cols, plain, row);
+                for (i = 0; i < cols; i++) w32[(size_t)r * cols + i] = colibri_load_f32(row, plain, (size_t)i);
+                term_magnitudes(wmag + (size_t)r * cols, row, plain, cols);
+            }
+            if (plain != dtype) {   /* the reference computes exactly the plain format's sums, bit for bit */
+                interleave_rows(w, wp, dtype, rows, cols);
+                same_bits_as_plain(dtype_name, x, w, wp, dtype, n, cols, rows);
             }
             ref->matmul(y_ref, x, w, dtype, n, cols, rows);
             k->matmul(y, x, w, dtype, n, cols, rows);
@@ -231,6 +280,7 @@ static void test_variant(const colibri_kernels *k)
                 }
             }
             free(x); free(w32); free(wmag); free(y_ref); free(y); free(y_q8); free(xq_ref); free(xq); free(w);
+            if (wp != w) free(wp);
         }
     }
     printf("%s kernels: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
@@ -248,7 +298,7 @@ static void test_reference_formats(const colibri_kernels *k)
         const colibri_dtype_traits *tr = &colibri_dtypes[d];
         if (tr->simd == COLIBRI_SIMD_ALL || !tr->holds_weights) continue;
         for (ni = 0; ni < 2; ni++) for (bi = 0; bi < 2; bi++) for (ri = 0; ri < 2; ri++) {
-            int32_t n = ns[ni], cols = blockss[bi] * tr->block, rows = rowss[ri], i;
+            int32_t n = ns[ni], cols = blockss[bi] * tr->block, rows = rowss[ri] * tr->rows, i;
             size_t wsize = (size_t)rows * colibri_row_bytes((colibri_dtype)d, (size_t)cols);
             uint8_t *w = malloc(wsize);
             float *x = malloc((size_t)n * cols * 4), *y = malloc((size_t)n * rows * 4), *y_ref = malloc((size_t)n * rows * 4);

@@ -63,6 +63,12 @@ typedef enum colibri_dtype {
     COLIBRI_DTYPE_MXFP4 = 16,       /* 17 bytes a block of 32: an E8M0 exponent, E2M1 nibbles */
     COLIBRI_DTYPE_Q3_K = 17,        /* 110 bytes: high bits, 2-bit quants, 16 x 6-bit scales, d */
     COLIBRI_DTYPE_Q2_K = 18,        /* 84 bytes: 16 x 4-bit (scale, min), 2-bit quants, d, dmin */
+    /* q4_0 and q8_0 with each 8 consecutive rows interleaved (rows % 8 == 0): the same blocks and
+     * sizes, per block column one group of the 8 rows' blocks, d[0..7] then 64-byte chunks whose
+     * qword i is 8 quant bytes of row i (docs/FORMAT.md).  Only for matrices the forward pass
+     * multiplies whole: a single row is not addressable on its own. */
+    COLIBRI_DTYPE_Q4_0X8 = 19,      /* 144 bytes a group: 8 d, 2 chunks */
+    COLIBRI_DTYPE_Q8_0X8 = 20,      /* 272 bytes a group: 8 d, 4 chunks */
     COLIBRI_DTYPE_COUNT
 } colibri_dtype;
 

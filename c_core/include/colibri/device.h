@@ -55,7 +55,8 @@ typedef struct colibri_device_task {
 struct colibri_device_driver {   /* typedef'd in colibri.h */
     const char *name;           /* unique in the session, 1 to 15 characters */
     void *context;
-    uint32_t dtypes;            /* bit 1u << dtype for each weight dtype it computes; 0: every dtype */
+    uint32_t dtypes;            /* bit 1u << dtype for each weight dtype it computes; 0: every dtype
+                                   but the row-interleaved ones (q4_0x8, q8_0x8), which it must name */
     uint64_t threshold_ns;      /* its P90 over this bypasses it; 0: the session's device_threshold_ns */
     /* At session creation (optional): holds (n_layers, n_experts) is all 1 on entry; clear the
      * experts it cannot compute.  An error fails the session's creation. */

@@ -48,6 +48,7 @@ extern const char *const colibri_layer_tensor_names[];    /* (L_KINDS) */
 int colibri_slot_used(int64_t slot, const colibri_model *m);
 int colibri_slot_optional(int64_t slot);
 int colibri_slot_is_routed_expert(int64_t slot);   /* L_W1 .. L_B2 of a layer */
+int colibri_slot_multiplied_whole(int64_t slot);   /* only colibri_matmul reads it: interleaved rows may be */
 
 /* One entry of "tensors": fills t and returns its slot. */
 colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const colibri_model *m,

@@ -605,7 +605,7 @@ colibri_status colibri_read_layer_kinds(loader *L, int32_t root, colibri_model *
  * group_size) names one block format; disabled, the matrices are floats (f32, f16 or bf16). */
 static const struct { int32_t bits, group_size; colibri_dtype dtype; } block_formats[] = {
     { 8, 32, COLIBRI_DTYPE_Q8_0 }, { 4, 32, COLIBRI_DTYPE_Q4_0 }, { 4, 128, COLIBRI_DTYPE_W4G128 },
-};
+};   /* q8_0 and q4_0 with their rows interleaved (q8_0x8, q4_0x8) agree too */
 
 colibri_status colibri_check_quantization(loader *L, int32_t root, const colibri_model *m)
 {
@@ -635,7 +635,7 @@ colibri_status colibri_check_quantization(loader *L, int32_t root, const colibri
     for (l = 0; l < m->hp.n_layers; l++)
         for (k = 0; k < COLIBRI_COUNT_OF(kinds); k++) {
             const colibri_weight *w = &m->layers[l].w[kinds[k]];
-            if (!w->data || (enabled ? w->dtype == want : !colibri_dtype_is_block(w->dtype))) continue;
+            if (!w->data || (enabled ? colibri_dtype_plain(w->dtype) == want : !colibri_dtype_is_block(w->dtype))) continue;
             if (enabled)
                 return colibri_fail(L->err, COLIBRI_E_VALUE, "%s says %d-bit groups of %d (%s) but tensor `layers.%d.%s` is %s",
                                     where, bits, group, colibri_dtype_name(want), l, colibri_layer_tensor_name(kinds[k]),

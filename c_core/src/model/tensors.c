@@ -121,6 +121,20 @@ int colibri_slot_integer_dtype(int64_t slot)
     }
 }
 
+int colibri_slot_multiplied_whole(int64_t slot)
+{
+    if (slot == G_LM_HEAD) return 1;   /* a separate head: tied, tok_embeddings is the head and is read by row */
+    if (slot < T_GLOBAL) return 0;
+    switch ((slot - T_GLOBAL) % L_KINDS) {
+    case L_WQ: case L_WK: case L_WV: case L_WO: case L_WQ_A: case L_WQ_B: case L_WKV_A:
+    case L_CONV_IN: case L_CONV_OUT: case L_ROUTER: case L_W1: case L_W3: case L_W2:
+    case L_SHARED_W1: case L_SHARED_W3: case L_SHARED_W2: case L_SHARED_GATE:
+    case L_MLP_W1: case L_MLP_W3: case L_MLP_W2:
+        return 1;
+    default: return 0;   /* norms, biases, the convolution kernel, attn.wkv_b (latent_query reads its rows) */
+    }
+}
+
 int colibri_slot_is_routed_expert(int64_t slot)
 {
     int64_t kind = slot >= T_GLOBAL ? (slot - T_GLOBAL) % L_KINDS : -1;
@@ -321,6 +335,16 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
         return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: %s rows must be whole blocks: the last dimension (%lld) is not a multiple of %d",
                             where, colibri_dtype_name(t->dtype), t->n_dims ? (long long)t->shape[t->n_dims - 1] : 0LL,
                             (int)colibri_dtypes[t->dtype].block);
+    if (colibri_dtypes[t->dtype].rows > 1) {   /* interleaved rows: only matrices multiplied whole, rows in groups */
+        int64_t rows = t->n_dims >= 2 ? t->shape[t->n_dims - 2] : 0;
+        if (!colibri_slot_multiplied_whole(*slot))
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: dtype %s interleaves rows, which only a matrix the forward "
+                                "pass multiplies whole may (not the embedding nor one read by row; docs/FORMAT.md)",
+                                where, colibri_dtype_name(t->dtype));
+        if (rows % colibri_dtypes[t->dtype].rows != 0)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: dtype %s interleaves groups of %d rows, but it has %lld rows",
+                                where, colibri_dtype_name(t->dtype), (int)colibri_dtypes[t->dtype].rows, (long long)rows);
+    }
     {   /* elements / block blocks: exact, rows are whole blocks */
         uint64_t need = colibri_mul_u64(elements / (uint64_t)colibri_dtypes[t->dtype].block,
                                         (uint64_t)colibri_dtypes[t->dtype].block_bytes, &overflow);
@@ -529,7 +553,8 @@ colibri_status colibri_check_overlaps(const colibri_model *m, int32_t *order, co
 colibri_status colibri_verify_tensor(const colibri_model *m, const colibri_tensor *t, colibri_error *err)
 {
     uint64_t parts = t->expert_stride ? (uint64_t)m->hp.n_experts : 1, part = t->file_size / parts;
-    uint64_t unit = (uint64_t)colibri_dtypes[t->dtype].block_bytes, e, i, n = part / unit;
+    /* a unit: a block, or an interleaved format's group of 8 blocks (its 8 scales) */
+    uint64_t unit = (uint64_t)colibri_dtypes[t->dtype].block_bytes * (uint64_t)colibri_dtypes[t->dtype].rows, e, i, n = part / unit;
     uint32_t crc = 0;
     for (e = 0; e < parts; e++) crc = colibri_crc32(crc, m->weights + t->file_offset + e * t->expert_stride, (size_t)part);
     if (crc != t->crc32)
@@ -547,8 +572,8 @@ colibri_status colibri_verify_tensor(const colibri_model *m, const colibri_tenso
                     if ((bits & 0x7c00u) == 0x7c00u) finite = 0;
                 }
                 if (!finite)
-                    return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: the scale of block %llu is not finite",
-                                        t->name, (unsigned long long)(e * n + i));
+                    return colibri_fail(err, COLIBRI_E_VALUE, "tensor `%s`: the scale of block %s%llu is not finite",
+                                        t->name, tr->rows > 1 ? "group " : "", (unsigned long long)(e * n + i));
             }
             continue;
         }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "devices.h"
+#include "../ops/ops.h"
 #include "../platform.h"
 #include "../util.h"
 
@@ -71,7 +72,7 @@ colibri_status colibri_device_can_place(const colibri_devices *d, const colibri_
         return colibri_fail(err, COLIBRI_E_ARG, "device %s does not hold layer %d expert %d", s->driver->name, layer, e);
     for (k = L_EXPERT_FIRST; k < L_EXPERT_FIRST + L_EXPERT_KINDS; k++) {
         const colibri_weight *w = &m->layers[layer].w[k];
-        if (w->data && s->driver->dtypes && !(s->driver->dtypes & (1u << w->dtype)))
+        if (w->data && (s->driver->dtypes || colibri_dtypes[w->dtype].rows > 1) && !(s->driver->dtypes & (1u << w->dtype)))
             return colibri_fail(err, COLIBRI_E_ARG, "device %s does not compute %s weights (layer %d experts)",
                                 s->driver->name, colibri_dtype_name(w->dtype), layer);
     }

@@ -109,13 +109,19 @@ static inline float colibri_e8m0_half(uint8_t e)   /* 2^(e - 128): half of an mx
 }
 float colibri_f16_to_f32(uint16_t h);
 float colibri_bf16_to_f32(uint16_t b);
-float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);   /* element i of a row-major tensor */
+/* Element i of a row-major tensor; not for the interleaved formats (the loader allows them only
+ * where the forward pass multiplies the whole matrix): they read as 0. */
+float colibri_load_f32(const void *w, colibri_dtype dtype, size_t i);
 /* y (n) = the first n elements of w (n a multiple of the dtype's block), as colibri_load_f32 reads them. */
 void colibri_dequantize(float *y, const void *w, colibri_dtype dtype, size_t n);
+/* y (rows, cols) = W in any weight dtype, the interleaved ones included (rows % 8 == 0 for those). */
+void colibri_dequantize_rows(float *y, const void *w, colibri_dtype dtype, int32_t rows, int32_t cols);
 
 /* What a dtype stores: blocks of `block` elements in `block_bytes` bytes each (a plain type is a
  * block of one); a block format's f16 scales are `f16_count` halves from byte `f16_at` of each block
- * (what verify mode checks for inf and nan). */
+ * (what verify mode checks for inf and nan).  `rows` > 1: the blocks of each `rows` consecutive rows
+ * are interleaved (q4_0x8, q8_0x8), one group of `rows` blocks per block column, whose f16 scales
+ * f16_at and f16_count describe; sizes are the plain format's. */
 typedef struct colibri_dtype_traits {
     const char *name;
     int32_t block, block_bytes;
@@ -123,6 +129,7 @@ typedef struct colibri_dtype_traits {
     int int8_path;          /* dot products with int8 activation blocks (matmul_q8) */
     int simd;               /* the arch variants' kernels for it: COLIBRI_SIMD_*; 0: they call the reference */
     int32_t f16_at, f16_count;
+    int32_t rows;
 } colibri_dtype_traits;
 extern const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT];
 
@@ -135,6 +142,11 @@ size_t colibri_row_bytes(colibri_dtype dtype, size_t n);
 int colibri_dtype_is_block(colibri_dtype dtype);
 int colibri_dtype_int8_path(colibri_dtype dtype);
 int colibri_dtype_simd(colibri_dtype dtype);
+/* The format an interleaved one moves the blocks of (q4_0x8: q4_0); any other: itself. */
+colibri_dtype colibri_dtype_plain(colibri_dtype dtype);
+/* Block b (the weights 32 b ..) of row r of W (rows, cols) in its plain format's bytes: a pointer into
+ * W, or for an interleaved format the block gathered into buf (34 bytes at least). */
+const uint8_t *colibri_block_at(uint8_t *buf, const void *w, colibri_dtype dtype, int32_t cols, int32_t r, int32_t b);
 #define COLIBRI_BLOCK 32            /* an int8 activation block, and a q8_0 / q4_0 block */
 
 /* y (n, rows) = x (n, cols) @ W^T as one dot(row of W, dtype, x row, cols) per output, in the

@@ -49,8 +49,9 @@ static void matmul_range(const matmul_job *j, int32_t t0, int32_t t1, int32_t r0
 static void matmul_part(void *context, int32_t part, int32_t parts)
 {
     const matmul_job *j = context;
+    int64_t g = colibri_dtypes[j->dtype].rows, groups = j->rows / g;   /* interleaved rows split by whole groups */
     if (j->n == 1)
-        matmul_range(j, 0, 1, (int32_t)((int64_t)j->rows * part / parts), (int32_t)((int64_t)j->rows * (part + 1) / parts));
+        matmul_range(j, 0, 1, (int32_t)(groups * part / parts * g), (int32_t)(groups * (part + 1) / parts * g));
     else
         matmul_range(j, (int32_t)((int64_t)j->n * part / parts), (int32_t)((int64_t)j->n * (part + 1) / parts), 0, j->rows);
 }

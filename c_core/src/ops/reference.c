@@ -34,31 +34,39 @@ float colibri_bf16_to_f32(uint16_t b)
 }
 
 const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT] = {
-    /*                        name      block  bytes  weights int8  simd  f16 at, count */
-    [COLIBRI_DTYPE_F32]    = { "f32",      1,     4,     1,     0,    1,     0, 0 },
-    [COLIBRI_DTYPE_F16]    = { "f16",      1,     2,     1,     0,    1,     0, 0 },
-    [COLIBRI_DTYPE_BF16]   = { "bf16",     1,     2,     1,     0,    1,     0, 0 },
-    [COLIBRI_DTYPE_U8]     = { "u8",       1,     1,     0,     0,    1,     0, 0 },
-    [COLIBRI_DTYPE_I32]    = { "i32",      1,     4,     0,     0,    1,     0, 0 },
-    [COLIBRI_DTYPE_Q8_0]   = { "q8_0",     32,    34,    1,     1,    1,     0, 1 },
-    [COLIBRI_DTYPE_Q4_0]   = { "q4_0",     32,    18,    1,     1,    1,     0, 1 },
-    [COLIBRI_DTYPE_W4G128] = { "w4g128",   128,   66,    1,     0,    1,     0, 1 },
-    [COLIBRI_DTYPE_Q4_K]   = { "q4_k",     256,   144,   1,     1,    2,     0, 2 },
-    [COLIBRI_DTYPE_Q6_K]   = { "q6_k",     256,   210,   1,     1,    2,   208, 1 },
-    [COLIBRI_DTYPE_Q5_K]   = { "q5_k",     256,   176,   1,     1,    2,     0, 2 },
-    [COLIBRI_DTYPE_Q4_1]   = { "q4_1",     32,    20,    1,     1,    2,     0, 2 },
-    [COLIBRI_DTYPE_Q5_0]   = { "q5_0",     32,    22,    1,     1,    2,     0, 1 },
-    [COLIBRI_DTYPE_Q5_1]   = { "q5_1",     32,    24,    1,     1,    2,     0, 2 },
-    [COLIBRI_DTYPE_IQ4_NL] = { "iq4_nl",   32,    18,    1,     1,    2,     0, 1 },
-    [COLIBRI_DTYPE_IQ4_XS] = { "iq4_xs",   256,   136,   1,     1,    2,     0, 1 },
-    [COLIBRI_DTYPE_MXFP4]  = { "mxfp4",    32,    17,    1,     1,    2,     0, 0 },   /* an E8M0 scale */
-    [COLIBRI_DTYPE_Q3_K]   = { "q3_k",     256,   110,   1,     1,    2,   108, 1 },
-    [COLIBRI_DTYPE_Q2_K]   = { "q2_k",     256,   84,    1,     1,    2,    80, 2 },
+    /*                        name      block  bytes  weights int8  simd  f16 at, count  rows */
+    [COLIBRI_DTYPE_F32]    = { "f32",      1,     4,     1,     0,    1,     0, 0,  1 },
+    [COLIBRI_DTYPE_F16]    = { "f16",      1,     2,     1,     0,    1,     0, 0,  1 },
+    [COLIBRI_DTYPE_BF16]   = { "bf16",     1,     2,     1,     0,    1,     0, 0,  1 },
+    [COLIBRI_DTYPE_U8]     = { "u8",       1,     1,     0,     0,    1,     0, 0,  1 },
+    [COLIBRI_DTYPE_I32]    = { "i32",      1,     4,     0,     0,    1,     0, 0,  1 },
+    [COLIBRI_DTYPE_Q8_0]   = { "q8_0",     32,    34,    1,     1,    1,     0, 1,  1 },
+    [COLIBRI_DTYPE_Q4_0]   = { "q4_0",     32,    18,    1,     1,    1,     0, 1,  1 },
+    [COLIBRI_DTYPE_W4G128] = { "w4g128",   128,   66,    1,     0,    1,     0, 1,  1 },
+    [COLIBRI_DTYPE_Q4_K]   = { "q4_k",     256,   144,   1,     1,    2,     0, 2,  1 },
+    [COLIBRI_DTYPE_Q6_K]   = { "q6_k",     256,   210,   1,     1,    2,   208, 1,  1 },
+    [COLIBRI_DTYPE_Q5_K]   = { "q5_k",     256,   176,   1,     1,    2,     0, 2,  1 },
+    [COLIBRI_DTYPE_Q4_1]   = { "q4_1",     32,    20,    1,     1,    2,     0, 2,  1 },
+    [COLIBRI_DTYPE_Q5_0]   = { "q5_0",     32,    22,    1,     1,    2,     0, 1,  1 },
+    [COLIBRI_DTYPE_Q5_1]   = { "q5_1",     32,    24,    1,     1,    2,     0, 2,  1 },
+    [COLIBRI_DTYPE_IQ4_NL] = { "iq4_nl",   32,    18,    1,     1,    2,     0, 1,  1 },
+    [COLIBRI_DTYPE_IQ4_XS] = { "iq4_xs",   256,   136,   1,     1,    2,     0, 1,  1 },
+    [COLIBRI_DTYPE_MXFP4]  = { "mxfp4",    32,    17,    1,     1,    2,     0, 0,  1 },   /* an E8M0 scale */
+    [COLIBRI_DTYPE_Q3_K]   = { "q3_k",     256,   110,   1,     1,    2,   108, 1,  1 },
+    [COLIBRI_DTYPE_Q2_K]   = { "q2_k",     256,   84,    1,     1,    2,    80, 2,  1 },
+    /* 8 rows' blocks interleaved: f16 at, count of each group of 8 blocks (the 8 scales) */
+    [COLIBRI_DTYPE_Q4_0X8] = { "q4_0x8",   32,    18,    1,     1,    2,     0, 8,  8 },
+    [COLIBRI_DTYPE_Q8_0X8] = { "q8_0x8",   32,    34,    1,     1,    2,     0, 8,  8 },
 };
 
 int colibri_dtype_is_block(colibri_dtype dtype) { return colibri_dtypes[dtype].block > 1; }
 int colibri_dtype_int8_path(colibri_dtype dtype) { return colibri_dtypes[dtype].int8_path; }
 int colibri_dtype_simd(colibri_dtype dtype) { return colibri_dtypes[dtype].simd; }
+
+colibri_dtype colibri_dtype_plain(colibri_dtype dtype)
+{
+    return dtype == COLIBRI_DTYPE_Q4_0X8 ? COLIBRI_DTYPE_Q4_0 : dtype == COLIBRI_DTYPE_Q8_0X8 ? COLIBRI_DTYPE_Q8_0 : dtype;
+}
 
 size_t colibri_row_bytes(colibri_dtype dtype, size_t n)
 {
@@ -165,6 +173,33 @@ void colibri_dequantize(float *y, const void *w, colibri_dtype dtype, size_t n)
     for (i = 0; i < n; i++) y[i] = colibri_load_f32(w, dtype, i);
 }
 
+/* A group of 8 rows' block b: d[0..7], then byte 16 + 64 c + 8 i + k = byte 8 c + k of row i's
+ * quants (X8-SPEC: q4_0x8 2 chunks, q8_0x8 4). */
+const uint8_t *colibri_block_at(uint8_t *buf, const void *w, colibri_dtype dtype, int32_t cols, int32_t r, int32_t b)
+{
+    const colibri_dtype_traits *tr = &colibri_dtypes[dtype];
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), bb = (size_t)tr->block_bytes, i = (size_t)r % 8, c;
+    const uint8_t *group;
+    if (tr->rows == 1) return (const uint8_t *)w + (size_t)r * row_bytes + (size_t)b * bb;
+    group = (const uint8_t *)w + (size_t)r / 8 * 8 * row_bytes + (size_t)b * 8 * bb;
+    memcpy(buf, group + 2 * i, 2);
+    for (c = 0; c < (bb - 2) / 8; c++) memcpy(buf + 2 + 8 * c, group + 16 + 64 * c + 8 * i, 8);
+    return buf;
+}
+
+void colibri_dequantize_rows(float *y, const void *w, colibri_dtype dtype, int32_t rows, int32_t cols)
+{
+    colibri_dtype plain = colibri_dtype_plain(dtype);
+    int32_t r, b, j, block = colibri_dtypes[dtype].block;
+    uint8_t buf[34];
+    if (colibri_dtypes[dtype].rows == 1) { colibri_dequantize(y, w, dtype, (size_t)rows * (size_t)cols); return; }
+    for (r = 0; r < rows; r++)
+        for (b = 0; b < cols / block; b++) {
+            const uint8_t *blk = colibri_block_at(buf, w, dtype, cols, r, b);
+            for (j = 0; j < block; j++) y[(size_t)r * cols + (size_t)b * block + j] = block_element(blk, plain, (size_t)j);
+        }
+}
+
 void colibri_matmul_by_rows(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t n, int32_t cols,
                             int32_t rows, float (*dot)(const uint8_t *row, colibri_dtype dtype, const float *x, int32_t cols))
 {
@@ -195,6 +230,14 @@ void colibri_ref_matmul(float *y, const float *x, const void *w, colibri_dtype d
             if (dtype == COLIBRI_DTYPE_F32) {
                 const float *wr = (const float *)w + (size_t)r * cols;
                 for (c = 0; c < cols; c++) acc += (double)wr[c] * xt[c];
+            } else if (colibri_dtypes[dtype].rows > 1) {   /* q4_0x8, q8_0x8: q4_0's, q8_0's sums */
+                colibri_dtype plain = colibri_dtype_plain(dtype);
+                uint8_t buf[34];
+                for (c = 0; c < cols; c += COLIBRI_BLOCK) {
+                    const uint8_t *blk = colibri_block_at(buf, w, dtype, cols, r, c / COLIBRI_BLOCK);
+                    int32_t j;
+                    for (j = 0; j < COLIBRI_BLOCK; j++) acc += (double)block_element(blk, plain, (size_t)j) * xt[c + j];
+                }
             } else if (colibri_dtype_is_block(dtype)) {
                 const uint8_t *wr = (const uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols);
                 for (c = 0; c < cols; c++) acc += (double)colibri_load_f32(wr, dtype, (size_t)c) * xt[c];
@@ -348,14 +391,16 @@ static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32
 void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
-    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), block_bytes = colibri_row_bytes(dtype, COLIBRI_BLOCK);
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
+    colibri_dtype plain = colibri_dtype_plain(dtype);   /* q4_0x8, q8_0x8: q4_0's, q8_0's sums */
     int32_t r, t, b, j, blocks = cols / COLIBRI_BLOCK;
+    uint8_t buf[34];
     for (r = 0; r < rows; r++) {
         for (t = 0; t < n; t++) {
             const uint8_t *wb = (const uint8_t *)w + (size_t)r * row_bytes;
             const colibri_q8_block *xb = xq + (size_t)t * blocks;
             float acc = 0.0f;
-            if (dtype != COLIBRI_DTYPE_Q8_0 && dtype != COLIBRI_DTYPE_Q4_0) {
+            if (plain != COLIBRI_DTYPE_Q8_0 && plain != COLIBRI_DTYPE_Q4_0) {
                 size_t groups = (size_t)colibri_dtypes[dtype].block / COLIBRI_BLOCK;
                 for (b = 0; b < blocks; b++, xb++) {
                     int wq[32], scale[2], min[2];
@@ -372,12 +417,13 @@ void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, 
                 y[(size_t)t * rows + r] = acc;
                 continue;
             }
-            for (b = 0; b < blocks; b++, wb += block_bytes, xb++) {
+            for (b = 0; b < blocks; b++, xb++) {
+                const uint8_t *blk = colibri_block_at(buf, w, dtype, cols, r, b);
                 int32_t dot = 0;
                 uint16_t h;
-                memcpy(&h, wb, 2);
+                memcpy(&h, blk, 2);
                 for (j = 0; j < COLIBRI_BLOCK; j++) {
-                    int wq = dtype == COLIBRI_DTYPE_Q8_0 ? (int8_t)wb[2 + j] : q4_nibble(wb + 2, (size_t)j) - 8;
+                    int wq = plain == COLIBRI_DTYPE_Q8_0 ? (int8_t)blk[2 + j] : q4_nibble(blk + 2, (size_t)j) - 8;
                     dot += wq * xb->q[j];
                 }
                 acc += colibri_f16_to_f32(h) * xb->d * (float)dot;
