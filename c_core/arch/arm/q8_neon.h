@@ -9,6 +9,7 @@
 
 #include "../arch.h"
 #include "../../src/ops/quant_tables.h"
+#include "rows8_neon.h"
 
 /* xq (n, cols / 32) = x (n, cols) in blocks of 32, as colibri_ref_quantize_q8 (same rounding). */
 static inline void quantize_q8_neon(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols)
@@ -334,7 +335,7 @@ static inline void matmul_q8_neon_with(float *y, const colibri_q8_block *xq, con
     case COLIBRI_DTYPE_Q4_1: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows, 20, dot16); return;
     case COLIBRI_DTYPE_Q5_0: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q5_0, n, cols, rows, 22, dot16); return;
     case COLIBRI_DTYPE_Q5_1: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q5_1, n, cols, rows, 24, dot16); return;
-    case COLIBRI_DTYPE_Q4_0X8: case COLIBRI_DTYPE_Q8_0X8: colibri_ref_matmul_q8(y, xq, w, dtype, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q4_0X8: case COLIBRI_DTYPE_Q8_0X8: matmul_x8_neon(y, xq, w, dtype, n, cols, rows); return;
     default: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, 17, dot16); return;
     }
 }

@@ -9,6 +9,7 @@
 
 #include "../arch.h"
 #include "../../src/ops/quant_tables.h"
+#include "rows8_x86.h"
 
 static inline float hsum8(__m256 v)
 {
@@ -499,7 +500,7 @@ static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, float *y
     case COLIBRI_DTYPE_Q4_1: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_Q5_0: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q5_0, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_Q5_1: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_Q5_1, n, cols, rows, dot_us); break;
-    case COLIBRI_DTYPE_Q4_0X8: case COLIBRI_DTYPE_Q8_0X8: colibri_ref_matmul_q8(y, xq, w, dtype, n, cols, rows); break;
+    case COLIBRI_DTYPE_Q4_0X8: case COLIBRI_DTYPE_Q8_0X8: matmul_x8_x86(y, xq, w, dtype, n, cols, rows); break;
     default: matmul_kq_format(RN, y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, dot_us); break;
     }
 }
