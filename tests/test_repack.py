@@ -353,3 +353,14 @@ def test_every_repacked_tensor_of_a_family_loads(family, tmp_path):
     a = colibri.Model(x8).session(ctx=64, kernels="reference").forward(tokens)
     b = colibri.Model(plain).session(ctx=64, kernels="reference").forward(tokens)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["q4_0", "q8_0"])
+def test_the_converter_writes_what_the_cores_tests_build(dtype, tmp_path):
+    """test_interleaved.py moves a plain model's blocks with its own permutation: the same file."""
+    from test_interleaved import to_x8
+
+    x8, plain = model_pair(tmp_path, FIXTURES / "tiny-mixtral", dtype=dtype)
+    to_x8(plain, dtype)
+    assert (x8 / "weights.bin").read_bytes() == (plain / "weights.bin").read_bytes()
+    assert table(x8) == table(plain)
