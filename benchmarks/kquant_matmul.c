@@ -22,7 +22,7 @@ static int by_value(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     static const char *defaults[] = { "q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs", "iq4_nl", "mxfp4", "q4_1", "q5_0", "q5_1",
-                                      "q4_0", "q8_0" };
+                                      "q4_0", "q8_0", "q4_0x8", "q8_0x8" };
     const char **formats = argc > 3 ? (const char **)argv + 3 : defaults;
     int32_t reps = argc > 1 ? atoi(argv[1]) : 7, n = argc > 2 ? atoi(argv[2]) : 1, n_formats = argc > 3 ? argc - 3 : (int32_t)(sizeof defaults / sizeof defaults[0]);
     int32_t n_sets = 0, f, s, i, r;

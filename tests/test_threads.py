@@ -7,18 +7,23 @@ import pytest
 import colibri
 from colibri.convert import convert
 from support import load_make_fixtures
+from test_interleaved import to_x8
 
 CONFIG = dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
               tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
 
 
-@pytest.fixture(scope="module", params=["f32", "q4_0"])
+@pytest.fixture(scope="module", params=["f32", "q4_0", "q4_0x8"])
 def model(tmp_path_factory, request):
-    """lm_head is 4096 x 128: above the size where a matmul is shared.  q4_0: the int8 path."""
+    """lm_head is 4096 x 128: above the size where a matmul is shared.  q4_0: the int8 path;
+    q4_0x8: its rows split among the threads by whole groups of 8."""
     root = tmp_path_factory.mktemp("threads")
     load_make_fixtures().build_model(CONFIG, seed=2).save_pretrained(root / "hf")
-    return convert(root / "hf", root / "colibri", dtype=request.param, progress=False)
+    out = convert(root / "hf", root / "colibri", dtype=request.param.replace("x8", ""), progress=False)
+    if request.param.endswith("x8"):
+        assert to_x8(root / "colibri", "q4_0")
+    return out
 
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])

@@ -88,7 +88,7 @@ static inline __attribute__((always_inline)) void group_x8(int RN, int q8, const
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i even = _mm256_setr_epi32(-1, 0, -1, 0, -1, 0, -1, 0);
-    __m256i u[8];   /* q4_0: chunk c half h at u[4 h + c] low nibbles, u[4 h + 2 + c] high; q8_0: w at u[2 c + h] */
+    __m256i u[8];   /* q4_0: chunk c half h at u[4 h + c] low nibbles, u[4 h + 2 + c] high; q8_0: |w| at u[2 c + h] */
     __m256 dlo, dhi;
     int c, h, t;
     {
@@ -99,7 +99,7 @@ static inline __attribute__((always_inline)) void group_x8(int RN, int q8, const
     for (c = 0; c < (q8 ? 4 : 2); c++)
         for (h = 0; h < 2; h++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(g + 16 + 64 * c + 32 * h));
-            if (q8) u[2 * c + h] = v;
+            if (q8) u[2 * c + h] = _mm256_sign_epi8(v, v);   /* |w|; w's sign from memory below */
             else {
                 u[4 * h + c] = _mm256_and_si256(v, m4);
                 u[4 * h + 2 + c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
@@ -113,8 +113,8 @@ static inline __attribute__((always_inline)) void group_x8(int RN, int q8, const
             if (q8) {
                 __m256i s = _mm256_setzero_si256();
                 for (c = 0; c < 4; c++) {
-                    __m256i w = u[2 * c + h];
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv[c], w)), ones));
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(g + 16 + 64 * c + 32 * h));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u[2 * c + h], _mm256_sign_epi8(xv[c], w)), ones));
                 }
                 dot[h] = s;
             } else {
