@@ -363,3 +363,20 @@ def test_the_converter_writes_what_the_cores_tests_build(dtype, tmp_path):
     to_x8(plain, dtype)
     assert (x8 / "weights.bin").read_bytes() == (plain / "weights.bin").read_bytes()
     assert table(x8) == table(plain)
+
+
+@pytest.mark.parametrize("target", ["aarch64", "sanitize"])
+def test_a_repacked_model_on_other_targets(target, tmp_path):
+    """colibri-infer under QEMU (NEON's x8 kernels) and under ASan/UBSan: the repacked model
+    validates, its strict-mode logits are the plain model's on the host bit for bit, its fast ones
+    within the int8 path's bound (assert_same_numbers) of the plain model's on the same target."""
+    from support import infer, prompt_logits
+
+    x8, plain = model_pair(tmp_path, FIXTURES / "tiny-mixtral", dtype="q4_0")
+    infer(target, "--model", x8, "--validate-model")
+    host = colibri_core().Model(plain).session(ctx=64, kernels="reference").forward(TOKENS)
+    strict = prompt_logits(target, x8, TOKENS, tmp_path, "--reference")
+    assert np.array_equal(strict.view(np.uint32), host.view(np.uint32))
+    fast, theirs = prompt_logits(target, x8, TOKENS, tmp_path), prompt_logits(target, plain, TOKENS, tmp_path)
+    print(f"{target}: max |x8 - plain| = {np.abs(fast - theirs).max():.2e} of {np.abs(host).max():.2e}")
+    assert np.abs(fast - theirs).max() <= 0.05 * np.abs(host).max()
