@@ -93,7 +93,7 @@ def cmd_convert(args):
                           ("--quantize", QUANTIZE.get(args.quantize) if args.quantize else None)) or "f32"
     # SIGTERM unwinds like Ctrl-C, so the unfinished model is removed (a kill -9 leaves it for the next run)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    out = convert(src, out, dtype=dtype, progress=not args.quiet, layout=args.layout)
+    out = convert(src, out, dtype=dtype, progress=not args.quiet, layout=args.layout, repack=args.repack)
     model = _model(out)   # convert() has loaded it with verify=True before putting it in place
     matrices = sorted({t["dtype"] for t in model.tensors() if len(t["shape"]) >= 2 and t["dtype"] not in ("u8", "i32")})
     print(f"wrote {out}: {model.architecture}, {len(model.tensors())} tensors, "
@@ -646,6 +646,11 @@ def build_parser():
     c.add_argument("--layout", choices=["stacked", "interleaved"], default="stacked",
                    help="the routed experts in weights.bin: stacked (default: each tensor whole) or interleaved "
                         "(each expert's tensors one contiguous extent, one read per expert)")
+    c.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
+                   help="store the q4_0 / q8_0 matrices of the matmuls with their rows interleaved in groups of 8 "
+                        "(q4_0x8 / q8_0x8: the same blocks, moved, so the fast kernels read 8 rows at once; the same "
+                        "numbers). Default: on for a checkpoint (--no-repack keeps every tensor plain q4_0 / q8_0), "
+                        "off for a .gguf file (its bytes as they are; --repack moves its Q4_0 / Q8_0 matrices)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_convert)
 

@@ -20,7 +20,7 @@ def model(tmp_path_factory, request):
     q4_0x8: its rows split among the threads by whole groups of 8."""
     root = tmp_path_factory.mktemp("threads")
     load_make_fixtures().build_model(CONFIG, seed=2).save_pretrained(root / "hf")
-    out = convert(root / "hf", root / "colibri", dtype=request.param.replace("x8", ""), progress=False)
+    out = convert(root / "hf", root / "colibri", dtype=request.param.replace("x8", ""), progress=False, repack=False)
     if request.param.endswith("x8"):
         assert to_x8(root / "colibri", "q4_0")
     return out

@@ -35,12 +35,14 @@ def _version():
             return "unknown"
 
 
-def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked"):
+def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked", repack=None):
     """Convert the HF model in `src_dir` to a colibri model in `out_dir`, weights stored as `dtype`
     (f32, f16, bf16, q8_0, q4_0 or w4g128); or import a .gguf file, its weights as they are. `layout`:
     the routed experts "stacked" (each tensor whole) or "interleaved" (each expert's tensors one
-    extent, read at once; docs/FORMAT.md). Returns out_dir as a Path. Raises ConvertError on anything
-    it cannot convert.
+    extent, read at once; docs/FORMAT.md). `repack`: the q4_0 / q8_0 matrices of the core's matmuls
+    stored row-interleaved (q4_0x8 / q8_0x8: the same blocks, moved, for the fast kernels); None is
+    the default, True for a checkpoint, False for a GGUF file (byte for byte). Returns out_dir as a
+    Path. Raises ConvertError on anything it cannot convert.
 
     out_dir is replaced whole once the new model is written and the core has loaded it (CRCs and
     all): a conversion that fails, or is interrupted, leaves what was there (output.py). It must be
@@ -54,9 +56,9 @@ def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked"):
         if src_dir.suffix == ".gguf" and src_dir.is_file():
             from .gguf_import import convert_gguf
 
-            convert_gguf(src_dir, work, progress=progress, layout=layout)
+            convert_gguf(src_dir, work, progress=progress, layout=layout, repack=bool(repack))
         else:
-            _convert_checkpoint(src_dir, work, dtype, progress, layout)
+            _convert_checkpoint(src_dir, work, dtype, progress, layout, repack is None or bool(repack))
         _check_loads(work)
     return out_dir
 
@@ -71,7 +73,7 @@ def _check_loads(model_dir):
         raise ConvertError(f"the converted model does not load (nothing was replaced): {e}") from None
 
 
-def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout):
+def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout, repack):
     with Checkpoint(src_dir) as ckpt:
         model_type = ckpt.config.get("model_type")
         if not isinstance(model_type, str) or model_type not in FAMILIES:
@@ -113,6 +115,6 @@ def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout):
             if enc is not None:   # what colibri_tokenize needs to encode text in the core
                 doc = {**{k: v for k, v in doc.items() if k != "metadata"}, "encoder": enc[0], "metadata": doc["metadata"]}
                 tensors += [(name, x.shape, lambda x=x: x) for name, x in enc[1]]
-        write_model(out_dir, doc, tensors, dtype, progress=progress, layout=layout)
+        write_model(out_dir, doc, tensors, dtype, progress=progress, layout=layout, repack=repack)
     if has_tokenizer:
         shutil.copyfile(src_dir / "tokenizer.json", out_dir / "tokenizer.json")

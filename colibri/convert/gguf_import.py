@@ -3,7 +3,8 @@
     colibri convert model.gguf out/model
 
 Tensors keep their bytes and their own type (a Q4_K_M file's Q4_K and Q6_K matrices and F32 norms
-stay so): llama.cpp's block formats are colibri's dtypes of the same names (STORED), block by
+stay so; `--repack` moves the bytes of Q4_0 and Q8_0 matrices into colibri's row-interleaved q4_0x8 /
+q8_0x8): llama.cpp's block formats are colibri's dtypes of the same names (STORED), block by
 block along each row, so both engines read identical weights.  Architectures: `llama` with experts
 (Mixtral; llama.cpp's converter reorders the rows of q and k for its RoPE on adjacent pairs, which
 colibri then uses too), `qwen3moe` (rotate-half RoPE, per-head QK-norm), and the other MoE families
@@ -231,9 +232,11 @@ def _family_entries(reader, meta, arch, tensors):
     return desc, [found[name] for name in shapes]
 
 
-def convert_gguf(path, out_dir, progress=True, layout="stacked"):
+def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
     """Import the GGUF file at `path` into the colibri model directory `out_dir`; with layout
-    "interleaved" the stacked expert tensors are rewritten into per-expert extents, byte for byte."""
+    "interleaved" the stacked expert tensors are rewritten into per-expert extents, byte for byte;
+    with `repack`, the q4_0 / q8_0 matrices the core allows in the x8 forms are stored so (the same
+    bytes, rows interleaved in groups of 8: writer.repacked_dtype); the K-quants stay as they are."""
     path, out_dir = Path(path), Path(out_dir)
     try:
         reader = _reader(path)
@@ -255,5 +258,5 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked"):
     entries += [(name, x.shape, lambda x=x: x, INTEGER_DTYPES.get(x.dtype, "f32")) for name, x in vocab_tensors]
     doc = {"format": "colibri", "version": 1, **desc, **({"encoder": encoder} if encoder else {}),
            "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}
-    write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout)
+    write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout, repack=repack)
     return out_dir
