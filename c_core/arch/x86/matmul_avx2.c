@@ -108,7 +108,7 @@ static inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i sc16
 static void matmul_q8_avx2(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
-    matmul_q8_x86(2, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 16 ymm registers: 4 x 2 accumulators */
+    matmul_q8_x86(2, 2, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 16 ymm registers: 4 x 2 accumulators */
 }
 
 /* scores (span) = scale * K q, four keys at a time: four 8-wide dot products, then one

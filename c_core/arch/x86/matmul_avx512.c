@@ -121,7 +121,7 @@ static inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i sc16
 static void matmul_q8_avx512(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                              int32_t n, int32_t cols, int32_t rows)
 {
-    matmul_q8_x86(4, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 32 registers: 4 x 4 accumulators */
+    matmul_q8_x86(4, 8, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 32 registers: 4 x 4 accumulators; 8 rows of 1 */
 }
 
 /* y (dim) = x / sqrt(mean(x^2) + eps) * w, 16 at a time; block-format weights take the reference. */

@@ -238,9 +238,11 @@ static inline __m256i pick_scales(__m256i scales, int a)
     return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(2 * a | (2 * a + 1) << 8)));
 }
 
+enum { KQ_TOKENS = 8 };   /* the most tokens the tiles below take at once (AVX-512's 32 registers) */
+
 /* The blocks below (256 weights each, against 8 activation blocks that share one dx: quantize_q8_256)
- * take RN tokens at once (prefill, an expert's group of tokens): each weight block unpacked once for
- * all of them, token t's activation blocks xs apart from token 0's.  Per token, the block's exact
+ * take RN <= KQ_TOKENS tokens at once (prefill, an expert's group of tokens): each weight block
+ * unpacked once for all of them, token t's activation blocks xs apart from token 0's.  Per token, the block's exact
  * integer sum of scale * dot, then one float multiply-add by d dx into acc[t]; the mins' d dx sum
  * into mins[t].  Each token's arithmetic is the same whatever RN is: an output does not depend on
  * how many tokens came with it. */
@@ -253,7 +255,7 @@ static inline __attribute__((always_inline)) void k4_block(int RN, const uint8_t
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const uint8_t *qs = b + (dtype == COLIBRI_DTYPE_Q4_K ? 16 : 48);
     __m256i qh = dtype == COLIBRI_DTYPE_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-    __m256i sum[4];
+    __m256i sum[KQ_TOKENS];
     float d = w_scale(b), dmin = w_scale(b + 2);
     uint8_t sm[16];
     int k, t;
@@ -290,7 +292,7 @@ static inline __attribute__((always_inline)) void q6_k_block(int RN, const uint8
                                                              __m256 *acc, dot_scaled_fn dot)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
-    __m256i scales = _mm256_cvtepi8_epi16(evens_then_odds(_mm_loadu_si128((const __m128i *)(b + 192)))), sum[4];
+    __m256i scales = _mm256_cvtepi8_epi16(evens_then_odds(_mm_loadu_si128((const __m128i *)(b + 192)))), sum[KQ_TOKENS];
     int h, g, t;
     for (t = 0; t < RN; t++) sum[t] = _mm256_setzero_si256();
     for (h = 0; h < 2; h++) {
@@ -317,7 +319,7 @@ static inline __attribute__((always_inline)) void q3_k_block(int RN, const uint8
                                                              __m256 *acc, dot_scaled_fn dot)
 {
     const __m256i m2 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    __m256i hmask = _mm256_loadu_si256((const __m256i *)b), scales, sum[4];
+    __m256i hmask = _mm256_loadu_si256((const __m256i *)b), scales, sum[KQ_TOKENS];
     uint8_t sc[16];
     int h, g, t;
     k3_unpack(b + 96, sc);
@@ -346,7 +348,7 @@ static inline __attribute__((always_inline)) void q2_k_block(int RN, const uint8
     const __m256i m2 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
     __m256i min16 = _mm256_and_si256(_mm256_srli_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b)), 4), m4);
     __m256i scales = _mm256_cvtepu8_epi16(_mm_and_si128(evens_then_odds(_mm_loadu_si128((const __m128i *)b)), _mm_set1_epi8(0x0f)));
-    __m256i sum[4], msum[4];
+    __m256i sum[KQ_TOKENS], msum[KQ_TOKENS];
     int h, g, t;
     for (t = 0; t < RN; t++) sum[t] = msum[t] = _mm256_setzero_si256();
     for (h = 0; h < 2; h++) {
@@ -377,7 +379,7 @@ static inline __m256i table_nibbles(const uint8_t *q, __m256i table) { return _m
 static inline __attribute__((always_inline)) void iq4_xs_block(int RN, const uint8_t *b, const colibri_q8_block *xb, size_t xs,
                                                                __m256 *acc, __m256i table, dot_scaled_fn dot)
 {
-    __m256i sum[4];
+    __m256i sum[KQ_TOKENS];
     uint16_t high;
     int s, t;
     memcpy(&high, b + 2, 2);
@@ -459,8 +461,8 @@ static inline __attribute__((always_inline)) void tile_kq_x86(int RN, float *y, 
                                                                                                                     : colibri_iq4nl_values)));
     size_t block_bytes = kq_block_bytes(dtype), xs = (size_t)blocks;
     int32_t b, per = block_bytes < 32 ? 1 : 8;
-    __m256 acc0[4], acc1[4];
-    float mins[4];
+    __m256 acc0[KQ_TOKENS], acc1[KQ_TOKENS];
+    float mins[KQ_TOKENS];
     int t;
     for (t = 0; t < RN; t++) { acc0[t] = acc1[t] = _mm256_setzero_ps(); mins[t] = 0.0f; }
     for (b = 0; b < blocks; b += per, w += block_bytes) {
@@ -497,12 +499,13 @@ static inline __attribute__((always_inline)) void matmul_kq_format(int RN, float
 }
 
 /* y (n, rows) = xq @ W^T for an int8_path W, given the variant's integer primitives and how many
- * tokens its registers hold in a tile (RN).  The 256-weight formats take xq from quantize_q8_256. */
-static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, float *y, const colibri_q8_block *xq, const void *w,
+ * tokens its registers hold in a tile: RN in q8_0's and q4_0's 4-row tiles, RN_KQ in the other
+ * formats' one-row tiles.  The 256-weight formats take xq from quantize_q8_256. */
+static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, int RN_KQ, float *y, const colibri_q8_block *xq, const void *w,
                                                                 colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows,
                                                                 dot_us_fn dot_us, dot_scaled_fn dot_scaled)
 {
-#define KQ(format) matmul_kq_format(RN, y, xq, w, format, n, cols, rows, dot_us, dot_scaled)
+#define KQ(format) matmul_kq_format(RN_KQ, y, xq, w, format, n, cols, rows, dot_us, dot_scaled)
     switch (dtype) {
     case COLIBRI_DTYPE_Q8_0: matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q8_0, n, cols, rows, dot_us); break;
     case COLIBRI_DTYPE_Q4_0: matmul_q8_format(RN, y, xq, w, COLIBRI_DTYPE_Q4_0, n, cols, rows, dot_us); break;
