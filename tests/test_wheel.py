@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import colibri
+from colibri import targets
 from colibri.demo import MODEL_DIR
 from colibri.targets import firmware as fw
 from support import TESTS
@@ -48,6 +51,18 @@ def test_the_headers_and_sources_build_a_c_program(tmp_path):
     r = subprocess.run([str(exe), str(MODEL_DIR)], capture_output=True, text=True, check=True, timeout=60)
     model = colibri.Model(MODEL_DIR)
     assert r.stdout == f"{model.architecture} {model.weight_bytes}\n"
+
+
+def test_builds_go_to_a_cache_for_the_wheels_copy_and_to_build_of_a_checkout(tmp_path, monkeypatch):
+    monkeypatch.delenv("COLIBRI_BUILD_DIR", raising=False)
+    assert targets.build_dir() == targets.source_dir() / "build"   # this checkout ($COLIBRI_SOURCE)
+    if not colibri._SOURCE_COPY.is_dir():
+        pytest.skip("the package is not installed from a wheel: it has no copy of the sources")
+    monkeypatch.setenv("COLIBRI_SOURCE", str(colibri._SOURCE_COPY))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert targets.build_dir().parent == tmp_path / "colibri"
+    monkeypatch.setenv("COLIBRI_BUILD_DIR", str(tmp_path / "mine"))
+    assert targets.build_dir() == tmp_path / "mine"
 
 
 def test_the_installed_wheel_plans_builds_and_runs_firmware_outside_a_checkout(tmp_path):
