@@ -99,5 +99,9 @@ def test_the_installed_wheel_plans_builds_and_runs_firmware_outside_a_checkout(t
     host = subprocess.run([sys.executable, "-m", "colibri", "generate", "--prompt", "ROMEO:", "--max-tokens", "20",
                            "--temperature", "0"], capture_output=True, check=True, timeout=300).stdout
     assert text == host
+    # a Linux target too, into a folder of one's choosing
+    on_target = installed("generate", "--target", "riscv64", "--build-dir", tmp_path / "mine", "--prompt", "ROMEO:",
+                          "--max-tokens", 20, "--temperature", 0)
+    assert on_target == host and (tmp_path / "mine" / "riscv64" / "build.ninja").is_file()
     assert sorted(copy.rglob("*")) == before   # nothing written into site-packages
     assert list((tmp_path / "cache" / "colibri").glob(f"*/{BOARD}/build.ninja"))
