@@ -618,7 +618,7 @@ def cmd_serve_experts(args):
 
 
 def _checkout_names(module, name):
-    """targets.TARGETS or firmware.BOARDS, for argparse's choices; None without a source checkout
+    """targets.TARGETS or firmware.BOARDS, for argparse's choices; None without the C sources
     (any name then: the command says why it cannot build)."""
     from colibri.targets import TargetError
 
@@ -670,6 +670,10 @@ def build_parser():
         p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
         p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
 
+    def build_dir_argument(p):
+        p.add_argument("--build-dir", metavar="DIR", help="where the builds go, one folder each (default: "
+                       "$COLIBRI_BUILD_DIR, else build/ of a checkout, else ~/.cache/colibri/)")
+
     def streaming_arguments(p):
         """Expert streaming, which `generate` and `memdump` share."""
         s = p.add_argument_group("expert streaming", "the routed experts read from storage into a cache in the "
@@ -704,7 +708,9 @@ def build_parser():
     from colibri import targets
 
     g.add_argument("--target", default="native", choices=_checkout_names(targets, "TARGETS"),
-                   help="run the core built for this target, under QEMU (needs a source checkout)")
+                   help="run the core built for this target, under QEMU (needs meson, ninja and the target's "
+                        "toolchain)")
+    build_dir_argument(g)
     streaming_arguments(g)
     edge_arguments(g)
     g.set_defaults(func=cmd_generate)
@@ -716,7 +722,8 @@ def build_parser():
     streaming_arguments(m)
     m.set_defaults(func=cmd_memdump)
 
-    fw = sub.add_parser("firmware", help="bare-metal images: plan, build, run under QEMU (needs a source checkout)")
+    fw = sub.add_parser("firmware", help="bare-metal images: plan, build, run under QEMU (needs meson, ninja, the "
+                        "board's toolchain and QEMU)")
     fw_sub = fw.add_subparsers(dest="firmware_command", required=True)
 
     def firmware_parser(name, help):
@@ -734,6 +741,7 @@ def build_parser():
                             "512K, 2M, or a percentage of what every routed expert takes): flash holds the rest of "
                             "the model, the image reads the experts from the host's weights.bin (default: the whole "
                             "model in flash)")
+        build_dir_argument(f)
         return f
 
     firmware_parser("plan", "flash and RAM the image needs on the board, and whether it fits").set_defaults(
@@ -794,6 +802,8 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if getattr(args, "build_dir", None):   # what colibri.targets.build_dir reads
+        os.environ["COLIBRI_BUILD_DIR"] = str(Path(args.build_dir).resolve())
     import colibri
     from colibri.convert import ConvertError
     from colibri.targets import TargetError

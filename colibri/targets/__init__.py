@@ -1,21 +1,25 @@
-"""The C core built for other targets from a source checkout, and run there.
+"""The C core built for other targets from its sources, and run there.
 
     colibri generate --target riscv64 --prompt "ROMEO:"       # the same run, under QEMU
 
-A target is a Meson build of the core alone under <source>/build/<target>, made on first use
+A target is a Meson build of the core alone under <builds>/<target>, made on first use
 and rebuilt (incrementally) on each: `native` (release flags), `clang`, `sanitize` (AddressSanitizer
 + UBSan), `clang-sanitize` (the same with clang's UBSan), and one for each cross file in toolchains/ that names a target: the Linux targets
 (`colibri_target`, e.g. aarch64 and riscv64), whose programs run under the file's exe_wrapper
 (QEMU user mode), and the bare-metal boards (`colibri_board`, e.g. mps2-an386), whose firmware
 images colibri.targets.firmware plans, builds and runs.  The cross files are the one place a
-target's facts are written: a new one is a new file there.  The source checkout is
-$COLIBRI_SOURCE, else the current directory or the one this package was imported from,
-whichever holds meson.build and c_core/."""
+target's facts are written: a new one is a new file there.  The sources are $COLIBRI_SOURCE,
+else the current directory if it is a checkout, else colibri.source_root(): the checkout this
+package was imported from, or the copy an installed wheel carries.  The builds (<builds>) go to
+$COLIBRI_BUILD_DIR (`--build-dir`), else build/ of a checkout, else, for the wheel's read-only
+copy, a per-user cache: $XDG_CACHE_HOME/colibri/<version>-<hash of the sources' path>."""
 import functools
+import hashlib
 import os
 import subprocess
 from pathlib import Path
 
+import colibri
 from colibri.targets import machine_file
 
 
@@ -24,12 +28,25 @@ class TargetError(RuntimeError):
 
 
 def source_dir():
-    """The colibri source checkout that targets are built from."""
-    candidates = [os.environ.get("COLIBRI_SOURCE"), os.getcwd(), Path(__file__).resolve().parents[2]]
-    for c in candidates:
+    """The colibri sources that targets are built from."""
+    for c in (os.environ.get("COLIBRI_SOURCE"), os.getcwd()):
         if c and (Path(c) / "meson.build").is_file() and (Path(c) / "c_core").is_dir():
             return Path(c).resolve()
-    raise TargetError("building for a target needs the colibri sources: run from a checkout or set COLIBRI_SOURCE")
+    try:
+        return colibri.source_root()
+    except FileNotFoundError as e:
+        raise TargetError(f"building for a target needs the colibri sources: {e}; set COLIBRI_SOURCE") from None
+
+
+def build_dir():
+    """The folder the builds go to, one sub-folder each (never the wheel's copy in site-packages)."""
+    if os.environ.get("COLIBRI_BUILD_DIR"):
+        return Path(os.environ["COLIBRI_BUILD_DIR"]).resolve()
+    root = source_dir()
+    if root != colibri._SOURCE_COPY:
+        return root / "build"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "colibri" / f"{colibri.__version__}-{hashlib.sha1(str(root).encode()).hexdigest()[:8]}"
 
 
 HOST_OPTIONS = {
@@ -98,7 +115,7 @@ def build(kind):
     known = _options()
     if kind not in known:
         raise TargetError(f"unknown target {kind!r}: one of {', '.join(known)}")
-    return meson_build(source_dir() / "build" / kind, known[kind])
+    return meson_build(build_dir() / kind, known[kind])
 
 
 def meson_build(out, options):

@@ -11,7 +11,7 @@ system emulation with output and files through semihosting.
 
 An image is the board's build of the core and firmware/ plus one generated assembly file that holds
 everything model-specific (firmware/plan/model_image.c), so its code is the same for every model.
-`plan` measures that code once per board, from the image of the bundled model (build/<board>),
+`plan` measures that code once per board, from the image of the bundled model (<builds>/<board>),
 with the toolchain's size tool, and adds what the model and context need: the model's bytes, and
 the metadata and arena sizes the core computes on this host with the layout every target uses,
 asked of the same program (colibri-model-image --plan) that writes the image's model file.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from colibri import targets
-from colibri.targets import TargetError, build, cross_files, meson_build, source_dir
+from colibri.targets import TargetError, build, build_dir, cross_files, meson_build
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ def stack_reserved(board, elf):
 def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0):
     """What an image of this model and session needs on this board, without building it.  With an
     expert budget (bytes), the image that streams the routed experts."""
-    mm, code = memory_map(board), code_size(board)   # builds build/<board>, with colibri-model-image
+    mm, code = memory_map(board), code_size(board)   # builds <builds>/<board>, with colibri-model-image
     path = Path(model_dir).resolve()
     tool = build(board) / "firmware" / "colibri-model-image"
     r = subprocess.run([str(tool), "--plan", str(path), str(ctx), str(batch), str(stack), str(expert_budget)],
@@ -244,13 +244,13 @@ def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
 
 def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0):
     """Plans, refuses what does not fit, builds; returns the image's path.  Each (board, model,
-    session) gets its own build directory under build/firmware/."""
+    session) gets its own build directory under firmware/ of the builds' folder (targets.build_dir)."""
     p = plan(board, model_dir, ctx, batch, stack, expert_budget)
     if p.problems():
         raise FirmwareError(f"{p.model} does not fit {board}:\n  " + "\n  ".join(p.problems()))
     model_dir = str(Path(model_dir).resolve())
     key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}|{expert_budget}".encode()).hexdigest()[:12]
-    out = meson_build(source_dir() / "build" / "firmware" / f"{board}-{key}",
+    out = meson_build(build_dir() / "firmware" / f"{board}-{key}",
                       [*targets.OPTIONS[board], f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
                        f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}",
                        f"-Dfirmware_expert_budget={expert_budget}"])
