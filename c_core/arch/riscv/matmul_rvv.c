@@ -134,6 +134,51 @@ static inline float q6_k_block(float acc, const uint8_t *b, const colibri_q8_blo
     return acc;
 }
 
+/* Group g's 32 two-bit quants of a q2_k or q3_k block (64 bytes at qs, 4 groups a 32 bytes). */
+static inline vuint8m2_t quants2(const uint8_t *qs, int g)
+{
+    return vand_vx_u8m2(vsrl_vx_u8m2(vle8_v_u8m2(qs + g / 4 * 32, 32), (size_t)(g % 4 * 2), 32), 3, 32);
+}
+
+/* scale[0] dot (first 16) + scale[1] dot (the rest) of 32 weights and an activation block. */
+static inline int32_t dot_halves(vint8m2_t w, const int8_t *q, int s0, int s1)
+{
+    vint16m4_t p = vwmul_vv_i16m4(w, vle8_v_i8m2(q, 32), 32);
+    int32_t all = sum16(p, 32), dot0 = sum16(p, 16);
+    return s0 * dot0 + s1 * (all - dot0);
+}
+
+/* One q2_k block: per 16 weights a 4-bit scale (low nibble) and min (high) of d and dmin; the
+ * mins' dot with q from the first 16 activations' sum. */
+static inline float q2_k_block(float acc, const uint8_t *b, const colibri_q8_block *xb)
+{
+    float d = f16_scale(b + 80), dmin = f16_scale(b + 82);
+    vint16m1_t zero = vmv_v_x_i16m1(0, 1);
+    int g;
+    for (g = 0; g < 8; g++, xb++) {
+        int32_t q0 = vmv_x_s_i16m1_i16(vwredsum_vs_i8m1_i16m1(zero, vle8_v_i8m1(xb->q, 16), zero, 16));   /* |q0| <= 16 * 127 */
+        int32_t idot = dot_halves(vreinterpret_v_u8m2_i8m2(quants2(b + 16, g)), xb->q, b[2 * g] & 0x0f, b[2 * g + 1] & 0x0f);
+        acc = add_group(acc, xb, d, idot, dmin, (b[2 * g] >> 4) * q0 + (b[2 * g + 1] >> 4) * (xb->sum - q0));
+    }
+    return acc;
+}
+
+/* One q3_k block: a quant less 4 where its bit in the 32 mask bytes is clear; per 16 a 6-bit scale
+ * less 32 (int8_group's unpacking). */
+static inline float q3_k_block(float acc, const uint8_t *b, const colibri_q8_block *xb)
+{
+    vuint8m2_t hm = vle8_v_u8m2(b, 32);
+    float d = f16_scale(b + 108);
+    int g, k, sc[2];
+    for (g = 0; g < 8; g++, xb++) {
+        vuint8m2_t v = vor_vv_u8m2(quants2(b + 32, g), vsll_vx_u8m2(vand_vx_u8m2(vsrl_vx_u8m2(hm, (size_t)g, 32), 1, 32), 2, 32), 32);
+        for (k = 2 * g; k < 2 * g + 2; k++)
+            sc[k % 2] = (((k < 8 ? b[96 + k] : b[96 + k - 8] >> 4) & 0x0f) | ((b[104 + k % 4] >> (k / 4 * 2)) & 3) << 4) - 32;
+        acc = add_group(acc, xb, d, dot_halves(vsub_vx_i8m2(vreinterpret_v_u8m2_i8m2(v), 4, 32), xb->q, sc[0], sc[1]), 0.0f, xb->sum);
+    }
+    return acc;
+}
+
 /* One iq4_xs block: 8 sub-blocks of 32, each a q4_0 nibble group and a 6-bit scale less 32. */
 static inline float iq4_xs_block(float acc, const uint8_t *b, const colibri_q8_block *xb, vint8m1_t table)
 {
@@ -165,13 +210,114 @@ static inline float add_blocks(float acc, const uint8_t *w, size_t stride, const
     return vfmv_f_s_f32m1_f32(sum);
 }
 
-/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W: per block pair an integer dot, CHUNK blocks at a time,
- * then their terms in the scalar int8 path's order (add_blocks). */
+/* The quants of one q8_0 block (32 bytes) or q4_0 block (16), from q: contiguous, or for q8_0x8 /
+ * q4_0x8 pieces of 8 bytes 64 apart (docs/FORMAT.md; 8-byte aligned as the tensors are). */
+static inline vint8m2_t load_q8_0(const uint8_t *q, int x8)
+{
+    if (x8) return vreinterpret_v_i64m2_i8m2(vlse64_v_i64m2((const int64_t *)(const void *)q, 64, 4));
+    return vle8_v_i8m2((const int8_t *)q, 32);
+}
+
+static inline vuint8m1_t load_q4_0(const uint8_t *q, int x8)
+{
+    if (x8) return vreinterpret_v_u64m1_u8m1(vlse64_v_u64m1((const uint64_t *)(const void *)q, 64, 2));
+    return vle8_v_u8m1(q, 16);
+}
+
+/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W or their x8: per block pair an integer dot, CHUNK blocks
+ * at a time, then their terms in the scalar int8 path's order (add_blocks).  x8 reads each row's
+ * blocks in its group of 8: its scales 2 (r % 8) into each group block of 8 blocks' bytes, its
+ * quants 16 + 8 (r % 8) in (colibri_block_at's bytes). */
 #define CHUNK 64
-static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4,
+static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4, int x8,
                                                               int32_t n, int32_t cols, int32_t rows)
 {
     size_t block_bytes = q4 ? 18 : 34, row_bytes = (size_t)(cols / COLIBRI_BLOCK) * block_bytes;
+    size_t stride = x8 ? 8 * block_bytes : block_bytes;   /* from a row's block to its next */
+    int32_t r, t, b, c, blocks = cols / COLIBRI_BLOCK, dots[CHUNK];
+    for (r = 0; r < rows; r++) {
+        const uint8_t *wr = x8 ? w + (size_t)(r / 8) * 8 * row_bytes + 2 * (size_t)(r % 8) : w + (size_t)r * row_bytes;
+        size_t quants = x8 ? 16 + 6 * (size_t)(r % 8) : 2;   /* from a block's scale */
+        for (t = 0; t < n; t++) {
+            const colibri_q8_block *xb = xq + (size_t)t * blocks;
+            const uint8_t *wb = wr;
+            float acc = 0.0f;
+            for (c = 0; c < blocks; c += CHUNK, wb += CHUNK * stride, xb += CHUNK) {
+                int32_t count = blocks - c < CHUNK ? blocks - c : CHUNK;
+                for (b = 0; b < count; b++) {
+                    const uint8_t *q = wb + (size_t)b * stride + quants;
+                    if (q4) {   /* byte j: weight j (low nibble), weight j + 16 (high), less 8 */
+                        vuint8m1_t v = load_q4_0(q, x8);
+                        dots[b] = dot16x2(vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vand_vx_u8m1(v, 0x0f, 16)), 8, 16),
+                                          vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vsrl_vx_u8m1(v, 4, 16)), 8, 16), xb[b].q);
+                    } else {
+                        dots[b] = dot32(load_q8_0(q, x8), xb[b].q);
+                    }
+                }
+                acc = add_blocks(acc, wb, stride, xb, dots, count);
+            }
+            y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+/* The integer dot of one block of a 32-weight format but q8_0 / q4_0 with an activation block
+ * (int8_group's weights, scale 1). */
+static inline __attribute__((always_inline)) int32_t dot_32(const uint8_t *b, colibri_dtype dtype, const int8_t *q, vint8m1_t table)
+{
+    size_t at = dtype == COLIBRI_DTYPE_Q4_1 ? 4 : dtype == COLIBRI_DTYPE_Q5_0 ? 6 : 8;   /* the nibbles */
+    vuint8m1_t v, lo, hi;
+    if (dtype == COLIBRI_DTYPE_IQ4_NL || dtype == COLIBRI_DTYPE_MXFP4) return table_dot(b + (dtype == COLIBRI_DTYPE_MXFP4 ? 1 : 2), table, q);
+    v = vle8_v_u8m1(b + at, 16);
+    lo = vand_vx_u8m1(v, 0x0f, 16);
+    hi = vsrl_vx_u8m1(v, 4, 16);
+    if (dtype != COLIBRI_DTYPE_Q4_1) {   /* the fifth bits: bit j of the 32 before the nibbles is weight j's, a mask */
+        lo = vor_vx_u8m1_m(vlm_v_b8(b + at - 4, 16), lo, lo, 16, 16);
+        hi = vor_vx_u8m1_m(vlm_v_b8(b + at - 2, 16), hi, hi, 16, 16);
+    }
+    if (dtype == COLIBRI_DTYPE_Q5_0) return dot16x2(vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(lo), 16, 16),
+                                                   vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(hi), 16, 16), q);
+    return dot16x2(vreinterpret_v_u8m1_i8m1(lo), vreinterpret_v_u8m1_i8m1(hi), q);
+}
+
+/* acc + the blocks' terms dx (d dot - m sum) (add_group's), in block order by vfredosum as
+ * add_blocks: d the f16 at w (mxfp4: the E8M0 byte's colibri_e8m0_half), m minus the f16 after it
+ * for q4_1 / q5_1, else 0 (its term left out: only a zero's sign could differ, and a zero added
+ * to a sum that starts at +0 leaves no sign). */
+static inline __attribute__((always_inline)) float add_terms(float acc, const uint8_t *w, colibri_dtype dtype, size_t stride,
+                                                             const colibri_q8_block *xb, const int32_t *dots, int32_t n)
+{
+    vfloat32m1_t sum = vfmv_v_f_f32m1(acc, 1);
+    size_t i, vl, end = (size_t)n;
+    for (i = 0; i < end; i += vl) {
+        vfloat32m4_t d, t;
+        vl = vsetvl_e32m4(end - i);
+        if (dtype == COLIBRI_DTYPE_MXFP4) {   /* 2^(e - 128): e < 2 a subnormal */
+            vuint32m4_t e = vzext_vf4_u32m4(vlse8_v_u8m1(w + i * stride, (ptrdiff_t)stride, vl), vl);
+            vuint32m4_t bits = vsll_vx_u32m4(vsub_vx_u32m4(e, 1, vl), 23, vl);
+            bits = vmerge_vvm_u32m4(vmsltu_vx_u32m4_b8(e, 2, vl), bits, vsll_vv_u32m4(vmv_v_x_u32m4(0x00200000u, vl), e, vl), vl);
+            d = vreinterpret_v_u32m4_f32m4(bits);
+        } else {
+            d = f16_to_f32(vzext_vf2_u32m4(vlse16_v_u16m2((const uint16_t *)(const void *)(w + i * stride), (ptrdiff_t)stride, vl), vl), vl);
+        }
+        t = vfmul_vv_f32m4(d, vfcvt_f_x_v_f32m4(vle32_v_i32m4(dots + i, vl), vl), vl);
+        if (dtype == COLIBRI_DTYPE_Q4_1 || dtype == COLIBRI_DTYPE_Q5_1) {   /* d dot - (-f16) sum, i.e. + f16 sum */
+            vfloat32m4_t m = f16_to_f32(vzext_vf2_u32m4(vlse16_v_u16m2((const uint16_t *)(const void *)(w + i * stride + 2), (ptrdiff_t)stride, vl), vl), vl);
+            t = vfadd_vv_f32m4(t, vfmul_vv_f32m4(m, vfcvt_f_x_v_f32m4(vlse32_v_i32m4(&xb[i].sum, (ptrdiff_t)sizeof *xb, vl), vl), vl), vl);
+        }
+        t = vfmul_vv_f32m4(vlse32_v_f32m4(&xb[i].d, (ptrdiff_t)sizeof *xb, vl), t, vl);
+        sum = vfredosum_vs_f32m4_f32m1(sum, t, sum, vl);
+    }
+    return vfmv_f_s_f32m1_f32(sum);
+}
+
+/* y (n, rows) = xq @ W^T for q4_1, q5_0, q5_1, iq4_nl or mxfp4 W (a constant once inlined): the
+ * dots CHUNK blocks at a time, then their terms (add_terms). */
+static inline __attribute__((always_inline)) void matmul_32(float *y, const colibri_q8_block *xq, const uint8_t *w, colibri_dtype dtype,
+                                                            int32_t n, int32_t cols, int32_t rows)
+{
+    const vint8m1_t table = vle8_v_i8m1(dtype == COLIBRI_DTYPE_MXFP4 ? colibri_mxfp4_values : colibri_iq4nl_values, 16);
+    size_t block_bytes = (size_t)colibri_dtypes[dtype].block_bytes, row_bytes = (size_t)(cols / COLIBRI_BLOCK) * block_bytes;
     int32_t r, t, b, c, blocks = cols / COLIBRI_BLOCK, dots[CHUNK];
     for (r = 0; r < rows; r++) {
         for (t = 0; t < n; t++) {
@@ -180,17 +326,8 @@ static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const co
             float acc = 0.0f;
             for (c = 0; c < blocks; c += CHUNK, wb += CHUNK * block_bytes, xb += CHUNK) {
                 int32_t count = blocks - c < CHUNK ? blocks - c : CHUNK;
-                for (b = 0; b < count; b++) {
-                    const uint8_t *q = wb + (size_t)b * block_bytes + 2;
-                    if (q4) {   /* byte j: weight j (low nibble), weight j + 16 (high), less 8 */
-                        vuint8m1_t v = vle8_v_u8m1(q, 16);
-                        dots[b] = dot16x2(vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vand_vx_u8m1(v, 0x0f, 16)), 8, 16),
-                                          vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vsrl_vx_u8m1(v, 4, 16)), 8, 16), xb[b].q);
-                    } else {
-                        dots[b] = dot32(vle8_v_i8m2((const int8_t *)q, 32), xb[b].q);
-                    }
-                }
-                acc = add_blocks(acc, wb, block_bytes, xb, dots, count);
+                for (b = 0; b < count; b++) dots[b] = dot_32(wb + (size_t)b * block_bytes, dtype, xb[b].q, table);
+                acc = add_terms(acc, wb, dtype, block_bytes, xb, dots, count);
             }
             y[(size_t)t * rows + r] = acc;
         }
@@ -212,6 +349,8 @@ static inline __attribute__((always_inline)) void matmul_k(float *y, const colib
             for (b = 0; b < blocks; b += 8, wb += block_bytes, xb += 8) {
                 if (dtype == COLIBRI_DTYPE_Q6_K) acc = q6_k_block(acc, wb, xb);
                 else if (dtype == COLIBRI_DTYPE_IQ4_XS) acc = iq4_xs_block(acc, wb, xb, table);
+                else if (dtype == COLIBRI_DTYPE_Q3_K) acc = q3_k_block(acc, wb, xb);
+                else if (dtype == COLIBRI_DTYPE_Q2_K) acc = q2_k_block(acc, wb, xb);
                 else acc = k4_block(acc, wb, dtype == COLIBRI_DTYPE_Q5_K, xb);
             }
             y[(size_t)t * rows + r] = acc;
@@ -223,12 +362,21 @@ static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colib
                       int32_t n, int32_t cols, int32_t rows)
 {
     switch (dtype) {
-    case COLIBRI_DTYPE_Q8_0: matmul_q8_0(y, xq, w, 0, n, cols, rows); return;
-    case COLIBRI_DTYPE_Q4_0: matmul_q8_0(y, xq, w, 1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q8_0: matmul_q8_0(y, xq, w, 0, 0, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q4_0: matmul_q8_0(y, xq, w, 1, 0, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q8_0X8: matmul_q8_0(y, xq, w, 0, 1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q4_0X8: matmul_q8_0(y, xq, w, 1, 1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q4_1: matmul_32(y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q5_0: matmul_32(y, xq, w, COLIBRI_DTYPE_Q5_0, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q5_1: matmul_32(y, xq, w, COLIBRI_DTYPE_Q5_1, n, cols, rows); return;
+    case COLIBRI_DTYPE_IQ4_NL: matmul_32(y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows); return;
+    case COLIBRI_DTYPE_MXFP4: matmul_32(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows); return;
     case COLIBRI_DTYPE_Q4_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q4_K, 144, n, cols, rows); return;
     case COLIBRI_DTYPE_Q5_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q5_K, 176, n, cols, rows); return;
     case COLIBRI_DTYPE_Q6_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q6_K, 210, n, cols, rows); return;
     case COLIBRI_DTYPE_IQ4_XS: matmul_k(y, xq, w, COLIBRI_DTYPE_IQ4_XS, 136, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q3_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q3_K, 110, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q2_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q2_K, 84, n, cols, rows); return;
     default: colibri_ref_matmul_q8(y, xq, w, dtype, n, cols, rows); return;
     }
 }
