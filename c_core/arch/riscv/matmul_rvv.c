@@ -1,10 +1,11 @@
 /* RISC-V Vector 1.0 kernels, vector-length agnostic: every loop takes its vl from vsetvl, so one
- * binary runs at any VLEN (V guarantees >= 128: e8m1 holds 16 bytes, e8m2 32, e32m8 32 floats),
+ * binary runs at any VLEN (V guarantees >= 128: e8m1 holds 16 bytes, e8m2 32, e8m4 64, e32m8 32 floats),
  * tails included.  Compiled with V (clang 14's intrinsics, their pre-1.0 names); called only after
  * colibri_cpu_has_rvv() said yes.  The int8 path is exact: each block's dot product is an integer
- * reduction (vwredsum) and the scales are applied in scalar code, in block order, in the scalar
- * int8 path's expressions: matmul_q8 gives the bits of colibri_ref_matmul_q8 at every VLEN (the
- * formats without a kernel here take it).  Each kernel is tested against ops/reference.c. */
+ * reduction and the scales are applied in block order, in the scalar int8 path's expressions
+ * (scalar code, an ordered vfredosum, or for the 8 rows of q8_0x8 / q4_0x8 one lane each):
+ * matmul_q8 gives the bits of colibri_ref_matmul_q8 at every VLEN, for every int8-path format.
+ * Each kernel is tested against ops/reference.c. */
 #if defined(__riscv_vector)
 #include <riscv_vector.h>
 #include <math.h>
@@ -210,51 +211,32 @@ static inline float add_blocks(float acc, const uint8_t *w, size_t stride, const
     return vfmv_f_s_f32m1_f32(sum);
 }
 
-/* The quants of one q8_0 block (32 bytes) or q4_0 block (16), from q: contiguous, or for q8_0x8 /
- * q4_0x8 pieces of 8 bytes 64 apart (docs/FORMAT.md; 8-byte aligned as the tensors are). */
-static inline vint8m2_t load_q8_0(const uint8_t *q, int x8)
-{
-    if (x8) return vreinterpret_v_i64m2_i8m2(vlse64_v_i64m2((const int64_t *)(const void *)q, 64, 4));
-    return vle8_v_i8m2((const int8_t *)q, 32);
-}
-
-static inline vuint8m1_t load_q4_0(const uint8_t *q, int x8)
-{
-    if (x8) return vreinterpret_v_u64m1_u8m1(vlse64_v_u64m1((const uint64_t *)(const void *)q, 64, 2));
-    return vle8_v_u8m1(q, 16);
-}
-
-/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W or their x8: per block pair an integer dot, CHUNK blocks
- * at a time, then their terms in the scalar int8 path's order (add_blocks).  x8 reads each row's
- * blocks in its group of 8: its scales 2 (r % 8) into each group block of 8 blocks' bytes, its
- * quants 16 + 8 (r % 8) in (colibri_block_at's bytes). */
+/* y (n, rows) = xq @ W^T for q8_0 / q4_0 W: per block pair an integer dot, CHUNK blocks at a time,
+ * then their terms in the scalar int8 path's order (add_blocks). */
 #define CHUNK 64
-static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4, int x8,
+static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4,
                                                               int32_t n, int32_t cols, int32_t rows)
 {
     size_t block_bytes = q4 ? 18 : 34, row_bytes = (size_t)(cols / COLIBRI_BLOCK) * block_bytes;
-    size_t stride = x8 ? 8 * block_bytes : block_bytes;   /* from a row's block to its next */
     int32_t r, t, b, c, blocks = cols / COLIBRI_BLOCK, dots[CHUNK];
     for (r = 0; r < rows; r++) {
-        const uint8_t *wr = x8 ? w + (size_t)(r / 8) * 8 * row_bytes + 2 * (size_t)(r % 8) : w + (size_t)r * row_bytes;
-        size_t quants = x8 ? 16 + 6 * (size_t)(r % 8) : 2;   /* from a block's scale */
         for (t = 0; t < n; t++) {
             const colibri_q8_block *xb = xq + (size_t)t * blocks;
-            const uint8_t *wb = wr;
+            const uint8_t *wb = w + (size_t)r * row_bytes;
             float acc = 0.0f;
-            for (c = 0; c < blocks; c += CHUNK, wb += CHUNK * stride, xb += CHUNK) {
+            for (c = 0; c < blocks; c += CHUNK, wb += CHUNK * block_bytes, xb += CHUNK) {
                 int32_t count = blocks - c < CHUNK ? blocks - c : CHUNK;
                 for (b = 0; b < count; b++) {
-                    const uint8_t *q = wb + (size_t)b * stride + quants;
+                    const uint8_t *q = wb + (size_t)b * block_bytes + 2;
                     if (q4) {   /* byte j: weight j (low nibble), weight j + 16 (high), less 8 */
-                        vuint8m1_t v = load_q4_0(q, x8);
+                        vuint8m1_t v = vle8_v_u8m1(q, 16);
                         dots[b] = dot16x2(vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vand_vx_u8m1(v, 0x0f, 16)), 8, 16),
                                           vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(vsrl_vx_u8m1(v, 4, 16)), 8, 16), xb[b].q);
                     } else {
-                        dots[b] = dot32(load_q8_0(q, x8), xb[b].q);
+                        dots[b] = dot32(vle8_v_i8m2((const int8_t *)q, 32), xb[b].q);
                     }
                 }
-                acc = add_blocks(acc, wb, stride, xb, dots, count);
+                acc = add_blocks(acc, wb, block_bytes, xb, dots, count);
             }
             y[(size_t)t * rows + r] = acc;
         }
@@ -358,14 +340,82 @@ static inline __attribute__((always_inline)) void matmul_k(float *y, const colib
     }
 }
 
+/* ---- q8_0x8 / q4_0x8: the 8 rows of a group at once ---- */
+
+/* Chunk c of a group block (64 bytes, docs/FORMAT.md) holds 8 quants of each row, row i's in
+ * lanes 8i..8i+7; the activations they meet, the same 8 for every row, are x's 8 bytes from 8 k
+ * (element k of x read as 64-bit elements) in every row's lanes. */
+static inline vint8m4_t spread8(vint64m4_t x64, size_t k)
+{
+    return vreinterpret_v_i64m4_i8m4(vrgather_vx_i64m4(x64, k, 8));
+}
+
+/* The 8 rows' dots from int16 products p (64 lanes, row i's in 8i..8i+7): three steps that add
+ * each pair of neighbouring lanes, each pair read as one lane twice as wide (low half the even
+ * lane) narrowed to its halves: exact, the first widening. */
+static inline vint32m2_t row_sums(vint16m8_t p)
+{
+    vint32m8_t w = vreinterpret_v_i16m8_i32m8(p);
+    vint64m8_t s = vreinterpret_v_i32m8_i64m8(vwadd_vv_i32m8(vnsra_wx_i16m4(w, 0, 32), vnsra_wx_i16m4(w, 16, 32), 32));   /* row i: 4i.. */
+    vint64m4_t t = vreinterpret_v_i32m4_i64m4(vadd_vv_i32m4(vnsra_wx_i32m4(s, 0, 16), vnsra_wx_i32m4(s, 32, 16), 16));   /* 2i.. */
+    return vadd_vv_i32m2(vnsra_wx_i32m2(t, 0, 8), vnsra_wx_i32m2(t, 32, 8), 8);
+}
+
+/* q4_0x8's nibbles (64 bytes), low or high, less 8 */
+static inline vint8m4_t nibbles8(vuint8m4_t v, int high)
+{
+    return vsub_vx_i8m4(vreinterpret_v_u8m4_i8m4(high ? vsrl_vx_u8m4(v, 4, 64) : vand_vx_u8m4(v, 0x0f, 64)), 8, 64);
+}
+
+/* y (n, rows) = xq @ W^T, W q8_0x8 or q4_0x8 (rows % 8 == 0): per group block 8 integer dots,
+ * then each row's term f16 d * dx * dot added in its own lane, in block order (elementwise: the
+ * scalar int8 path's sums, row by row). */
+static inline __attribute__((always_inline)) void matmul_x8(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4,
+                                                            int32_t n, int32_t cols, int32_t rows)
+{
+    size_t group_block = q4 ? 144 : 272, group_bytes = (size_t)(cols / COLIBRI_BLOCK) * group_block;
+    int32_t g, t, b, blocks = cols / COLIBRI_BLOCK;
+    for (g = 0; g < rows / 8; g++) {
+        for (t = 0; t < n; t++) {
+            const uint8_t *gb = w + (size_t)g * group_bytes;
+            const colibri_q8_block *xb = xq + (size_t)t * blocks;
+            vfloat32m2_t acc = vfmv_v_f_f32m2(0.0f, 8);
+            for (b = 0; b < blocks; b++, gb += group_block, xb++) {
+                vint64m4_t x64 = vreinterpret_v_i8m4_i64m4(vle8_v_i8m4(xb->q, 32));
+                vint32m2_t dots;
+                vfloat32m2_t d;
+                if (q4) {   /* chunk c: low nibbles weights 8c.., high ones 8c + 16..; |p| <= 4 * 8 * 127 */
+                    vuint8m4_t v0 = vle8_v_u8m4(gb + 16, 64), v1 = vle8_v_u8m4(gb + 80, 64);
+                    vint16m8_t p = vwmul_vv_i16m8(nibbles8(v0, 0), spread8(x64, 0), 64);
+                    p = vwmacc_vv_i16m8(p, nibbles8(v0, 1), spread8(x64, 2), 64);
+                    p = vwmacc_vv_i16m8(p, nibbles8(v1, 0), spread8(x64, 1), 64);
+                    p = vwmacc_vv_i16m8(p, nibbles8(v1, 1), spread8(x64, 3), 64);
+                    dots = row_sums(p);
+                } else {    /* two chunks' products per int16 lane at most: 2 * 128 * 127 */
+                    const int8_t *q = (const int8_t *)gb + 16;
+                    vint16m8_t p = vwmacc_vv_i16m8(vwmul_vv_i16m8(vle8_v_i8m4(q, 64), spread8(x64, 0), 64), vle8_v_i8m4(q + 64, 64),
+                                                   spread8(x64, 1), 64);
+                    dots = row_sums(p);
+                    p = vwmacc_vv_i16m8(vwmul_vv_i16m8(vle8_v_i8m4(q + 128, 64), spread8(x64, 2), 64), vle8_v_i8m4(q + 192, 64),
+                                        spread8(x64, 3), 64);
+                    dots = vadd_vv_i32m2(dots, row_sums(p), 8);
+                }
+                d = vlmul_trunc_v_f32m4_f32m2(f16_to_f32(vzext_vf2_u32m4(vle16_v_u16m2((const uint16_t *)(const void *)gb, 8), 8), 8));
+                acc = vfadd_vv_f32m2(acc, vfmul_vv_f32m2(vfmul_vf_f32m2(d, xb->d, 8), vfcvt_f_x_v_f32m2(dots, 8), 8), 8);
+            }
+            vse32_v_f32m2(y + (size_t)t * rows + 8 * g, acc, 8);
+        }
+    }
+}
+
 static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                       int32_t n, int32_t cols, int32_t rows)
 {
     switch (dtype) {
-    case COLIBRI_DTYPE_Q8_0: matmul_q8_0(y, xq, w, 0, 0, n, cols, rows); return;
-    case COLIBRI_DTYPE_Q4_0: matmul_q8_0(y, xq, w, 1, 0, n, cols, rows); return;
-    case COLIBRI_DTYPE_Q8_0X8: matmul_q8_0(y, xq, w, 0, 1, n, cols, rows); return;
-    case COLIBRI_DTYPE_Q4_0X8: matmul_q8_0(y, xq, w, 1, 1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q8_0: matmul_q8_0(y, xq, w, 0, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q4_0: matmul_q8_0(y, xq, w, 1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q8_0X8: matmul_x8(y, xq, w, 0, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q4_0X8: matmul_x8(y, xq, w, 1, n, cols, rows); return;
     case COLIBRI_DTYPE_Q4_1: matmul_32(y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows); return;
     case COLIBRI_DTYPE_Q5_0: matmul_32(y, xq, w, COLIBRI_DTYPE_Q5_0, n, cols, rows); return;
     case COLIBRI_DTYPE_Q5_1: matmul_32(y, xq, w, COLIBRI_DTYPE_Q5_1, n, cols, rows); return;
