@@ -22,8 +22,8 @@ from pathlib import Path
 
 from colibri import targets
 
-MATMULS = [("q8_0", 768, 2048), ("q4_0", 768, 2048), ("q4_k", 768, 2048), ("q6_k", 768, 2048),
-           ("f32", 768, 2048), ("f16", 768, 2048)]
+MATMULS = [(dt, 768, 2048) for dt in ("q8_0", "q4_0", "q8_0x8", "q4_0x8", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4",
+                                      "q4_k", "q6_k", "q3_k", "q2_k", "f32", "f16")]
 ROWS = (16, 32)
 
 

@@ -1,10 +1,11 @@
 /* RISC-V Vector 1.0 kernels, vector-length agnostic: every loop takes its vl from vsetvl, so one
- * binary runs at any VLEN (V guarantees >= 128: e8m1 holds 16 bytes, e8m2 32, e32m8 32 floats),
+ * binary runs at any VLEN (V guarantees >= 128: e8m1 holds 16 bytes, e8m2 32, e8m4 64, e32m8 32 floats),
  * tails included.  Compiled with V (clang 14's intrinsics, their pre-1.0 names); called only after
  * colibri_cpu_has_rvv() said yes.  The int8 path is exact: each block's dot product is an integer
- * reduction (vwredsum) and the scales are applied in scalar code, in block order, in the scalar
- * int8 path's expressions: matmul_q8 gives the bits of colibri_ref_matmul_q8 at every VLEN (the
- * formats without a kernel here take it).  Each kernel is tested against ops/reference.c. */
+ * reduction and the scales are applied in block order, in the scalar int8 path's expressions
+ * (scalar code, an ordered vfredosum, or for the 8 rows of q8_0x8 / q4_0x8 one lane each):
+ * matmul_q8 gives the bits of colibri_ref_matmul_q8 at every VLEN, for every int8-path format.
+ * Each kernel is tested against ops/reference.c. */
 #if defined(__riscv_vector)
 #include <riscv_vector.h>
 #include <math.h>
@@ -134,6 +135,51 @@ static inline float q6_k_block(float acc, const uint8_t *b, const colibri_q8_blo
     return acc;
 }
 
+/* Group g's 32 two-bit quants of a q2_k or q3_k block (64 bytes at qs, 4 groups a 32 bytes). */
+static inline vuint8m2_t quants2(const uint8_t *qs, int g)
+{
+    return vand_vx_u8m2(vsrl_vx_u8m2(vle8_v_u8m2(qs + g / 4 * 32, 32), (size_t)(g % 4 * 2), 32), 3, 32);
+}
+
+/* scale[0] dot (first 16) + scale[1] dot (the rest) of 32 weights and an activation block. */
+static inline int32_t dot_halves(vint8m2_t w, const int8_t *q, int s0, int s1)
+{
+    vint16m4_t p = vwmul_vv_i16m4(w, vle8_v_i8m2(q, 32), 32);
+    int32_t all = sum16(p, 32), dot0 = sum16(p, 16);
+    return s0 * dot0 + s1 * (all - dot0);
+}
+
+/* One q2_k block: per 16 weights a 4-bit scale (low nibble) and min (high) of d and dmin; the
+ * mins' dot with q from the first 16 activations' sum. */
+static inline float q2_k_block(float acc, const uint8_t *b, const colibri_q8_block *xb)
+{
+    float d = f16_scale(b + 80), dmin = f16_scale(b + 82);
+    vint16m1_t zero = vmv_v_x_i16m1(0, 1);
+    int g;
+    for (g = 0; g < 8; g++, xb++) {
+        int32_t q0 = vmv_x_s_i16m1_i16(vwredsum_vs_i8m1_i16m1(zero, vle8_v_i8m1(xb->q, 16), zero, 16));   /* |q0| <= 16 * 127 */
+        int32_t idot = dot_halves(vreinterpret_v_u8m2_i8m2(quants2(b + 16, g)), xb->q, b[2 * g] & 0x0f, b[2 * g + 1] & 0x0f);
+        acc = add_group(acc, xb, d, idot, dmin, (b[2 * g] >> 4) * q0 + (b[2 * g + 1] >> 4) * (xb->sum - q0));
+    }
+    return acc;
+}
+
+/* One q3_k block: a quant less 4 where its bit in the 32 mask bytes is clear; per 16 a 6-bit scale
+ * less 32 (int8_group's unpacking). */
+static inline float q3_k_block(float acc, const uint8_t *b, const colibri_q8_block *xb)
+{
+    vuint8m2_t hm = vle8_v_u8m2(b, 32);
+    float d = f16_scale(b + 108);
+    int g, k, sc[2];
+    for (g = 0; g < 8; g++, xb++) {
+        vuint8m2_t v = vor_vv_u8m2(quants2(b + 32, g), vsll_vx_u8m2(vand_vx_u8m2(vsrl_vx_u8m2(hm, (size_t)g, 32), 1, 32), 2, 32), 32);
+        for (k = 2 * g; k < 2 * g + 2; k++)
+            sc[k % 2] = (((k < 8 ? b[96 + k] : b[96 + k - 8] >> 4) & 0x0f) | ((b[104 + k % 4] >> (k / 4 * 2)) & 3) << 4) - 32;
+        acc = add_group(acc, xb, d, dot_halves(vsub_vx_i8m2(vreinterpret_v_u8m2_i8m2(v), 4, 32), xb->q, sc[0], sc[1]), 0.0f, xb->sum);
+    }
+    return acc;
+}
+
 /* One iq4_xs block: 8 sub-blocks of 32, each a q4_0 nibble group and a 6-bit scale less 32. */
 static inline float iq4_xs_block(float acc, const uint8_t *b, const colibri_q8_block *xb, vint8m1_t table)
 {
@@ -197,6 +243,79 @@ static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const co
     }
 }
 
+/* The integer dot of one block of a 32-weight format but q8_0 / q4_0 with an activation block
+ * (int8_group's weights, scale 1). */
+static inline __attribute__((always_inline)) int32_t dot_32(const uint8_t *b, colibri_dtype dtype, const int8_t *q, vint8m1_t table)
+{
+    size_t at = dtype == COLIBRI_DTYPE_Q4_1 ? 4 : dtype == COLIBRI_DTYPE_Q5_0 ? 6 : 8;   /* the nibbles */
+    vuint8m1_t v, lo, hi;
+    if (dtype == COLIBRI_DTYPE_IQ4_NL || dtype == COLIBRI_DTYPE_MXFP4) return table_dot(b + (dtype == COLIBRI_DTYPE_MXFP4 ? 1 : 2), table, q);
+    v = vle8_v_u8m1(b + at, 16);
+    lo = vand_vx_u8m1(v, 0x0f, 16);
+    hi = vsrl_vx_u8m1(v, 4, 16);
+    if (dtype != COLIBRI_DTYPE_Q4_1) {   /* the fifth bits: bit j of the 32 before the nibbles is weight j's, a mask */
+        lo = vor_vx_u8m1_m(vlm_v_b8(b + at - 4, 16), lo, lo, 16, 16);
+        hi = vor_vx_u8m1_m(vlm_v_b8(b + at - 2, 16), hi, hi, 16, 16);
+    }
+    if (dtype == COLIBRI_DTYPE_Q5_0) return dot16x2(vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(lo), 16, 16),
+                                                   vsub_vx_i8m1(vreinterpret_v_u8m1_i8m1(hi), 16, 16), q);
+    return dot16x2(vreinterpret_v_u8m1_i8m1(lo), vreinterpret_v_u8m1_i8m1(hi), q);
+}
+
+/* acc + the blocks' terms dx (d dot - m sum) (add_group's), in block order by vfredosum as
+ * add_blocks: d the f16 at w (mxfp4: the E8M0 byte's colibri_e8m0_half), m minus the f16 after it
+ * for q4_1 / q5_1, else 0 (its term left out: only a zero's sign could differ, and a zero added
+ * to a sum that starts at +0 leaves no sign). */
+static inline __attribute__((always_inline)) float add_terms(float acc, const uint8_t *w, colibri_dtype dtype, size_t stride,
+                                                             const colibri_q8_block *xb, const int32_t *dots, int32_t n)
+{
+    vfloat32m1_t sum = vfmv_v_f_f32m1(acc, 1);
+    size_t i, vl, end = (size_t)n;
+    for (i = 0; i < end; i += vl) {
+        vfloat32m4_t d, t;
+        vl = vsetvl_e32m4(end - i);
+        if (dtype == COLIBRI_DTYPE_MXFP4) {   /* 2^(e - 128): e < 2 a subnormal */
+            vuint32m4_t e = vzext_vf4_u32m4(vlse8_v_u8m1(w + i * stride, (ptrdiff_t)stride, vl), vl);
+            vuint32m4_t bits = vsll_vx_u32m4(vsub_vx_u32m4(e, 1, vl), 23, vl);
+            bits = vmerge_vvm_u32m4(vmsltu_vx_u32m4_b8(e, 2, vl), bits, vsll_vv_u32m4(vmv_v_x_u32m4(0x00200000u, vl), e, vl), vl);
+            d = vreinterpret_v_u32m4_f32m4(bits);
+        } else {
+            d = f16_to_f32(vzext_vf2_u32m4(vlse16_v_u16m2((const uint16_t *)(const void *)(w + i * stride), (ptrdiff_t)stride, vl), vl), vl);
+        }
+        t = vfmul_vv_f32m4(d, vfcvt_f_x_v_f32m4(vle32_v_i32m4(dots + i, vl), vl), vl);
+        if (dtype == COLIBRI_DTYPE_Q4_1 || dtype == COLIBRI_DTYPE_Q5_1) {   /* d dot - (-f16) sum, i.e. + f16 sum */
+            vfloat32m4_t m = f16_to_f32(vzext_vf2_u32m4(vlse16_v_u16m2((const uint16_t *)(const void *)(w + i * stride + 2), (ptrdiff_t)stride, vl), vl), vl);
+            t = vfadd_vv_f32m4(t, vfmul_vv_f32m4(m, vfcvt_f_x_v_f32m4(vlse32_v_i32m4(&xb[i].sum, (ptrdiff_t)sizeof *xb, vl), vl), vl), vl);
+        }
+        t = vfmul_vv_f32m4(vlse32_v_f32m4(&xb[i].d, (ptrdiff_t)sizeof *xb, vl), t, vl);
+        sum = vfredosum_vs_f32m4_f32m1(sum, t, sum, vl);
+    }
+    return vfmv_f_s_f32m1_f32(sum);
+}
+
+/* y (n, rows) = xq @ W^T for q4_1, q5_0, q5_1, iq4_nl or mxfp4 W (a constant once inlined): the
+ * dots CHUNK blocks at a time, then their terms (add_terms). */
+static inline __attribute__((always_inline)) void matmul_32(float *y, const colibri_q8_block *xq, const uint8_t *w, colibri_dtype dtype,
+                                                            int32_t n, int32_t cols, int32_t rows)
+{
+    const vint8m1_t table = vle8_v_i8m1(dtype == COLIBRI_DTYPE_MXFP4 ? colibri_mxfp4_values : colibri_iq4nl_values, 16);
+    size_t block_bytes = (size_t)colibri_dtypes[dtype].block_bytes, row_bytes = (size_t)(cols / COLIBRI_BLOCK) * block_bytes;
+    int32_t r, t, b, c, blocks = cols / COLIBRI_BLOCK, dots[CHUNK];
+    for (r = 0; r < rows; r++) {
+        for (t = 0; t < n; t++) {
+            const colibri_q8_block *xb = xq + (size_t)t * blocks;
+            const uint8_t *wb = w + (size_t)r * row_bytes;
+            float acc = 0.0f;
+            for (c = 0; c < blocks; c += CHUNK, wb += CHUNK * block_bytes, xb += CHUNK) {
+                int32_t count = blocks - c < CHUNK ? blocks - c : CHUNK;
+                for (b = 0; b < count; b++) dots[b] = dot_32(wb + (size_t)b * block_bytes, dtype, xb[b].q, table);
+                acc = add_terms(acc, wb, dtype, block_bytes, xb, dots, count);
+            }
+            y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
 /* y (n, rows) = xq @ W^T for a format of 256-weight blocks (a constant once inlined). */
 static inline __attribute__((always_inline)) void matmul_k(float *y, const colibri_q8_block *xq, const uint8_t *w, colibri_dtype dtype,
                                                            size_t block_bytes, int32_t n, int32_t cols, int32_t rows)
@@ -212,9 +331,79 @@ static inline __attribute__((always_inline)) void matmul_k(float *y, const colib
             for (b = 0; b < blocks; b += 8, wb += block_bytes, xb += 8) {
                 if (dtype == COLIBRI_DTYPE_Q6_K) acc = q6_k_block(acc, wb, xb);
                 else if (dtype == COLIBRI_DTYPE_IQ4_XS) acc = iq4_xs_block(acc, wb, xb, table);
+                else if (dtype == COLIBRI_DTYPE_Q3_K) acc = q3_k_block(acc, wb, xb);
+                else if (dtype == COLIBRI_DTYPE_Q2_K) acc = q2_k_block(acc, wb, xb);
                 else acc = k4_block(acc, wb, dtype == COLIBRI_DTYPE_Q5_K, xb);
             }
             y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+/* ---- q8_0x8 / q4_0x8: the 8 rows of a group at once ---- */
+
+/* Chunk c of a group block (64 bytes, docs/FORMAT.md) holds 8 quants of each row, row i's in
+ * lanes 8i..8i+7; the activations they meet, the same 8 for every row, are x's 8 bytes from 8 k
+ * (element k of x read as 64-bit elements) in every row's lanes. */
+static inline vint8m4_t spread8(vint64m4_t x64, size_t k)
+{
+    return vreinterpret_v_i64m4_i8m4(vrgather_vx_i64m4(x64, k, 8));
+}
+
+/* The 8 rows' dots from int16 products p (64 lanes, row i's in 8i..8i+7): three steps that add
+ * each pair of neighbouring lanes, each pair read as one lane twice as wide (low half the even
+ * lane) narrowed to its halves: exact, the first widening. */
+static inline vint32m2_t row_sums(vint16m8_t p)
+{
+    vint32m8_t w = vreinterpret_v_i16m8_i32m8(p);
+    vint64m8_t s = vreinterpret_v_i32m8_i64m8(vwadd_vv_i32m8(vnsra_wx_i16m4(w, 0, 32), vnsra_wx_i16m4(w, 16, 32), 32));   /* row i: 4i.. */
+    vint64m4_t t = vreinterpret_v_i32m4_i64m4(vadd_vv_i32m4(vnsra_wx_i32m4(s, 0, 16), vnsra_wx_i32m4(s, 32, 16), 16));   /* 2i.. */
+    return vadd_vv_i32m2(vnsra_wx_i32m2(t, 0, 8), vnsra_wx_i32m2(t, 32, 8), 8);
+}
+
+/* q4_0x8's nibbles (64 bytes), low or high, less 8 */
+static inline vint8m4_t nibbles8(vuint8m4_t v, int high)
+{
+    return vsub_vx_i8m4(vreinterpret_v_u8m4_i8m4(high ? vsrl_vx_u8m4(v, 4, 64) : vand_vx_u8m4(v, 0x0f, 64)), 8, 64);
+}
+
+/* y (n, rows) = xq @ W^T, W q8_0x8 or q4_0x8 (rows % 8 == 0): per group block 8 integer dots,
+ * then each row's term f16 d * dx * dot added in its own lane, in block order (elementwise: the
+ * scalar int8 path's sums, row by row). */
+static inline __attribute__((always_inline)) void matmul_x8(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4,
+                                                            int32_t n, int32_t cols, int32_t rows)
+{
+    size_t group_block = q4 ? 144 : 272, group_bytes = (size_t)(cols / COLIBRI_BLOCK) * group_block;
+    int32_t g, t, b, blocks = cols / COLIBRI_BLOCK;
+    for (g = 0; g < rows / 8; g++) {
+        for (t = 0; t < n; t++) {
+            const uint8_t *gb = w + (size_t)g * group_bytes;
+            const colibri_q8_block *xb = xq + (size_t)t * blocks;
+            vfloat32m2_t acc = vfmv_v_f_f32m2(0.0f, 8);
+            for (b = 0; b < blocks; b++, gb += group_block, xb++) {
+                vint64m4_t x64 = vreinterpret_v_i8m4_i64m4(vle8_v_i8m4(xb->q, 32));
+                vint32m2_t dots;
+                vfloat32m2_t d;
+                if (q4) {   /* chunk c: low nibbles weights 8c.., high ones 8c + 16..; |p| <= 4 * 8 * 127 */
+                    vuint8m4_t v0 = vle8_v_u8m4(gb + 16, 64), v1 = vle8_v_u8m4(gb + 80, 64);
+                    vint16m8_t p = vwmul_vv_i16m8(nibbles8(v0, 0), spread8(x64, 0), 64);
+                    p = vwmacc_vv_i16m8(p, nibbles8(v0, 1), spread8(x64, 2), 64);
+                    p = vwmacc_vv_i16m8(p, nibbles8(v1, 0), spread8(x64, 1), 64);
+                    p = vwmacc_vv_i16m8(p, nibbles8(v1, 1), spread8(x64, 3), 64);
+                    dots = row_sums(p);
+                } else {    /* two chunks' products per int16 lane at most: 2 * 128 * 127 */
+                    const int8_t *q = (const int8_t *)gb + 16;
+                    vint16m8_t p = vwmacc_vv_i16m8(vwmul_vv_i16m8(vle8_v_i8m4(q, 64), spread8(x64, 0), 64), vle8_v_i8m4(q + 64, 64),
+                                                   spread8(x64, 1), 64);
+                    dots = row_sums(p);
+                    p = vwmacc_vv_i16m8(vwmul_vv_i16m8(vle8_v_i8m4(q + 128, 64), spread8(x64, 2), 64), vle8_v_i8m4(q + 192, 64),
+                                        spread8(x64, 3), 64);
+                    dots = vadd_vv_i32m2(dots, row_sums(p), 8);
+                }
+                d = vlmul_trunc_v_f32m4_f32m2(f16_to_f32(vzext_vf2_u32m4(vle16_v_u16m2((const uint16_t *)(const void *)gb, 8), 8), 8));
+                acc = vfadd_vv_f32m2(acc, vfmul_vv_f32m2(vfmul_vf_f32m2(d, xb->d, 8), vfcvt_f_x_v_f32m2(dots, 8), 8), 8);
+            }
+            vse32_v_f32m2(y + (size_t)t * rows + 8 * g, acc, 8);
         }
     }
 }
@@ -225,10 +414,19 @@ static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colib
     switch (dtype) {
     case COLIBRI_DTYPE_Q8_0: matmul_q8_0(y, xq, w, 0, n, cols, rows); return;
     case COLIBRI_DTYPE_Q4_0: matmul_q8_0(y, xq, w, 1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q8_0X8: matmul_x8(y, xq, w, 0, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q4_0X8: matmul_x8(y, xq, w, 1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q4_1: matmul_32(y, xq, w, COLIBRI_DTYPE_Q4_1, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q5_0: matmul_32(y, xq, w, COLIBRI_DTYPE_Q5_0, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q5_1: matmul_32(y, xq, w, COLIBRI_DTYPE_Q5_1, n, cols, rows); return;
+    case COLIBRI_DTYPE_IQ4_NL: matmul_32(y, xq, w, COLIBRI_DTYPE_IQ4_NL, n, cols, rows); return;
+    case COLIBRI_DTYPE_MXFP4: matmul_32(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows); return;
     case COLIBRI_DTYPE_Q4_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q4_K, 144, n, cols, rows); return;
     case COLIBRI_DTYPE_Q5_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q5_K, 176, n, cols, rows); return;
     case COLIBRI_DTYPE_Q6_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q6_K, 210, n, cols, rows); return;
     case COLIBRI_DTYPE_IQ4_XS: matmul_k(y, xq, w, COLIBRI_DTYPE_IQ4_XS, 136, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q3_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q3_K, 110, n, cols, rows); return;
+    case COLIBRI_DTYPE_Q2_K: matmul_k(y, xq, w, COLIBRI_DTYPE_Q2_K, 84, n, cols, rows); return;
     default: colibri_ref_matmul_q8(y, xq, w, dtype, n, cols, rows); return;
     }
 }
