@@ -91,7 +91,7 @@ def test_the_folder_holds_the_bare_metal_core_the_model_and_the_plan(tmp_path):
     assert value["ARENA_BYTES"] == sizes["arena"] == -(-model.memory_plan(64, 8) // 64) * 64
     assert (value["N_CTX"], value["N_BATCH"], value["STACK_BYTES"]) == (64, 8, fw.DEFAULT_STACK)
     core = Path(colibri.source_root()) / "c_core"
-    assert sorted(str(p.relative_to(out / "c_core")) for p in (out / "c_core").rglob("*.c")) == sorted(
+    assert sorted(str(p.relative_to(out / "core")) for p in (out / "core").rglob("*.c")) == sorted(
         str(Path(s).relative_to(core)) for s in colibri.c_sources("baremetal"))
     assert "-mcpu=cortex-m7;-mthumb;-mfloat-abi=hard;-mfpu=fpv5-d16" in (out / "CMakeLists.txt").read_text()
     assert not (out / "port" / "port_board.c").exists() and "## The board's example" not in (out / "README.md").read_text()

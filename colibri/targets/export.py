@@ -6,7 +6,7 @@ the model as data for the firmware's linker, and the plan's sizes, with a CMake 
     colibri firmware export --cpu cortex-m7 --model out/model --ctx 512 --out fw
 
 The folder (firmware/export/ holds the parts that do not change with the model or the target):
-  c_core/            the core's sources and headers, the bare-metal platform (colibri.c_sources)
+  core/              the core's sources and headers, the bare-metal platform (colibri.c_sources)
   model/             weights.bin and colibri_model.json, colibri_model.S (.incbin, section
                      `colibri_model`, 64-byte aligned) and colibri_model.c (the same as a C array)
   colibri_plan.h     n_ctx, n_batch, metadata, arena and stack bytes, the model's size and identity
@@ -129,18 +129,12 @@ static inline int colibri_plan_matches(const char *json, size_t len)
 """
 
 
-def _c_string(data):
-    """`data` as C string literals, a line each (at most 96 bytes): printable ASCII as itself,
-    every other byte octal (three digits, so a digit after one stays a digit)."""
+def _c_chars(data):
+    """`data` as C character constants, 24 a line: printable ASCII as itself, every other byte
+    octal (a string literal of the JSON could outgrow the 4095 bytes C99 compilers must take)."""
     def char(b):
-        return chr(b) if 32 <= b < 127 and b not in b'"\\?' else f"\\{b:03o}"
-    lines, line = [], []
-    for b in data:
-        line.append(char(b))
-        if b == 10 or len(line) == 96:
-            lines.append(line)
-            line = []
-    return "\n".join('"' + "".join(piece) + '"' for piece in [*lines, line] if piece) or '""'
+        return f"'{chr(b)}'" if 32 <= b < 127 and b not in b"'\\" else f"'\\{b:03o}'"
+    return ",\n".join(",".join(map(char, data[i:i + 24])) for i in range(0, len(data), 24))
 
 
 def _c_array(json_bytes, weights_bytes):
@@ -163,9 +157,9 @@ COLIBRI_MODEL_ATTRIBUTES const unsigned char colibri_model_weights[{len(weights_
 {rows(weights_bytes)}
 }};
 
-/* exactly the JSON's bytes: no terminating NUL */
-const char colibri_model_json[{len(json_bytes)}] =
-{_c_string(json_bytes)};
+const char colibri_model_json[{len(json_bytes)}] = {{
+{_c_chars(json_bytes)}
+}};
 """
 
 
@@ -240,9 +234,9 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     sources = [Path(s).relative_to(core) for s in colibri.c_sources("baremetal")]
     headers = [p.relative_to(core) for p in [*core.glob("include/colibri/*.h"), *core.glob("src/**/*.h"),
                                               *core.glob("arch/*.h")]]
-    for rel in [*sources, *headers]:
-        (out / "c_core" / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(core / rel, out / "c_core" / rel)
+    for rel in [*sources, *headers]:   # core/, not c_core/: the folder is no checkout of colibri's
+        (out / "core" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(core / rel, out / "core" / rel)
     for rel in ("example/main.c", "port/colibri_port.h", "port/port_template.c", "model/colibri_model.S",
                 "meson.options"):
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +246,7 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     (out / "model" / "colibri_model.c").write_text(_c_array(json_bytes, weights_bytes))
     (out / "colibri_plan.h").write_text(_plan_header(model_dir.name, target, model_dir, ctx, batch, stack, sizes,
                                                      json_bytes, weights_bytes))
-    names = [f"c_core/{s.as_posix()}" for s in sources]
+    names = [f"core/{s.as_posix()}" for s in sources]
     values = dict(VERSION=colibri.__version__, TARGET=target)
     (out / "CMakeLists.txt").write_text(_fill((template / "CMakeLists.txt").read_text(), CPU_FLAGS=";".join(flags),
                                               SOURCES="\n".join(f"  {n}" for n in names), **values))
