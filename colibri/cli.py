@@ -6,6 +6,7 @@
     colibri generate --model out/model --prompt "The capital of France is" --max-tokens 32
     colibri memdump --model out/model --ctx 2048
     colibri firmware run --board mps2-an386 --prompt "ROMEO:"   # the bundled model on a board, under QEMU
+    colibri firmware export --board mps2-an386 --out fw         # sources, model and plan for a firmware of one's own
     colibri profile show profile.json                      # written by colibri-infer --profile
     colibri stats --model out/model --text some.txt        # per-expert load and loss on a text
     colibri serve-experts --model out/model --listen 127.0.0.1:50051   # experts for other machines (gRPC)
