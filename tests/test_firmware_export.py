@@ -115,6 +115,11 @@ def test_bad_requests_are_refused(tmp_path):
         export.export(tmp_path / "a", MODEL_DIR, board=BOARD, cpu="cortex-m4f")
     with pytest.raises(export.ExportError, match="unknown CPU"):
         export.export(tmp_path / "a", MODEL_DIR, cpu="cortex-a53")
+    with pytest.raises(export.ExportError, match="does not fit mps2-an386: .* of RAM for 16,777,216 B"):
+        export.export(tmp_path / "a", MODEL_DIR, stack=16 << 20, board=BOARD)
+    with pytest.raises(export.ExportError, match=r"n_ctx = 8192 must lie in \[1, 256\]"):
+        export.export(tmp_path / "a", MODEL_DIR, ctx=8192, cpu="cortex-m4f")
+    assert not (tmp_path / "a").exists()
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
     with pytest.raises(export.ExportError, match="not an empty folder"):

@@ -72,7 +72,7 @@ def plan_sizes(model_dir, ctx, batch):
         raise ExportError(f"{model_dir}: {e}") from None
 
 
-def _plan_header(name, target, model_dir, ctx, batch, stack, sizes, json_bytes, weights_bytes):
+def _plan_header(name, target, ctx, batch, stack, sizes, json_bytes, weights_bytes):
     sha = hashlib.sha256(json_bytes + weights_bytes).hexdigest()
     crc = zlib.crc32(json_bytes)
     return f"""/* The plan `colibri firmware export` made for model {name} on {target} (colibri {colibri.__version__}).
@@ -227,6 +227,12 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     sizes = plan_sizes(model_dir, ctx, batch)
     json_bytes = (model_dir / "colibri_model.json").read_bytes()
     weights_bytes = (model_dir / "weights.bin").read_bytes()
+    if board_file is not None:   # the board's own code comes on top: `colibri firmware plan` measures it
+        mm, ram = firmware.memory_map(board), sizes["meta"] + sizes["arena"] + stack
+        if len(weights_bytes) + len(json_bytes) > mm["flash_size"] or ram > mm["ram_size"]:
+            raise ExportError(f"{model_dir.name} does not fit {board}: {len(weights_bytes) + len(json_bytes):,} B of "
+                              f"model for {mm['flash_size']:,} B of flash, {ram:,} B of RAM for {mm['ram_size']:,} B "
+                              f"(colibri firmware plan --board {board} --ctx {ctx} says more)")
     template = root / "firmware" / "export"
 
     out.mkdir(parents=True, exist_ok=True)
@@ -244,7 +250,7 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     shutil.copyfile(model_dir / "colibri_model.json", out / "model" / "colibri_model.json")
     shutil.copyfile(model_dir / "weights.bin", out / "model" / "weights.bin")
     (out / "model" / "colibri_model.c").write_text(_c_array(json_bytes, weights_bytes))
-    (out / "colibri_plan.h").write_text(_plan_header(model_dir.name, target, model_dir, ctx, batch, stack, sizes,
+    (out / "colibri_plan.h").write_text(_plan_header(model_dir.name, target, ctx, batch, stack, sizes,
                                                      json_bytes, weights_bytes))
     names = [f"core/{s.as_posix()}" for s in sources]
     values = dict(VERSION=colibri.__version__, TARGET=target)
