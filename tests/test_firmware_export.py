@@ -68,13 +68,14 @@ def test_meson_takes_the_export_as_a_subproject_with_the_model_as_a_c_array(tmp_
     assert on_board(project / "build" / "firmware.elf") == host_text()
 
 
-def test_the_readmes_commands_build_the_boards_example(tmp_path):
+@pytest.mark.parametrize("board", list(fw.BOARDS))
+def test_the_readmes_commands_build_the_boards_example(board, tmp_path):
     """The README's own commands, from the exported folder: picolibc's start-up, the board's port."""
     out = tmp_path / "fw"
-    colibri_cli("firmware", "export", "--board", BOARD, "--out", out)
+    colibri_cli("firmware", "export", "--board", board, "--out", out)
     readme = (out / "README.md").read_text().split("## The board's example")[1]
     commands = [line.strip() for line in readme.splitlines() if line.startswith("    ")]
-    assert len(commands) == 3 and commands[2].startswith("qemu-system-arm -M mps2-an386")
+    assert len(commands) == 3 and commands[2].startswith(" ".join(fw.BOARDS[board].qemu[:3]))
     for command in commands[:2]:
         run("sh", "-c", command, cwd=out)
     r = subprocess.run(["sh", "-c", commands[2]], cwd=out, stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
