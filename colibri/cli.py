@@ -6,6 +6,7 @@
     colibri generate --model out/model --prompt "The capital of France is" --max-tokens 32
     colibri memdump --model out/model --ctx 2048
     colibri firmware run --board mps2-an386 --prompt "ROMEO:"   # the bundled model on a board, under QEMU
+    colibri firmware export --board mps2-an386 --out fw         # sources, model and plan for a firmware of one's own
     colibri profile show profile.json                      # written by colibri-infer --profile
     colibri stats --model out/model --text some.txt        # per-expert load and loss on a text
     colibri serve-experts --model out/model --listen 127.0.0.1:50051   # experts for other machines (gRPC)
@@ -569,6 +570,21 @@ def cmd_firmware_run(args):
     return result.status
 
 
+def cmd_firmware_export(args):
+    """A folder for a firmware project of one's own: sources, model data, plan, CMake and Meson."""
+    from colibri.targets import export
+
+    model = _model(args.model)
+    try:
+        sizes = export.export(args.out, model.path, args.ctx, args.batch, args.stack, board=args.board, cpu=args.cpu)
+    except export.ExportError as e:
+        raise SystemExit(f"colibri firmware export: {e}")
+    print(f"{args.out}: {Path(model.path).name} for {args.board or args.cpu}, n_ctx {args.ctx}: RAM block "
+          f"{sizes['meta'] + sizes['arena']:,} B (metadata {sizes['meta']:,}, arena {sizes['arena']:,}), stack "
+          f"{args.stack:,} B; see {Path(args.out) / 'README.md'}")
+    return 0
+
+
 def cmd_profile_show(args):
     """The breakdown of a profile.json that colibri-infer --profile wrote: time per phase, per token."""
     try:
@@ -754,6 +770,25 @@ def build_parser():
     fr.add_argument("--timeout", type=float, default=600, help="seconds before a hung image is stopped (default 600)")
     fr.add_argument("--verbose", action="store_true", help="the image's timing and memory on stderr")
     fr.set_defaults(func=cmd_firmware_run)
+
+    from colibri.targets import firmware as boards
+    from colibri.targets.export import CPUS
+    from colibri.targets.firmware import DEFAULT_BATCH, DEFAULT_CTX, DEFAULT_STACK
+
+    fe = fw_sub.add_parser("export", help="a folder for a firmware of one's own: the core's sources, the model as "
+                           "linker data, colibri_plan.h, CMakeLists.txt (colibri::colibri) and meson.build")
+    where = fe.add_mutually_exclusive_group(required=True)
+    where.add_argument("--board", choices=_checkout_names(boards, "BOARDS"),
+                       help="a board colibri knows: its CPU, and an example image with its clock and toolchain file")
+    where.add_argument("--cpu", choices=list(CPUS), help="a CPU alone: the library and the example, no board port")
+    fe.add_argument("--model", help="colibri model directory (default: the bundled model)")
+    fe.add_argument("--ctx", type=_count(1, INT32_MAX), default=DEFAULT_CTX,
+                    help=f"context the plan reserves (default {DEFAULT_CTX})")
+    fe.add_argument("--batch", type=_count(1, 4096), default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
+    fe.add_argument("--stack", type=_count(1, INT32_MAX), default=DEFAULT_STACK,
+                    help=f"stack bytes (default {DEFAULT_STACK})")
+    fe.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new, or empty)")
+    fe.set_defaults(func=cmd_firmware_export)
 
     pr = sub.add_parser("profile", help="read a profile written by colibri-infer --profile FILE")
     pr_sub = pr.add_subparsers(dest="profile_command", required=True)

@@ -1,0 +1,124 @@
+/* A firmware's whole use of colibri: the model loaded from memory (flash), a session in a
+ * static arena of the size colibri_plan.h planned, the prompt encoded with the model's own
+ * encoder, then forward and sample until max tokens or EOS.  It prints what `colibri generate
+ * --temperature 0` prints on the host.  No heap, no file system; text goes out through the
+ * port (port/colibri_port.h).
+ *   -DCOLIBRI_EXAMPLE_PROMPT='"ROMEO:"' -DCOLIBRI_EXAMPLE_TOKENS=20 -DCOLIBRI_EXAMPLE_VERBOSE */
+#include <string.h>
+
+#include "colibri/colibri.h"
+#include "colibri_plan.h"
+#include "colibri_port.h"
+
+#ifndef COLIBRI_EXAMPLE_PROMPT
+#define COLIBRI_EXAMPLE_PROMPT "ROMEO:"
+#endif
+#ifndef COLIBRI_EXAMPLE_TOKENS
+#define COLIBRI_EXAMPLE_TOKENS 20
+#endif
+#define MAX_PROMPT 256
+
+static unsigned char ram[COLIBRI_PLAN_RAM_BYTES] COLIBRI_ALIGN64;   /* metadata, then the session arena */
+static int32_t prompt[MAX_PROMPT];
+
+static void say(const char *text) { colibri_port_write(text, strlen(text)); }
+
+/* An unfinished UTF-8 character (at most 3 bytes) waits for the token that completes it. */
+static uint8_t held[4];
+static size_t n_held;
+
+static void put_text(const uint8_t *bytes, size_t len)
+{
+    while (len > 0) {
+        size_t take = len < sizeof held - n_held ? len : sizeof held - n_held, whole;
+        memcpy(held + n_held, bytes, take);
+        n_held += take;
+        bytes += take;
+        len -= take;
+        whole = colibri_utf8_whole(held, n_held);
+        colibri_port_write((const char *)held, whole);
+        memmove(held, held + whole, n_held - whole);
+        n_held -= whole;
+    }
+}
+
+static int failed(const char *step, const colibri_error *err)
+{
+    say("\ncolibri: ");
+    say(step);
+    say(" failed: ");
+    say(err->message);
+    say("\n");
+    return 1;
+}
+
+#ifdef COLIBRI_EXAMPLE_VERBOSE
+static void say_number(uint64_t n)
+{
+    char digits[21];
+    size_t i = sizeof digits;
+    do digits[--i] = (char)('0' + n % 10); while ((n /= 10) != 0);
+    colibri_port_write(digits + i, sizeof digits - i);
+}
+#endif
+
+int main(void)
+{
+    const char *text = COLIBRI_EXAMPLE_PROMPT;
+    const uint8_t *bytes;
+    colibri_model *model;
+    colibri_session *session;
+    colibri_session_options so;
+    colibri_sampling sampling;
+    colibri_error err;
+    uint64_t rng = 0, t0;
+    size_t n_prompt, len;
+    int32_t token, generated = 0;
+
+    if (!colibri_plan_matches(colibri_model_json, COLIBRI_PLAN_JSON_BYTES)) {
+        say("colibri: the linked model is not the one colibri_plan.h was planned for (" COLIBRI_PLAN_MODEL ")\n");
+        return 1;
+    }
+    if (colibri_model_load(colibri_model_json, COLIBRI_PLAN_JSON_BYTES, colibri_model_weights,
+                           COLIBRI_PLAN_WEIGHTS_BYTES, 0, ram, COLIBRI_PLAN_META_BYTES, &model, &err))
+        return failed("load", &err);
+    memset(&so, 0, sizeof so);
+    so.n_ctx = COLIBRI_PLAN_N_CTX;
+    so.n_batch = COLIBRI_PLAN_N_BATCH;
+    so.arena = ram + COLIBRI_PLAN_META_BYTES;
+    so.arena_size = COLIBRI_PLAN_ARENA_BYTES;
+    if (colibri_session_create(model, &so, &session, &err)) return failed("session", &err);
+    if (colibri_tokenize(model, text, strlen(text), prompt, MAX_PROMPT, &n_prompt, &err))
+        return failed("tokenize", &err);
+
+    put_text((const uint8_t *)text, strlen(text));
+    t0 = colibri_port_ticks();
+    if (colibri_forward(session, prompt, n_prompt, NULL, &err)) return failed("prefill", &err);
+    memset(&sampling, 0, sizeof sampling);   /* temperature 0: greedy */
+    sampling.top_p = 1.0f;
+    while (generated < COLIBRI_EXAMPLE_TOKENS) {
+        if (colibri_sample(session, &sampling, &rng, &token, &err)) return failed("sampling", &err);
+        if (colibri_token_bytes(model, token, &bytes, &len) == COLIBRI_OK) put_text(bytes, len);
+        generated++;
+        if (token == colibri_model_hparams(model)->eos_token_id) break;
+        if (generated == COLIBRI_EXAMPLE_TOKENS || colibri_session_position(session) >= colibri_session_n_ctx(session))
+            break;
+        if (colibri_forward(session, &token, 1, NULL, &err)) return failed("decode", &err);
+    }
+    colibri_port_write((const char *)held, n_held);
+    say("\n");
+#ifdef COLIBRI_EXAMPLE_VERBOSE
+    say("[");
+    say_number((uint64_t)n_prompt);
+    say(" prompt tokens, ");
+    say_number((uint64_t)generated);
+    say(" generated in ");
+    say_number((colibri_port_ticks() - t0) * 1000u / colibri_port_ticks_per_second());
+    say(" ms]\n");
+#else
+    (void)t0;
+#endif
+    colibri_session_destroy(session);
+    colibri_model_close(model);
+    return 0;
+}
