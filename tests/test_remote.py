@@ -178,8 +178,9 @@ def test_a_killed_server_is_survived_and_used_again_once_restarted():
     got = [next(tokens) for _ in range(10)]
     killer = threading.Thread(target=server.kill)   # kill -9 while tokens are made: most likely inside a call
     killer.start()
-    while killer.is_alive() or len(got) < 20:
+    while len(got) < 20:
         got.append(next(tokens))
+    killer.join()   # a slow kill on a loaded machine must not use up the tokens the reconnection needs
     down = remote_stats(edge)
     assert down["errors"] > 0 and down["fallbacks"] > 0 and down["bypassed_now"]
     server = Server(MIXTRAL, port=server.port)
