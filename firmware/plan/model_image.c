@@ -4,8 +4,12 @@
  * arena and metadata layouts are the same on every target (c_core/src/util.h, slots), so
  * the sizes it computes here are exact for the board.
  *
- *   colibri-model-image MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET OUT.S
+ *   colibri-model-image MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET OUT.S [SECTION]
  *   colibri-model-image --plan MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET
+ *
+ * SECTION: the model's section, .rodata.colibri_fw_model (with the code's constants) unless the
+ * board keeps its model in a flash of its own (a cross file's colibri_model_flash names the
+ * section its linker places there).
  *
  * EXPERT_BUDGET 0: the whole weights.bin goes into flash.  Otherwise the image streams its
  * routed experts: flash holds weights.bin's resident prefix only (interleaved layout,
@@ -84,10 +88,11 @@ int main(int argc, char **argv)
     colibri_error err;
     FILE *f, *out;
     int plan_only = argc == 7 && strcmp(argv[1], "--plan") == 0;
+    const char *section = argc == 8 ? argv[7] : ".rodata.colibri_fw_model";
 
     if (plan_only) argv++;
-    else if (argc != 7) {
-        fprintf(stderr, "usage: colibri-model-image MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET OUT.S\n"
+    else if ((argc != 7 && argc != 8) || strpbrk(section, "\" \\\n,")) {
+        fprintf(stderr, "usage: colibri-model-image MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET OUT.S [SECTION]\n"
                         "       colibri-model-image --plan MODEL_DIR N_CTX N_BATCH STACK_BYTES EXPERT_BUDGET\n");
         return 2;
     }
@@ -163,7 +168,7 @@ int main(int argc, char **argv)
             "colibri_fw_image:   /* fw_image: n_ctx, n_batch, meta, arena, weights, json, stack, expert budget */\n"
             "    .4byte %ld, %ld, %zu, %zu, %llu, %ld, %ld, %llu\n"
             "    .size colibri_fw_image, 32\n\n"
-            "    .section .rodata.colibri_fw_model, \"a\"   /* flash: weights (64-aligned), then the JSON */\n"
+            "    .section %s, \"a\"   /* flash: weights (64-aligned), then the JSON */\n"
             "    .balign 64\n"
             "    .global colibri_fw_model, colibri_fw_weights, colibri_fw_json\n"
             "colibri_fw_model:\n"
@@ -182,6 +187,6 @@ int main(int argc, char **argv)
             "    .global __stack_size   /* read by picolibc's linker script */\n"
             "    .set __stack_size, %ld\n",
             dir, n_ctx, n_batch, budget, n_ctx, n_batch, meta, arena, (unsigned long long)flash_weights, json_len,
-            stack, budget, weights_path, (unsigned long long)flash_weights, json_path, ram, ram, stack);
+            stack, budget, section, weights_path, (unsigned long long)flash_weights, json_path, ram, ram, stack);
     return fclose(out) != 0;
 }
