@@ -538,7 +538,7 @@ def cmd_firmware_build(args):
     mm = firmware.memory_map(board)
     print(image)
     print(firmware._run_tool(board, "size", "-A", "-d", image).split("\n.comment")[0].rstrip())
-    print(f"flash used {flash:,} of {mm['flash_size']:,} B; RAM used {ram:,} of {mm['ram_size']:,} B "
+    print(f"flash used {flash:,} of {mm['flash_size'] + mm['model_flash_size']:,} B; RAM used {ram:,} of {mm['ram_size']:,} B "
           f"(stack reserved {firmware.stack_reserved(board, image):,} B)")
     return 0
 
@@ -555,7 +555,7 @@ def cmd_firmware_run(args):
     experts = Path(model.path) / "weights.bin" if session[-1] else None
     result = firmware.run(args.board, image, firmware.arguments(
         prompt, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos,
-        experts=experts), timeout=args.timeout)
+        experts=experts, kernels=args.kernels), timeout=args.timeout)
     sys.stdout.buffer.write(result.output)
     if args.verbose and result.report:
         r = result.report
@@ -767,6 +767,8 @@ def build_parser():
     fr = firmware_parser("run", "build the board's image and generate with it under QEMU")
     generation_arguments(fr, "prompt as comma-separated token ids (for a model without an encoder; --prompt "
                              "text is encoded on the board)")
+    fr.add_argument("--kernels", metavar="NAME", help="a kernel variant of the image by name: reference (the strict "
+                    "mode: the host's --reference bit for bit), mve on mps3-an547 (default: the best it has)")
     fr.add_argument("--timeout", type=float, default=600, help="seconds before a hung image is stopped (default 600)")
     fr.add_argument("--verbose", action="store_true", help="the image's timing and memory on stderr")
     fr.set_defaults(func=cmd_firmware_run)

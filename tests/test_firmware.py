@@ -33,7 +33,8 @@ def image(board):
 
 
 def run_ok(board, elf, *args, **kw):
-    result = fw.run(board, elf, fw.arguments(*args, **kw), timeout=300)
+    """The image in the strict mode (kernels=reference), unless told otherwise."""
+    result = fw.run(board, elf, fw.arguments(*args, **{"kernels": "reference", **kw}), timeout=300)
     assert result.status == 0, result.output.decode(errors="replace")
     return result
 

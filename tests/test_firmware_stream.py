@@ -65,7 +65,7 @@ def host(model, *args):
 
 def run(model, image, *args, experts=None, board=BOARD, **kw):
     experts = model / "weights.bin" if experts is None else experts
-    return fw.run(board, image, fw.arguments(*args, experts=experts, **kw), timeout=600)
+    return fw.run(board, image, fw.arguments(*args, experts=experts, **{"kernels": "reference", **kw}), timeout=600)
 
 
 def test_the_experts_exceed_the_flash_and_the_prefix_fits(model, budget):

@@ -183,7 +183,9 @@ def _toolchain(board_file):
     """A CMake toolchain file from the board's cross file: its compiler, flags and memory map."""
     b, o = board_file["binaries"], board_file["built-in options"]
     c_args = o["c_args"]
-    link = [a for a in o["c_link_args"] if a not in c_args]
+    # a board's model flash takes colibri's section .colibri_model; the export's is colibri_model
+    link = [a.replace("--section-start=.colibri_model=", "--section-start=colibri_model=")
+            for a in o["c_link_args"] if a not in c_args]
     processor = board_file["host_machine"]["cpu_family"]
     qemu = _qemu(board_file)
     return f"""# {board_file['properties']['colibri_board']}: the compiler, flags and memory map of colibri's cross file
@@ -229,9 +231,10 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     weights_bytes = (model_dir / "weights.bin").read_bytes()
     if board_file is not None:   # the board's own code comes on top: `colibri firmware plan` measures it
         mm, ram = firmware.memory_map(board), sizes["meta"] + sizes["arena"] + stack
-        if len(weights_bytes) + len(json_bytes) > mm["flash_size"] or ram > mm["ram_size"]:
+        flash = mm["model_flash_size"] or mm["flash_size"]   # the model's own flash, where the board has one
+        if len(weights_bytes) + len(json_bytes) > flash or ram > mm["ram_size"]:
             raise ExportError(f"{model_dir.name} does not fit {board}: {len(weights_bytes) + len(json_bytes):,} B of "
-                              f"model for {mm['flash_size']:,} B of flash, {ram:,} B of RAM for {mm['ram_size']:,} B "
+                              f"model for {flash:,} B of flash, {ram:,} B of RAM for {mm['ram_size']:,} B "
                               f"(colibri firmware plan --board {board} --ctx {ctx} says more)")
     template = root / "firmware" / "export"
 

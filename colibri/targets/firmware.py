@@ -44,6 +44,8 @@ class Board:
     ram_size: int
     tools: str          # the toolchain's binutils prefix, "arm-none-eabi-"
     freertos: bool      # the cross file names a FreeRTOS port (-Dfreertos_kernel builds an image)
+    model_flash: int = 0        # a flash of the model's own (colibri_model_flash: mps3-an547's QSPI), else 0
+    model_flash_size: int = 0
 
 
 _SYSTEM = ("-nographic", "-monitor", "none", "-serial", "none", "-chardev", "stdio,id=out")
@@ -58,9 +60,10 @@ def _boards():
     for name, f in cross_files("colibri_board").items():
         p = f["properties"]
         (flash, flash_size), (ram, ram_size) = [[int(v, 0) for v in p[k]] for k in ("colibri_flash", "colibri_ram")]
+        model_flash, model_flash_size = [int(v, 0) for v in p.get("colibri_model_flash", ["0", "0"])]
         out[name] = Board(name, p["colibri_cpu"], p["colibri_float"], (*p["colibri_qemu"], *_SYSTEM), flash,
                           flash_size, ram, ram_size, f["binaries"]["size"].removesuffix("size"),
-                          bool(p.get("colibri_freertos_port")))
+                          bool(p.get("colibri_freertos_port")), model_flash, model_flash_size)
     return out
 
 
@@ -83,9 +86,12 @@ def _board(name):
 
 
 def memory_map(board):
-    """{flash, flash_size, ram, ram_size}: picolibc's --defsym values in the board's cross file."""
+    """{flash, flash_size, ram, ram_size, model_flash, model_flash_size}: picolibc's --defsym values
+    in the board's cross file, and the flash its model has to itself (0, 0: none, the model is in
+    `flash` with the code)."""
     b = _board(board)
-    return {"flash": b.flash, "flash_size": b.flash_size, "ram": b.ram, "ram_size": b.ram_size}
+    return {"flash": b.flash, "flash_size": b.flash_size, "ram": b.ram, "ram_size": b.ram_size,
+            "model_flash": b.model_flash, "model_flash_size": b.model_flash_size}
 
 
 def _tool(board, name):
@@ -112,14 +118,19 @@ def sections(board, elf):
 
 def image_usage(board, elf):
     """(flash, ram) bytes the image occupies: flash from its start to the end of the code and
-    constants plus the load image of .data, RAM from its start to the end of the stack
-    reservation.  Both as the linker placed them."""
+    constants plus the load image of .data (plus, on a board with a flash for the model, that
+    flash from its start to the model's end), RAM from its start to the end of the stack
+    reservation.  All as the linker placed them."""
     mm, secs = memory_map(board), sections(board, elf)
-    in_flash = [(s, a) for s, a in secs.values() if mm["flash"] <= a < mm["flash"] + mm["flash_size"]]
-    in_ram = [(s, a) for s, a in secs.values() if mm["ram"] <= a < mm["ram"] + mm["ram_size"]]
-    flash = max(a + s for s, a in in_flash) - mm["flash"] + sum(secs.get(n, (0, 0))[0] for n in (".data", ".tdata"))
-    ram = max(a + s for s, a in in_ram) - mm["ram"]
-    return flash, ram
+
+    def extent(start, size):
+        inside = [a + s for s, a in secs.values() if start <= a < start + size]
+        return max(inside) - start if inside else 0
+
+    flash = extent(mm["flash"], mm["flash_size"]) + sum(secs.get(n, (0, 0))[0] for n in (".data", ".tdata"))
+    if mm["model_flash_size"]:
+        flash += extent(mm["model_flash"], mm["model_flash_size"])
+    return flash, extent(mm["ram"], mm["ram_size"])
 
 
 def symbol_size(board, elf, name):
@@ -146,8 +157,9 @@ class Plan:
     metadata: int       # the model's tables (colibri_model_load's meta)
     arena: int          # the session: activations, KV cache, router, sampling, expert cache slots
     stack: int
-    flash_size: int
+    flash_size: int     # the board's flash; with model_flash_size, the code's flash alone
     ram_size: int
+    model_flash_size: int = 0   # a flash of the model's own (mps3-an547's QSPI); 0: the model is in flash
     expert_budget: int = 0      # bytes of expert cache slots in the arena; 0: the experts in flash
     expert_slots: int = 0       # the slots the budget holds
     expert_slot_bytes: int = 0  # one slot: the largest routed expert (0: no routed experts)
@@ -164,12 +176,18 @@ class Plan:
 
     def problems(self):
         out = []
-        if self.flash > self.flash_size:
-            stream = (f", stream the experts (--expert-budget, at least {self.expert_min_budget:,} B; an interleaved "
-                      f"model)" if self.expert_slot_bytes and not self.expert_budget else "")
+        stream = (f", stream the experts (--expert-budget, at least {self.expert_min_budget:,} B; an interleaved "
+                  f"model)" if self.expert_slot_bytes and not self.expert_budget else "")
+        if self.model_flash_size and self.model_flash > self.model_flash_size:
+            out.append(f"model flash: needs {self.model_flash:,} B, {self.board} has {self.model_flash_size:,} B "
+                       f"(over by {self.model_flash - self.model_flash_size:,} B): store the weights as q8_0, q4_0, "
+                       f"f16 or bf16{stream}, or use a smaller model")
+        if self.model_flash_size and self.code_flash > self.flash_size:
+            out.append(f"flash: the code needs {self.code_flash:,} B, {self.board} has {self.flash_size:,} B")
+        if not self.model_flash_size and self.flash > self.flash_size:
             out.append(f"flash: needs {self.flash:,} B, {self.board} has {self.flash_size:,} B "
                        f"(over by {self.flash - self.flash_size:,} B; the model alone is {self.model_flash:,} B): "
-                       f"store the weights as f16 or bf16{stream}, or use a smaller model")
+                       f"store the weights as q8_0, q4_0, f16 or bf16{stream}, or use a smaller model")
         if self.ram > self.ram_size:
             slots = f", {self.expert_budget:,} B of it expert slots" if self.expert_budget else ""
             out.append(f"RAM: needs {self.ram:,} B, {self.board} has {self.ram_size:,} B "
@@ -185,10 +203,14 @@ class Plan:
         model = "model (resident prefix + JSON)" if self.expert_budget else "model (weights.bin + JSON)"
         lines = [f"{self.model} on {self.board} ({b.cpu}, {b.float}), n_ctx {self.ctx}, n_batch {self.batch}"
                  + (", experts streamed" if self.expert_budget else ""),
-                 f"{'flash':<36}{'bytes':>12}{'of the board':>14}",
-                 row("code and constants", self.code_flash), row(model, self.model_flash),
-                 row("total", self.flash, self.flash_size),
-                 "RAM", row("code's data and bss", self.code_ram), row("model tables (metadata)", self.metadata),
+                 f"{'flash':<36}{'bytes':>12}{'of the board':>14}"]
+        if self.model_flash_size:   # two flashes: the code's, the model's
+            lines += [row("code and constants", self.code_flash, self.flash_size),
+                      row(model + ", its own flash", self.model_flash, self.model_flash_size)]
+        else:
+            lines += [row("code and constants", self.code_flash), row(model, self.model_flash),
+                      row("total", self.flash, self.flash_size)]
+        lines += ["RAM", row("code's data and bss", self.code_ram), row("model tables (metadata)", self.metadata),
                  row("session arena", self.arena)]
         if self.expert_budget:
             lines.append(row(f"  expert slots ({self.expert_slots} x {self.expert_slot_bytes:,} B)",
@@ -238,7 +260,7 @@ def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
         raise FirmwareError(r.stderr.strip().removeprefix("colibri-model-image: "))
     n = {key: int(value) for key, _, value in (line.partition(": ") for line in r.stdout.splitlines())}
     return Plan(board, path.name, ctx, min(batch, ctx), code.flash, n["model_flash"], code.ram, n["metadata"],
-                n["arena"], stack, mm["flash_size"], mm["ram_size"], n["expert_budget"], n["expert_slots"],
+                n["arena"], stack, mm["flash_size"], mm["ram_size"], mm["model_flash_size"], n["expert_budget"], n["expert_slots"],
                 n["expert_slot_bytes"], n["expert_min_budget"], n["streamed"])
 
 
@@ -297,12 +319,13 @@ def run(board, image, arguments, timeout=600):
 
 
 def arguments(prompt, max_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, ignore_eos=False, logits=None,
-              experts=None):
+              experts=None, kernels=None):
     """The firmware's argument list for one generation.  `prompt`: text, which the image encodes
     with the model's encoder (its UTF-8 bytes go as text=, every byte but letters, digits and
     "-._~" as %XX, so spaces, commas and newlines survive QEMU's command line), or a list of ids
     (ids=, for a model that carries no encoder).  `experts`: the weights.bin a streaming image
-    reads its experts from."""
+    reads its experts from.  `kernels`: a kernel variant by name ("reference": the strict mode, the
+    host's --reference bit for bit; "mve" on mps3-an547); None: the best the image has."""
     if isinstance(prompt, str):
         args = ["text=" + urllib.parse.quote(prompt.encode("utf-8"), safe="")]
     else:
@@ -315,4 +338,6 @@ def arguments(prompt, max_tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0, i
         args.append(f"logits={logits}")
     if experts:
         args.append(f"experts={Path(experts).resolve()}")
+    if kernels:
+        args.append(f"kernels={kernels}")
     return args

@@ -84,9 +84,10 @@ int fw_parse_args(int argc, char **argv, fw_request *r)
         else if (option(a, "logits", &v)) r->logits_path = v;
         else if (option(a, "report", &v)) r->report_path = v;
         else if (option(a, "experts", &v)) r->experts_path = v;
+        else if (option(a, "kernels", &v)) r->kernels = v;
         else {
             printf("unknown argument '%s': text=PROMPT%%20IN%%20UTF-8 (or ids=1:591:47) max_tokens=N temperature=T "
-                   "top_k=K top_p=P seed=S ignore_eos logits=FILE report=FILE experts=FILE\n", a);
+                   "top_k=K top_p=P seed=S ignore_eos logits=FILE report=FILE experts=FILE kernels=NAME\n", a);
             return 1;
         }
     }
@@ -248,6 +249,7 @@ int fw_generate(fw_request *r, fw_token_hook hook, void *context, size_t (*stack
     so.n_batch = (int32_t)img->n_batch;
     so.arena = arena;
     so.arena_size = img->arena_bytes;
+    so.kernel_variant = r->kernels;   /* NULL: the best this image has */
     if (img->expert_budget) {
         so.expert_budget = img->expert_budget;
         so.expert_read = read_experts;

@@ -47,6 +47,7 @@ typedef struct fw_request {
     const char *logits_path;        /* host file for every position's logits, (positions, vocab) f32 */
     const char *report_path;        /* host file for the report (memory, timing), key: value lines */
     const char *experts_path;       /* streaming image: the model's weights.bin, read at extents' offsets */
+    const char *kernels;            /* a kernel variant by name ("reference": the strict mode); NULL: the best */
 } fw_request;
 
 /* Called after each generated token: FreeRTOS uses it to show the rest of the system ran. */
