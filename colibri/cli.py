@@ -524,8 +524,20 @@ def cmd_firmware_plan(args):
     """Flash and RAM an image of this model and session needs on the board, before building."""
     from colibri.targets import firmware
 
-    p = firmware.plan(*_firmware_session(args))
-    print(p.table())
+    session = _firmware_session(args)
+    p = firmware.plan(*session)
+    if args.flash or args.ram:   # a chip of one's own: the board's code, this memory
+        try:
+            flash, ram = (parse_size(v) if v else d for v, d in ((args.flash, p.flash_size + p.model_flash_size),
+                                                                 (args.ram, p.ram_size)))
+        except ValueError as e:
+            raise SystemExit(f"colibri firmware plan: {e}")
+        p = firmware.for_memory(p, flash, ram)
+        print(p.table())
+        largest = firmware.largest_ctx(session[0], session[1], flash, ram, *session[3:5])
+        print(f"largest n_ctx that fits: {largest}" if largest else "no n_ctx fits")
+    else:
+        print(p.table())
     return 1 if p.problems() else 0
 
 
@@ -760,8 +772,11 @@ def build_parser():
         build_dir_argument(f)
         return f
 
-    firmware_parser("plan", "flash and RAM the image needs on the board, and whether it fits").set_defaults(
-        func=cmd_firmware_plan)
+    fp = firmware_parser("plan", "flash and RAM the image needs on the board, and whether it fits")
+    fp.add_argument("--flash", metavar="SIZE", help="plan for a chip of this much flash (1M, 512K): the code as "
+                    "on the board's CPU, the model beside it; also prints the largest n_ctx that fits")
+    fp.add_argument("--ram", metavar="SIZE", help="plan for a chip of this much RAM (256K)")
+    fp.set_defaults(func=cmd_firmware_plan)
     firmware_parser("build", "build the board's image of a model; print its size").set_defaults(
         func=cmd_firmware_build)
     fr = firmware_parser("run", "build the board's image and generate with it under QEMU")

@@ -24,3 +24,12 @@ def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("converted")
     return {(m, dt): convert(FIXTURES / m, root / f"{m}.{dt}", dtype=dt, progress=False)
             for m in HF_MODELS for dt in DTYPES}
+
+
+@pytest.fixture(scope="session")
+def bundled_quantized(tmp_path_factory):
+    """{dtype: the bundled model converted from its checkpoint with that int8-path format}."""
+    from colibri.convert import convert
+
+    root = tmp_path_factory.mktemp("bundled-q")
+    return {dt: convert(FIXTURES / "shakespeare-hf", root / dt, dtype=dt, progress=False) for dt in ("q8_0", "q4_0")}

@@ -204,3 +204,47 @@ def test_the_cli_runs_the_board_as_generate_runs_the_host():
                           ",".join(map(str, PROMPT)), "--max-tokens", "20", "--temperature", "0"],
                          capture_output=True, check=True, timeout=600)
     assert ids.stdout == cli.stdout   # --tokens passes ids, for a model with no encoder
+
+
+# ---- Small boards: the bundled model at q8_0 and q4_0 on the memory of common MCU classes
+
+def host_logits(model, ids, path, *options):
+    host("--model", model, "--tokens", ",".join(map(str, ids)), "--max_tokens", 0, "--logits", path, *options)
+    return np.fromfile(path, dtype="<u4")
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_the_quantized_bundled_model_on_a_chip_of_2_mib_and_512_kib(dtype, bundled_quantized, tmp_path):
+    """`firmware plan` for the bundled model at q8_0 / q4_0 (converted here) on a chip of 2 MiB flash
+    and 512 KiB RAM: the longest context it gives fits and one more does not, the image linked for
+    that memory occupies what the plan says, and on the board it gives the host's strict logits bit
+    for bit."""
+    model, flash, ram, board = bundled_quantized[dtype], 2 << 20, 512 << 10, "mps2-an386"
+    ctx = fw.largest_ctx(board, model, flash, ram)
+    assert 0 < ctx < 256
+    p, more = (fw.for_memory(fw.plan(board, model, ctx=c), flash, ram) for c in (ctx, ctx + 1))
+    assert not p.problems() and more.problems() and more.problems()[0].startswith("RAM: needs")
+    elf = fw.build_image(board, model, ctx=ctx, chip=(flash, ram))
+    assert fw.image_usage(board, elf) == (p.flash, p.ram) and p.ram <= ram < more.ram
+
+    r = run_ok(board, elf, PROMPT, 8, ignore_eos=True, logits=tmp_path / "board.f32")
+    ids = [int(t) for t in host("--model", model, "--ctx", ctx, "--tokens", ",".join(map(str, PROMPT)),
+                                "--max_tokens", 8, "--temperature", 0, "--ignore_eos", "--ids").decode().split(",")]
+    assert r.report["kernels"] == "reference"
+    board_bits = np.fromfile(tmp_path / "board.f32", dtype="<u4")
+    assert np.array_equal(board_bits, host_logits(model, PROMPT + ids[:-1], tmp_path / "host.f32"))
+
+
+def test_a_chip_too_small_is_refused_before_building(bundled_quantized):
+    """1 MiB of flash does not hold q4_0 with the code: the plan says by how much, and no image is
+    built; `plan --flash --ram` names the longest context a chip holds."""
+    p = fw.for_memory(fw.plan("mps2-an386", bundled_quantized["q4_0"], ctx=16), 1 << 20, 256 << 10)
+    assert p.problems()[0].startswith("flash: needs") and "the chip has 1,048,576 B" in p.problems()[0]
+    with pytest.raises(fw.FirmwareError, match="does not fit a chip of 1,048,576 B flash"):
+        fw.build_image("mps2-an386", bundled_quantized["q4_0"], ctx=16, chip=(1 << 20, 256 << 10))
+    r = subprocess.run([sys.executable, "-m", "colibri", "firmware", "plan", "--board", "mps2-an386", "--model",
+                        str(bundled_quantized["q8_0"]), "--flash", "2M", "--ram", "512K"], capture_output=True,
+                       text=True, timeout=300)
+    largest = fw.largest_ctx("mps2-an386", bundled_quantized["q8_0"], 2 << 20, 512 << 10)
+    assert largest < fw.DEFAULT_CTX   # the default context does not fit: the plan says so, and what does
+    assert r.returncode == 1 and f"\nlargest n_ctx that fits: {largest}\n" in r.stdout, r.stdout + r.stderr

@@ -160,15 +160,6 @@ def test_rvv_kernels_at_every_vlen(vlen):
     assert re.search(r"^rvv tails 1\.\.385: \d+ outputs compared with the reference, 0 outside", r.stdout, re.M), r.stdout
 
 
-@pytest.fixture(scope="module")
-def bundled_quantized(tmp_path_factory):
-    """{dtype: the bundled model's weights in that int8-path format}."""
-    from colibri.convert import convert
-
-    root = tmp_path_factory.mktemp("bundled-q")
-    return {dt: convert(BUNDLED_HF, root / dt, dtype=dt, progress=False) for dt in ("q8_0", "q4_0")}
-
-
 @pytest.mark.parametrize("vlen", VLENS)
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
 def test_rvv_int8_path_is_the_scalar_one_at_every_vlen(dtype, vlen, bundled_quantized, tmp_path):

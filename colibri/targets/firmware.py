@@ -24,6 +24,8 @@ import hashlib
 import subprocess
 import tempfile
 import urllib.parse
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,6 +167,11 @@ class Plan:
     expert_slot_bytes: int = 0  # one slot: the largest routed expert (0: no routed experts)
     expert_min_budget: int = 0  # the smallest budget: one layer's top_k slots
     streamed: int = 0           # bytes of weights.bin left on storage: the experts' extents
+    chip: str = ""              # for_memory's: not the board's memory, this one (the code still the board's)
+
+    @property
+    def where(self):
+        return "the chip" if self.chip else self.board
 
     @property
     def flash(self):
@@ -179,18 +186,18 @@ class Plan:
         stream = (f", stream the experts (--expert-budget, at least {self.expert_min_budget:,} B; an interleaved "
                   f"model)" if self.expert_slot_bytes and not self.expert_budget else "")
         if self.model_flash_size and self.model_flash > self.model_flash_size:
-            out.append(f"model flash: needs {self.model_flash:,} B, {self.board} has {self.model_flash_size:,} B "
+            out.append(f"model flash: needs {self.model_flash:,} B, {self.where} has {self.model_flash_size:,} B "
                        f"(over by {self.model_flash - self.model_flash_size:,} B): store the weights as q8_0, q4_0, "
                        f"f16 or bf16{stream}, or use a smaller model")
         if self.model_flash_size and self.code_flash > self.flash_size:
-            out.append(f"flash: the code needs {self.code_flash:,} B, {self.board} has {self.flash_size:,} B")
+            out.append(f"flash: the code needs {self.code_flash:,} B, {self.where} has {self.flash_size:,} B")
         if not self.model_flash_size and self.flash > self.flash_size:
-            out.append(f"flash: needs {self.flash:,} B, {self.board} has {self.flash_size:,} B "
+            out.append(f"flash: needs {self.flash:,} B, {self.where} has {self.flash_size:,} B "
                        f"(over by {self.flash - self.flash_size:,} B; the model alone is {self.model_flash:,} B): "
                        f"store the weights as q8_0, q4_0, f16 or bf16{stream}, or use a smaller model")
         if self.ram > self.ram_size:
             slots = f", {self.expert_budget:,} B of it expert slots" if self.expert_budget else ""
-            out.append(f"RAM: needs {self.ram:,} B, {self.board} has {self.ram_size:,} B "
+            out.append(f"RAM: needs {self.ram:,} B, {self.where} has {self.ram_size:,} B "
                        f"(over by {self.ram - self.ram_size:,} B; the session arena is {self.arena:,} B{slots}): "
                        f"lower --ctx (the KV cache grows with it), --batch" + (" or --expert-budget" if slots else ""))
         return out
@@ -201,12 +208,13 @@ class Plan:
             return f"  {label:<34}{n:>12,}{tail}"
         b = _board(self.board)
         model = "model (resident prefix + JSON)" if self.expert_budget else "model (weights.bin + JSON)"
-        lines = [f"{self.model} on {self.board} ({b.cpu}, {b.float}), n_ctx {self.ctx}, n_batch {self.batch}"
+        on = f"{self.chip}, the code as on {self.board} ({b.cpu})" if self.chip else f"{self.board} ({b.cpu}, {b.float})"
+        lines = [f"{self.model} on {on}, n_ctx {self.ctx}, n_batch {self.batch}"
                  + (", experts streamed" if self.expert_budget else ""),
-                 f"{'flash':<36}{'bytes':>12}{'of the board':>14}"]
+                 f"{'flash':<36}{'bytes':>12}{'of the chip' if self.chip else 'of the board':>14}"]
         if self.model_flash_size:   # two flashes: the code's, the model's
             lines += [row("code and constants", self.code_flash, self.flash_size),
-                      row(model + ", its own flash", self.model_flash, self.model_flash_size)]
+                      row("model, in a flash of its own", self.model_flash, self.model_flash_size)]
         else:
             lines += [row("code and constants", self.code_flash), row(model, self.model_flash),
                       row("total", self.flash, self.flash_size)]
@@ -264,18 +272,56 @@ def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
                 n["expert_slot_bytes"], n["expert_min_budget"], n["streamed"])
 
 
-def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0):
+def for_memory(p, flash, ram):
+    """The plan `p` on a chip of `flash` and `ram` bytes (the code as on p's board's CPU, the model
+    in the same flash): what a board of one's own, or an MCU class, would hold."""
+    return dataclasses.replace(p, chip=f"a chip of {flash:,} B flash, {ram:,} B RAM", flash_size=flash,
+                               ram_size=ram, model_flash_size=0)
+
+
+def largest_ctx(board, model_dir, flash, ram, batch=DEFAULT_BATCH, stack=DEFAULT_STACK):
+    """The longest context, up to the model's max_position_embeddings, at which an image of the model
+    fits `flash` and `ram` bytes with `board`'s code: the arena (the KV cache) grows with n_ctx, so
+    it is a bisection over plans.  0: none fits (the flash, or the RAM at n_ctx 1)."""
+    hparams = json.loads((Path(model_dir) / "colibri_model.json").read_text())["hparams"]
+
+    def fits(ctx):
+        return not for_memory(plan(board, model_dir, ctx, batch, stack), flash, ram).problems()
+
+    lo, hi = 0, int(hparams["max_position_embeddings"])   # fits(lo) (or lo == 0); the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0,
+                chip=None):
     """Plans, refuses what does not fit, builds; returns the image's path.  Each (board, model,
-    session) gets its own build directory under firmware/ of the builds' folder (targets.build_dir)."""
+    session) gets its own build directory under firmware/ of the builds' folder (targets.build_dir).
+    `chip` (flash, RAM bytes): the image linked for that memory instead of the board's (the plan
+    of for_memory), so the linker refuses what overflows it; it still runs on the board."""
     p = plan(board, model_dir, ctx, batch, stack, expert_budget)
+    if chip:
+        if _board(board).model_flash_size:
+            raise FirmwareError(f"{board} keeps its model in a flash of its own: plan a chip on another board")
+        p = for_memory(p, *chip)
     if p.problems():
-        raise FirmwareError(f"{p.model} does not fit {board}:\n  " + "\n  ".join(p.problems()))
+        raise FirmwareError(f"{p.model} does not fit {p.chip or board}:\n  " + "\n  ".join(p.problems()))
     model_dir = str(Path(model_dir).resolve())
-    key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}|{expert_budget}".encode()).hexdigest()[:12]
-    out = meson_build(build_dir() / "firmware" / f"{board}-{key}",
-                      [*targets.OPTIONS[board], f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
-                       f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}",
-                       f"-Dfirmware_expert_budget={expert_budget}"])
+    key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}|{expert_budget}|{chip}".encode()).hexdigest()[:12]
+    out = build_dir() / "firmware" / f"{board}-{key}"
+    options = [*targets.OPTIONS[board]]
+    if chip:   # a second cross file: the board's link arguments with the chip's sizes
+        link = [a for a in cross_files("colibri_board")[board]["built-in options"]["c_link_args"]
+                if not a.startswith(("-Wl,--defsym=__flash_size=", "-Wl,--defsym=__ram_size="))]
+        link += [f"-Wl,--defsym=__flash_size={chip[0]:#x}", f"-Wl,--defsym=__ram_size={chip[1]:#x}"]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        (out.parent / f"{out.name}.ini").write_text(f"[built-in options]\nc_link_args = {link!r}\n")
+        options += ["--cross-file", str(out.parent / f"{out.name}.ini")]
+    out = meson_build(out, [*options, f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
+                            f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}",
+                            f"-Dfirmware_expert_budget={expert_budget}"])
     return out / "firmware" / "colibri-firmware.elf"
 
 
@@ -283,17 +329,28 @@ def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DE
 class Run:
     status: int
     output: bytes       # what the image printed: the text, or the failing step
-    report: dict        # memory and timing, from the image (firmware/app/firmware.c)
+    report: dict        # memory and timing (counts), the kernel variant (name), from the image (firmware/app/firmware.c)
 
     def tokens_per_second(self):
         r = self.report
         return r["generated_tokens"] * r["ticks_per_second"] / r["decode_ticks"] if r.get("decode_ticks") else 0.0
 
 
-def run(board, image, arguments, timeout=600):
+# QEMU's instruction counting: the virtual clock advances one nanosecond per instruction retired,
+# so a board clock read by the image (ticks at ticks_per_second) counts instructions.
+ICOUNT = ("-icount", "shift=0")
+
+
+def instructions(run_result, ticks):
+    """Instructions retired over `ticks` of the board's clock in a run under ICOUNT."""
+    return ticks * 10**9 // run_result.report["ticks_per_second"]
+
+
+def run(board, image, arguments, timeout=600, qemu_options=()):
     """Runs `image` on the board under QEMU with the firmware's arguments ("text=ROMEO%3A",
-    "max_tokens=20", ...).  A fault ends QEMU with status 1 and the registers printed; a hang
-    is stopped after `timeout` seconds and reported with everything QEMU printed."""
+    "max_tokens=20", ...) and any more QEMU options (ICOUNT).  A fault ends QEMU with status 1 and
+    the registers printed; a hang is stopped after `timeout` seconds and reported with everything
+    QEMU printed."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.txt"
         args = [*arguments, f"report={report}"]
@@ -303,7 +360,7 @@ def run(board, image, arguments, timeout=600):
             raise FirmwareError(f"{board}: the image's command line is {len(' '.join(args))} characters, semihosting "
                                 f"passes at most {MAX_COMMAND_LINE}: shorten the prompt")
         config = "enable=on,target=native,chardev=out," + ",".join("arg=" + a.replace(",", ",,") for a in args)
-        command = [*_board(board).qemu, "-semihosting-config", config, "-kernel", str(image)]
+        command = [*_board(board).qemu, *qemu_options, "-semihosting-config", config, "-kernel", str(image)]
         try:
             r = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
@@ -314,7 +371,7 @@ def run(board, image, arguments, timeout=600):
         if report.exists():
             for line in report.read_text().splitlines():
                 key, _, value = line.partition(": ")
-                values[key] = int(value)
+                values[key] = value if key == "kernels" else int(value)
         return Run(r.returncode, r.stdout + r.stderr, values)
 
 

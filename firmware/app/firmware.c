@@ -308,6 +308,11 @@ int fw_generate(fw_request *r, fw_token_hook hook, void *context, size_t (*stack
         printf("cannot write %s\n", r->report_path);
         return 1;
     }
+    if (report_fd >= 0) {   /* the kernel variant the session ran, by name: the one line that is no count */
+        char line[64];
+        int n = snprintf(line, sizeof line, "kernels: %s\n", colibri_session_kernels(session));
+        if (n > 0 && n < (int)sizeof line) write_all(report_fd, line, (size_t)n);
+    }
     report_line(report_fd, "ticks_per_second", fw_ticks_per_second());
     report_line(report_fd, "stack_reserved", img->stack_bytes);
     report_line(report_fd, "stack_used", stack_used ? stack_used() : 0);
