@@ -20,8 +20,9 @@ static inline float sum4(float32x4_t a)
 
 /* f16 bits (one per 32-bit lane, high half 0) as f32, exact: integer operations and lane masks
  * (exponent 0: the subnormal m 2^-24, a product of normals, so no float operation sees a
- * subnormal whatever FPSCR.FZ says; exponent 31: inf, nan).  Not vcvtbq_f32_f16: QEMU 7.2 gives
- * wrong values for it. */
+ * subnormal whatever FPSCR.FZ says; exponent 31: inf, nan).  Not vcvtbq_f32_f16: Debian's
+ * binutils 2.40 encodes vcvtb.f32.f16 q1, q2 with the registers doubled (q2, q4), and the program
+ * reads and clobbers the wrong ones. */
 static inline float32x4_t f16_to_f32(uint32x4_t h)
 {
     int32x4_t e = vreinterpretq_s32_u32(vandq_u32(h, vdupq_n_u32(0x7c00u)));
@@ -202,8 +203,137 @@ static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colib
     else colibri_ref_matmul_q8(y, xq, w, dtype, n, cols, rows);
 }
 
+/* ---- normalisation, attention, activations ---- */
+
+/* y (dim) = x / sqrt(mean(x^2) + eps) * w for f32 / f16 / bf16 w, 4 at a time, the last 1..3 by
+ * predicated loads and stores; block-format weights take the reference. */
+static void rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps)
+{
+    float32x4_t ss = vdupq_n_f32(0.0f);
+    float scale;
+    int32_t i;
+    if (!float_weights(dtype)) { colibri_ref_rmsnorm(y, x, w, dtype, dim, eps); return; }
+    for (i = 0; i < dim; i += 4) {
+        float32x4_t v = vld1q_z_f32(x + i, vctp32q((uint32_t)(dim - i)));
+        ss = vfmaq_f32(ss, v, v);
+    }
+    scale = 1.0f / sqrtf(sum4(ss) / (float)dim + eps);
+    for (i = 0; i < dim; i += 4) {
+        mve_pred16_t p = vctp32q((uint32_t)(dim - i));
+        vst1q_p_f32(y + i, vmulq_f32(load4_z(w, dtype, (size_t)i, p), vmulq_n_f32(vld1q_z_f32(x + i, p), scale)), p);
+    }
+}
+
+/* scores (span) = scale * K q, four keys at a time (four 4-lane dot products); hd % 4 != 0 takes
+ * the reference. */
+static void attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
+                             int32_t hd, float scale)
+{
+    int32_t j = 0, i;
+    if (hd % 4) { colibri_ref_attention_scores(scores, q, k, stride, span, hd, scale); return; }
+    for (; j + 4 <= span; j += 4, k += 4 * stride) {
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        for (i = 0; i < hd; i += 4) {
+            float32x4_t qv = vld1q_f32(q + i);
+            a0 = vfmaq_f32(a0, qv, vld1q_f32(k + i));
+            a1 = vfmaq_f32(a1, qv, vld1q_f32(k + stride + i));
+            a2 = vfmaq_f32(a2, qv, vld1q_f32(k + 2 * stride + i));
+            a3 = vfmaq_f32(a3, qv, vld1q_f32(k + 3 * stride + i));
+        }
+        scores[j] = sum4(a0) * scale;
+        scores[j + 1] = sum4(a1) * scale;
+        scores[j + 2] = sum4(a2) * scale;
+        scores[j + 3] = sum4(a3) * scale;
+    }
+    for (; j < span; j++, k += stride) {
+        float32x4_t a = vdupq_n_f32(0.0f);
+        for (i = 0; i < hd; i += 4) a = vfmaq_f32(a, vld1q_f32(q + i), vld1q_f32(k + i));
+        scores[j] = sum4(a) * scale;
+    }
+}
+
+/* out (hd) = p @ V, out in registers 16 floats at a time; hd % 16 != 0 takes the reference. */
+static void attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+{
+    int32_t i, j;
+    if (hd % 16) { colibri_ref_attention_values(out, p, v, stride, span, hd); return; }
+    for (i = 0; i < hd; i += 16) {
+        float32x4_t o0 = vdupq_n_f32(0.0f), o1 = o0, o2 = o0, o3 = o0;
+        const float *vj = v + i;
+        for (j = 0; j < span; j++, vj += stride) {
+            o0 = vfmaq_n_f32(o0, vld1q_f32(vj), p[j]);
+            o1 = vfmaq_n_f32(o1, vld1q_f32(vj + 4), p[j]);
+            o2 = vfmaq_n_f32(o2, vld1q_f32(vj + 8), p[j]);
+            o3 = vfmaq_n_f32(o3, vld1q_f32(vj + 12), p[j]);
+        }
+        vst1q_f32(out + i, o0); vst1q_f32(out + i + 4, o1);
+        vst1q_f32(out + i + 8, o2); vst1q_f32(out + i + 12, o3);
+    }
+}
+
+/* exp(x), 4 at a time, as the NEON variant's: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts,
+ * so r is exact), a degree-7 polynomial for exp(r) (Cephes' expf coefficients, within 2 ulp), times
+ * 2^n built in the exponent bits.  x is clamped to [-87.3, 88]: below, results are tiny normals
+ * rather than 0. */
+static inline float32x4_t exp4(float32x4_t x)
+{
+    float32x4_t r, p, nf;
+    int32x4_t n;
+    x = vminnmq_f32(vmaxnmq_f32(x, vdupq_n_f32(-87.3f)), vdupq_n_f32(88.0f));
+    n = vcvtnq_s32_f32(vmulq_n_f32(x, 1.44269504f));
+    nf = vcvtq_f32_s32(n);
+    r = vfmsq_f32(x, nf, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, nf, vdupq_n_f32(-2.12194440e-4f));
+    p = vfmasq_n_f32(vdupq_n_f32(1.9875691500e-4f), r, 1.3981999507e-3f);   /* p r + c */
+    p = vfmasq_n_f32(p, r, 8.3334519073e-3f);
+    p = vfmasq_n_f32(p, r, 4.1665795894e-2f);
+    p = vfmasq_n_f32(p, r, 1.6666665459e-1f);
+    p = vfmasq_n_f32(p, r, 5.0000001201e-1f);
+    p = vfmaq_f32(vaddq_n_f32(r, 1.0f), p, vmulq_f32(r, r));
+    return vmulq_f32(p, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_n_s32(n, 127), 23)));
+}
+
+/* x (n) <- softmax(x): the max and the exps 4 at a time, the last n % 4 with colibri_expf. */
+static void softmax(float *x, int32_t n)
+{
+    float32x4_t vmax = vdupq_n_f32(x[0]), vsum = vdupq_n_f32(0.0f);
+    float max, sum, inv;
+    int32_t i;
+    for (i = 0; i + 4 <= n; i += 4) vmax = vmaxnmq_f32(vmax, vld1q_f32(x + i));
+    max = vmaxnmvq_f32(x[0], vmax);
+    for (; i < n; i++) if (x[i] > max) max = x[i];
+    for (i = 0; i + 4 <= n; i += 4) {
+        float32x4_t e = exp4(vsubq_n_f32(vld1q_f32(x + i), max));
+        vst1q_f32(x + i, e);
+        vsum = vaddq_f32(vsum, e);
+    }
+    sum = sum4(vsum);
+    for (; i < n; i++) { x[i] = colibri_expf(x[i] - max); sum += x[i]; }
+    inv = 1.0f / sum;
+    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), inv));
+    for (; i < n; i++) x[i] *= inv;
+}
+
+/* g (n) <- g u / (1 + exp(-g)): the products and exps 4 at a time, the divides lane by lane (MVE
+ * has no vector divide), the last n % 4 with colibri_expf. */
+static void silu_mul(float *g, const float *u, size_t n)
+{
+    size_t i, k;
+    for (i = 0; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(g + i);
+        float num[4], den[4];
+        vst1q_f32(num, vmulq_f32(v, vld1q_f32(u + i)));
+        vst1q_f32(den, vaddq_n_f32(exp4(vnegq_f32(v)), 1.0f));
+        for (k = 0; k < 4; k++) g[i + k] = num[k] / den[k];
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + colibri_expf(-g[i])) * u[i];
+}
+
+/* latent_query and latent_scores: the reference's (dispatch.c fills them). */
 static const colibri_kernels mve_kernels = {
-    .name = "mve", .matmul = matmul_mve, .quantize_q8 = quantize_q8, .quantize_q8_256 = quantize_q8_256, .matmul_q8 = matmul_q8,
+    .name = "mve", .matmul = matmul_mve, .rmsnorm = rmsnorm, .quantize_q8 = quantize_q8, .quantize_q8_256 = quantize_q8_256,
+    .matmul_q8 = matmul_q8, .attention_scores = attention_scores, .attention_values = attention_values, .softmax = softmax,
+    .silu_mul = silu_mul,
 };
 
 const colibri_kernels *colibri_kernels_mve(void) { return &mve_kernels; }
