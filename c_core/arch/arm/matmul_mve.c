@@ -18,21 +18,22 @@ static inline float sum4(float32x4_t a)
     return (vgetq_lane_f32(a, 0) + vgetq_lane_f32(a, 1)) + (vgetq_lane_f32(a, 2) + vgetq_lane_f32(a, 3));
 }
 
-/* f16 bits (one per 32-bit lane, high half 0) as f32, exact: integer operations and lane masks
- * (exponent 0: the subnormal m 2^-24, a product of normals, so no float operation sees a
- * subnormal whatever FPSCR.FZ says; exponent 31: inf, nan).  Not vcvtbq_f32_f16: Debian's
- * binutils 2.40 encodes vcvtb.f32.f16 q1, q2 with the registers doubled (q2, q4), and the program
- * reads and clobbers the wrong ones. */
+/* f16 bits (one per 32-bit lane, high half 0) as f32, exact, in shifts and lane masks (MVE has 8
+ * vector registers: no constants to hold): exponent and mantissa moved to f32's places and
+ * rebiased by 112, exponent 31 (inf, nan) by 224; exponent 0 the mantissa m as m 2^-24 by a
+ * fixed-point conversion (no float operation sees a subnormal, whatever FPSCR.FZ says).  Not
+ * vcvtbq_f32_f16: Debian's binutils 2.40 encodes vcvtb.f32.f16 q1, q2 with the registers doubled
+ * (q2, q4), so the program reads and clobbers the wrong ones. */
 static inline float32x4_t f16_to_f32(uint32x4_t h)
 {
-    int32x4_t e = vreinterpretq_s32_u32(vandq_u32(h, vdupq_n_u32(0x7c00u)));
-    uint32x4_t e0 = vreinterpretq_u32_s32(vshrq_n_s32(vsubq_n_s32(e, 1), 31));   /* all ones where e == 0 */
-    uint32x4_t e31 = vreinterpretq_u32_s32(vshrq_n_s32(vshlq_n_s32(vaddq_n_s32(e, 0x400), 16), 31));   /* e == 31 */
-    uint32x4_t normal = vaddq_n_u32(vshlq_n_u32(vandq_u32(h, vdupq_n_u32(0x7fffu)), 13), 112u << 23);
-    uint32x4_t tiny = vreinterpretq_u32_f32(vmulq_n_f32(vcvtq_f32_u32(vandq_u32(h, vdupq_n_u32(0x3ffu))), 0x1p-24f));
-    uint32x4_t bits = vorrq_u32(vbicq_u32(normal, e0), vandq_u32(tiny, e0));
-    bits = vorrq_u32(bits, vandq_u32(e31, vdupq_n_u32(0x7f800000u)));
-    return vreinterpretq_f32_u32(vorrq_u32(bits, vshlq_n_u32(vandq_u32(h, vdupq_n_u32(0x8000u)), 16)));
+    uint32x4_t mag = vshrq_n_u32(vshlq_n_u32(h, 17), 4);
+    int32x4_t m = vreinterpretq_s32_u32(mag);
+    uint32x4_t e0 = vreinterpretq_u32_s32(vshrq_n_s32(vsubq_n_s32(m, 0x00800000), 31));   /* all ones where exponent 0 */
+    uint32x4_t e31 = vreinterpretq_u32_s32(vshrq_n_s32(vshlq_n_s32(vaddq_n_s32(m, 0x00800000), 3), 31));   /* exponent 31 */
+    uint32x4_t bits = vaddq_u32(vaddq_n_u32(mag, 112u << 23), vshlq_n_u32(vshrq_n_u32(e31, 29), 27));   /* + 112 << 23 more */
+    uint32x4_t tiny = vreinterpretq_u32_f32(vcvtq_n_f32_u32(vshrq_n_u32(mag, 5), 32));   /* (m << 8) 2^-32 */
+    bits = vorrq_u32(vbicq_u32(bits, e0), vandq_u32(tiny, e0));
+    return vreinterpretq_f32_u32(vorrq_u32(bits, vshlq_n_u32(vshrq_n_u32(h, 15), 31)));
 }
 
 /* 4 weights of row w from c as floats, lanes off in p read as 0 (and not read at all):
@@ -57,12 +58,17 @@ static inline __attribute__((always_inline)) float32x4_t load4(const void *w, co
     }
 }
 
-/* row wr of W (f32, f16 or bf16: a constant once inlined) . xt (cols): four 4-lane accumulators,
- * the last 1..15 columns by predicated loads into the first. */
+/* row wr of W (f32, f16 or bf16: a constant once inlined) . xt (cols): four 4-lane accumulators
+ * (f16: two), the last columns by predicated loads into the first. */
 static inline __attribute__((always_inline)) float dot_with(const uint8_t *wr, colibri_dtype dtype, const float *xt, int32_t cols)
 {
     float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
     int32_t c = 0;
+    if (dtype == COLIBRI_DTYPE_F16)   /* two accumulators: the conversion's temporaries fill the other registers */
+        for (; c + 8 <= cols; c += 8) {
+            a0 = vfmaq_f32(a0, load4(wr, dtype, (size_t)c), vld1q_f32(xt + c));
+            a1 = vfmaq_f32(a1, load4(wr, dtype, (size_t)c + 4), vld1q_f32(xt + c + 4));
+        }
     for (; c + 16 <= cols; c += 16) {
         a0 = vfmaq_f32(a0, load4(wr, dtype, (size_t)c), vld1q_f32(xt + c));
         a1 = vfmaq_f32(a1, load4(wr, dtype, (size_t)c + 4), vld1q_f32(xt + c + 4));
