@@ -1,7 +1,9 @@
 /* Helium (MVE, Armv8.1-M's vector extension with float: the Cortex-M55) kernels.  Vectors are 128
- * bits, 4 floats or 16 bytes; loads take a lane predicate (vctp32q), so tails are the last
- * vector's lanes switched off rather than a scalar loop.  MVE has no across-vector float add and
- * no vector divide: sums are reduced lane by lane in a fixed order (sum4), divides are scalar.
+ * bits, 4 floats or 16 bytes, in 8 registers; loads take a lane predicate (vctp32q), so the float
+ * dot products' and rmsnorm's tails are the last vector's lanes switched off rather than a scalar
+ * loop.  Vector loads of halves and floats need their element's alignment: tensors lie 64 bytes
+ * aligned (docs/FORMAT.md), activations are floats.  MVE has no across-vector float add and no
+ * vector divide: sums are reduced lane by lane in a fixed order (sum4), divides are scalar.
  * The int8 path gives the scalar int8 path's bits: quantize_q8 rounds as colibri_ref_quantize_q8
  * does, and matmul_q8's block dots are exact integers whose float terms are added in
  * colibri_ref_matmul_q8's expression and order.  Built only where the compiler targets MVE with
@@ -26,7 +28,7 @@ static inline float sum4(float32x4_t a)
  * (q2, q4), so the program reads and clobbers the wrong ones. */
 static inline float32x4_t f16_to_f32(uint32x4_t h)
 {
-    uint32x4_t mag = vshrq_n_u32(vshlq_n_u32(h, 17), 4);
+    uint32x4_t mag = vshrq_n_u32(vshlq_n_u32(h, 17), 4);   /* (h & 0x7fff) << 13 */
     int32x4_t m = vreinterpretq_s32_u32(mag);
     uint32x4_t e0 = vreinterpretq_u32_s32(vshrq_n_s32(vsubq_n_s32(m, 0x00800000), 31));   /* all ones where exponent 0 */
     uint32x4_t e31 = vreinterpretq_u32_s32(vshrq_n_s32(vshlq_n_s32(vaddq_n_s32(m, 0x00800000), 3), 31));   /* exponent 31 */
@@ -48,6 +50,7 @@ static inline __attribute__((always_inline)) float32x4_t load4_z(const void *w, 
     }
 }
 
+/* The same, every lane on (no predicate to set). */
 static inline __attribute__((always_inline)) float32x4_t load4(const void *w, colibri_dtype dtype, size_t c)
 {
     if (dtype == COLIBRI_DTYPE_F32) return vld1q_f32((const float *)w + c);
@@ -168,7 +171,8 @@ static inline __attribute__((always_inline)) int32_t block_dot(const uint8_t *wq
 /* y (n, rows) = xq @ W^T for q8_0 / q4_0 W, 4 blocks at a time: their integer dots, then the
  * terms f16 d * dx * (float)dot lane by lane (each one IEEE multiply, as the scalar path's: the f16
  * scales gathered and widened exactly, the dx gathered), added to acc in block order: the scalar
- * int8 path's sum, bit for bit. */
+ * int8 path's sum, bit for bit.  The last blocks % 4 one by one in its expression (a predicated
+ * gather made GCC 12 stop with an internal compiler error). */
 static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4,
                                                               int32_t n, int32_t cols, int32_t rows)
 {
