@@ -29,6 +29,9 @@ static const variant variants[] = {
 #if defined(COLIBRI_HAVE_DOTPROD)
     { colibri_kernels_neon_dotprod, colibri_kernels_neon, colibri_cpu_has_dotprod },   /* NEON's float path */
 #endif
+#if defined(COLIBRI_HAVE_MVE)
+    { colibri_kernels_mve, colibri_kernels_reference, NULL },   /* bare metal: built only for a CPU that has it */
+#endif
 #if defined(COLIBRI_HAVE_RVV)
     { colibri_kernels_rvv_int8, colibri_kernels_reference, colibri_cpu_has_rvv },   /* for tests: before rvv, never the best */
     { colibri_kernels_rvv, colibri_kernels_reference, colibri_cpu_has_rvv },

@@ -196,8 +196,8 @@ static void same_bits_as_plain(const char *dtype_name, const float *x, const voi
 }
 
 /* The variants whose int8 path gives the scalar int8 path's bits: the same integer block sums,
- * scaled and added in its order (rvv and rvv-int8: vector-length agnostic, so at every VLEN). */
-static int exact_int8(const colibri_kernels *k) { return strncmp(k->name, "rvv", 3) == 0; }
+ * scaled and added in its order (rvv and rvv-int8: vector-length agnostic, so at every VLEN; mve). */
+static int exact_int8(const colibri_kernels *k) { return strncmp(k->name, "rvv", 3) == 0 || strcmp(k->name, "mve") == 0; }
 
 /* One variant against the reference: the float matmul for every dtype; for the int8_path ones,
  * its int8 path against the scalar int8 path (the same integers: only float summation order
@@ -434,6 +434,29 @@ static void test_latent(const colibri_kernels *k)
            checked - count, failures - before);
 }
 
+/* Every f16 bit pattern as a weight (the other tests' f16 weights are normals): y (65536) = W
+ * (65536, 1) x with x = 1, each output the weight itself, bit for bit but a zero's sign (a variant
+ * may add it to +0), nan where it is nan: subnormals, infinities, nans widened as the reference
+ * widens them. */
+static void test_f16_values(const colibri_kernels *k)
+{
+    uint16_t *w = malloc(65536 * 2);
+    float *y = malloc(65536 * 4), one = 1.0f;
+    int before = failures, count = checked;
+    int32_t i;
+    for (i = 0; i < 65536; i++) w[i] = (uint16_t)i;
+    k->matmul(y, &one, w, COLIBRI_DTYPE_F16, 1, 1, 65536);
+    for (i = 0; i < 65536; i++) {
+        float want = colibri_f16_to_f32((uint16_t)i);
+        checked++;
+        if ((want != want ? y[i] == y[i] : y[i] != want) && failures++ < 10)
+            fprintf(stderr, "%s matmul f16 weight 0x%04x: %.9g, the reference %.9g\n", k->name, (unsigned)i, y[i], want);
+    }
+    free(w); free(y);
+    printf("%s f16 weights, every bit pattern: %d outputs compared with the reference, %d differ\n", k->name, checked - count,
+           failures - before);
+}
+
 /* Every length 1..TAILS of the kernels whose loops run over a vector length (cols, head_dim, n):
  * 3 times VLMAX + 1 of e32m4 at VLEN 1024, so every tail of RVV's strip-mined loops at every VLEN
  * the tests run, against the budgets of the tests above. */
@@ -569,6 +592,7 @@ int main(int argc, char **argv)
         test_latent(k);
         test_exp_kernels(k);
         test_tails(k);
+        test_f16_values(k);
         tested++;
     }
     if (tested == 1) printf("no SIMD kernel variant runs here: only the references\n");
