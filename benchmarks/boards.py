@@ -37,22 +37,27 @@ def main():
     runs = images(args.freertos_kernel)
     load_before = os.getloadavg()[0]
     decode, prefill = {i: [] for i in range(len(runs))}, {i: [] for i in range(len(runs))}
+    kernels = {}
     for _ in range(args.rounds):
         for i, (board, _, elf) in enumerate(runs):
             r = fw.run(board, elf, fw.arguments(PROMPT, args.tokens, ignore_eos=True))
             assert r.status == 0, r.output
             decode[i].append(r.tokens_per_second())
+            kernels[i] = r.report["kernels"]   # the image's best: the reference but where a board has vectors
             prefill[i].append(r.report["prompt_tokens"] * r.report["ticks_per_second"] / r.report["prefill_ticks"])
     load_after = os.getloadavg()[0]
 
     print(f"bundled model, n_ctx 256, prompt of {len(PROMPT)} tokens, {args.tokens} generated (greedy); "
           f"median of {args.rounds} interleaved rounds; load average {load_before:.2f} -> {load_after:.2f}\n")
-    print("| board | CPU | float | image | flash used | RAM used | prefill tok/s (emulated) | decode tok/s (emulated) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| board | CPU | float | image | kernels | flash used | RAM used | prefill tok/s (emulated) "
+          "| decode tok/s (emulated) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, (board, kind, elf) in enumerate(runs):
         b, mm = fw.BOARDS[board], fw.memory_map(board)
         flash, ram = fw.image_usage(board, elf)
-        print(f"| {board} | {b.cpu} | {b.float} | {kind} | {flash:,} B of {mm['flash_size'] >> 20} MiB "
+        where = (f"{flash:,} B of {mm['flash_size'] >> 10} KiB + {mm['model_flash_size'] >> 20} MiB" if mm["model_flash_size"]
+                 else f"{flash:,} B of {mm['flash_size'] >> 20} MiB")
+        print(f"| {board} | {b.cpu} | {b.float} | {kind} | {kernels[i]} | {where} "
               f"| {ram:,} B of {mm['ram_size'] >> 20} MiB | {statistics.median(prefill[i]):.1f} "
               f"| {statistics.median(decode[i]):.2f} |")
 

@@ -42,6 +42,7 @@ const colibri_kernels *colibri_kernels_avx512(void);
 const colibri_kernels *colibri_kernels_neon(void);
 const colibri_kernels *colibri_kernels_neon_dotprod(void);
 const colibri_kernels *colibri_kernels_mve(void);
+const colibri_kernels *colibri_kernels_mve_int8(void);
 const colibri_kernels *colibri_kernels_rvv(void);
 const colibri_kernels *colibri_kernels_rvv_int8(void);
 

@@ -30,6 +30,7 @@ static const variant variants[] = {
     { colibri_kernels_neon_dotprod, colibri_kernels_neon, colibri_cpu_has_dotprod },   /* NEON's float path */
 #endif
 #if defined(COLIBRI_HAVE_MVE)
+    { colibri_kernels_mve_int8, colibri_kernels_reference, NULL },   /* for tests: before mve, never the best */
     { colibri_kernels_mve, colibri_kernels_reference, NULL },   /* bare metal: built only for a CPU that has it */
 #endif
 #if defined(COLIBRI_HAVE_RVV)

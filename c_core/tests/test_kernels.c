@@ -196,8 +196,8 @@ static void same_bits_as_plain(const char *dtype_name, const float *x, const voi
 }
 
 /* The variants whose int8 path gives the scalar int8 path's bits: the same integer block sums,
- * scaled and added in its order (rvv and rvv-int8: vector-length agnostic, so at every VLEN; mve). */
-static int exact_int8(const colibri_kernels *k) { return strncmp(k->name, "rvv", 3) == 0 || strcmp(k->name, "mve") == 0; }
+ * scaled and added in its order (rvv and rvv-int8: vector-length agnostic, so at every VLEN; mve and mve-int8). */
+static int exact_int8(const colibri_kernels *k) { return strncmp(k->name, "rvv", 3) == 0 || strncmp(k->name, "mve", 3) == 0; }
 
 /* One variant against the reference: the float matmul for every dtype; for the int8_path ones,
  * its int8 path against the scalar int8 path (the same integers: only float summation order

@@ -20,22 +20,15 @@ static inline float sum4(float32x4_t a)
     return (vgetq_lane_f32(a, 0) + vgetq_lane_f32(a, 1)) + (vgetq_lane_f32(a, 2) + vgetq_lane_f32(a, 3));
 }
 
-/* f16 bits (one per 32-bit lane, high half 0) as f32, exact, in shifts and lane masks (MVE has 8
- * vector registers: no constants to hold): exponent and mantissa moved to f32's places and
- * rebiased by 112, exponent 31 (inf, nan) by 224; exponent 0 the mantissa m as m 2^-24 by a
- * fixed-point conversion (no float operation sees a subnormal, whatever FPSCR.FZ says).  Not
- * vcvtbq_f32_f16: Debian's binutils 2.40 encodes vcvtb.f32.f16 q1, q2 with the registers doubled
- * (q2, q4), so the program reads and clobbers the wrong ones. */
-static inline float32x4_t f16_to_f32(uint32x4_t h)
+/* f16 bits (one per 32-bit lane, high half 0) as f32: vcvtb widens each lane's bottom half,
+ * exactly (subnormals too).  In asm on q0 alone: Debian's binutils 2.40 encodes vcvtb.f32.f16
+ * q1, q2 with the registers doubled (q2, q4), so vcvtbq_f32_f16 would read and clobber the wrong
+ * ones; register 0 doubled is still 0. */
+static inline __attribute__((always_inline)) float32x4_t f16_to_f32(uint32x4_t h)
 {
-    uint32x4_t mag = vshrq_n_u32(vshlq_n_u32(h, 17), 4);   /* (h & 0x7fff) << 13 */
-    int32x4_t m = vreinterpretq_s32_u32(mag);
-    uint32x4_t e0 = vreinterpretq_u32_s32(vshrq_n_s32(vsubq_n_s32(m, 0x00800000), 31));   /* all ones where exponent 0 */
-    uint32x4_t e31 = vreinterpretq_u32_s32(vshrq_n_s32(vshlq_n_s32(vaddq_n_s32(m, 0x00800000), 3), 31));   /* exponent 31 */
-    uint32x4_t bits = vaddq_u32(vaddq_n_u32(mag, 112u << 23), vshlq_n_u32(vshrq_n_u32(e31, 29), 27));   /* + 112 << 23 more */
-    uint32x4_t tiny = vreinterpretq_u32_f32(vcvtq_n_f32_u32(vshrq_n_u32(mag, 5), 32));   /* (m << 8) 2^-32 */
-    bits = vorrq_u32(vbicq_u32(bits, e0), vandq_u32(tiny, e0));
-    return vreinterpretq_f32_u32(vorrq_u32(bits, vshlq_n_u32(vshrq_n_u32(h, 15), 31)));
+    register float32x4_t q0 __asm__("q0") = vreinterpretq_f32_u32(h);
+    __asm__("vcvtb.f32.f16 q0, q0" : "+w"(q0));
+    return q0;
 }
 
 /* 4 weights of row w from c as floats, lanes off in p read as 0 (and not read at all):
@@ -61,17 +54,12 @@ static inline __attribute__((always_inline)) float32x4_t load4(const void *w, co
     }
 }
 
-/* row wr of W (f32, f16 or bf16: a constant once inlined) . xt (cols): four 4-lane accumulators
- * (f16: two), the last columns by predicated loads into the first. */
+/* row wr of W (f32, f16 or bf16: a constant once inlined) . xt (cols): four 4-lane accumulators,
+ * the last columns by predicated loads into the first. */
 static inline __attribute__((always_inline)) float dot_with(const uint8_t *wr, colibri_dtype dtype, const float *xt, int32_t cols)
 {
     float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
     int32_t c = 0;
-    if (dtype == COLIBRI_DTYPE_F16)   /* two accumulators: the conversion's temporaries fill the other registers */
-        for (; c + 8 <= cols; c += 8) {
-            a0 = vfmaq_f32(a0, load4(wr, dtype, (size_t)c), vld1q_f32(xt + c));
-            a1 = vfmaq_f32(a1, load4(wr, dtype, (size_t)c + 4), vld1q_f32(xt + c + 4));
-        }
     for (; c + 16 <= cols; c += 16) {
         a0 = vfmaq_f32(a0, load4(wr, dtype, (size_t)c), vld1q_f32(xt + c));
         a1 = vfmaq_f32(a1, load4(wr, dtype, (size_t)c + 4), vld1q_f32(xt + c + 4));
@@ -205,11 +193,52 @@ static inline __attribute__((always_inline)) void matmul_q8_0(float *y, const co
     }
 }
 
-/* y (n, rows) = xq @ W^T: q8_0 and q4_0 here, every other int8-path format the scalar int8 path's. */
+/* The same for q4_0x8 / q8_0x8 (8 rows' blocks interleaved: colibri_block_at): block b of a group
+ * of 8 rows is their 8 scales, then 8-byte chunks, chunk c of row i at 16 + 64 c + 8 i; row i's
+ * quants gathered from its chunks, its term in the scalar int8 path's expression, in block order. */
+static void matmul_q8_x8(float *y, const colibri_q8_block *xq, const uint8_t *w, int q4, int32_t n, int32_t cols,
+                         int32_t rows)
+{
+    static const uint8_t chunks_at[16] = { 16, 17, 18, 19, 20, 21, 22, 23, 80, 81, 82, 83, 84, 85, 86, 87 };
+    const uint8x16_t at = vld1q_u8(chunks_at);   /* row 0's chunks 0, 1; chunks 2, 3 lie 128 on */
+    const size_t group_block = 8u * (q4 ? 18u : 34u), row_bytes = (size_t)(cols / COLIBRI_BLOCK) * (q4 ? 18u : 34u);
+    int32_t r, t, b, blocks = cols / COLIBRI_BLOCK;
+    for (r = 0; r < rows; r++) {
+        const uint8_t *group = w + (size_t)(r / 8) * 8 * row_bytes;
+        int32_t i = r % 8;
+        for (t = 0; t < n; t++) {
+            const colibri_q8_block *xb = xq + (size_t)t * blocks;
+            const uint8_t *gb = group;
+            float acc = 0.0f;
+            for (b = 0; b < blocks; b++, gb += group_block, xb++) {
+                const uint8_t *quants = gb + 8 * i;
+                int8x16_t w0, w1;
+                uint16_t h;
+                if (q4) {
+                    uint8x16_t v = vldrbq_gather_offset_u8(quants, at);
+                    w0 = vsubq_n_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), 8);
+                    w1 = vsubq_n_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), 8);
+                } else {
+                    w0 = vreinterpretq_s8_u8(vldrbq_gather_offset_u8(quants, at));
+                    w1 = vreinterpretq_s8_u8(vldrbq_gather_offset_u8(quants + 128, at));
+                }
+                memcpy(&h, gb + 2 * i, 2);
+                acc += colibri_f16_to_f32(h) * xb->d *
+                       (float)vmladavaq_s8(vmladavq_s8(w0, vld1q_s8(xb->q)), w1, vld1q_s8(xb->q + 16));
+            }
+            y[(size_t)t * rows + r] = acc;
+        }
+    }
+}
+
+/* y (n, rows) = xq @ W^T: q8_0 and q4_0 (plain or x8) here, every other int8-path format the
+ * scalar int8 path's. */
 static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype, int32_t n, int32_t cols, int32_t rows)
 {
     if (dtype == COLIBRI_DTYPE_Q8_0) matmul_q8_0(y, xq, w, 0, n, cols, rows);
     else if (dtype == COLIBRI_DTYPE_Q4_0) matmul_q8_0(y, xq, w, 1, n, cols, rows);
+    else if (dtype == COLIBRI_DTYPE_Q8_0X8) matmul_q8_x8(y, xq, w, 0, n, cols, rows);
+    else if (dtype == COLIBRI_DTYPE_Q4_0X8) matmul_q8_x8(y, xq, w, 1, n, cols, rows);
     else colibri_ref_matmul_q8(y, xq, w, dtype, n, cols, rows);
 }
 
@@ -346,4 +375,11 @@ static const colibri_kernels mve_kernels = {
     .silu_mul = silu_mul,
 };
 
+/* mve's int8 path alone, the rest the reference's: whole-model logits with the bits of
+ * reference-int8's (tests/test_firmware.py); never picked as the best. */
+static const colibri_kernels mve_int8_kernels = {
+    .name = "mve-int8", .quantize_q8 = quantize_q8, .quantize_q8_256 = quantize_q8_256, .matmul_q8 = matmul_q8,
+};
+
 const colibri_kernels *colibri_kernels_mve(void) { return &mve_kernels; }
+const colibri_kernels *colibri_kernels_mve_int8(void) { return &mve_int8_kernels; }
