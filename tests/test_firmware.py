@@ -2,6 +2,7 @@
 the model linked into flash, run under QEMU system emulation.  The reference is the host's
 colibri-infer in the strict mode (--reference), which every board must match bit for bit."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -248,3 +249,70 @@ def test_a_chip_too_small_is_refused_before_building(bundled_quantized):
     largest = fw.largest_ctx("mps2-an386", bundled_quantized["q8_0"], 2 << 20, 512 << 10)
     assert largest < fw.DEFAULT_CTX   # the default context does not fit: the plan says so, and what does
     assert r.returncode == 1 and f"\nlargest n_ctx that fits: {largest}\n" in r.stdout, r.stdout + r.stderr
+
+
+# ---- Helium (MVE) on the Cortex-M55 of mps3-an547
+
+M55 = "mps3-an547"
+
+
+def test_the_mve_kernels_match_the_reference_on_the_m55():
+    """The core's kernel test on the board: mve and mve-int8 (its int8 path alone) against the
+    reference, every kernel and tail length, the int8 path (q8_0, q4_0 and their x8 layouts) in
+    the scalar int8 path's bits."""
+    r = subprocess.run(["meson", "test", "-C", str(build(M55)), "kernel variants against the reference", "--verbose"],
+                       capture_output=True, text=True, env=env_for(M55), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    for variant in ("mve", "mve-int8"):
+        for what in ("kernels", "tails 1..385", "softmax, silu, rmsnorm", "attention"):
+            assert re.search(rf"^{variant} {re.escape(what)}: [1-9]\d* outputs compared with the reference, 0 outside",
+                             r.stdout, re.M), (variant, what, r.stdout[-3000:])
+        assert re.search(rf"^{variant} f16 weights, every bit pattern: 65536 outputs compared with the reference, 0 differ",
+                         r.stdout, re.M)
+
+
+def board_logits(board, elf, model, tmp_path, kernels, host_kernels_name, n=8):
+    """(the board's logits of every position with kernels=`kernels`, the host's for the ids the board
+    fed with colibri-infer --kernels `host_kernels_name`; None: the host's best)."""
+    r = run_ok(board, elf, PROMPT, n, ignore_eos=True, logits=tmp_path / "board.f32", kernels=kernels)
+    assert r.report["kernels"] == kernels
+    ids = [int(t) for t in host_kernels(host_kernels_name, "--model", model, "--tokens", ",".join(map(str, PROMPT)),
+                                        "--max_tokens", n, "--temperature", 0, "--ignore_eos", "--ids").decode().split(",")]
+    host_kernels(host_kernels_name, "--model", model, "--tokens", ",".join(map(str, PROMPT + ids[:-1])),
+                 "--max_tokens", 0, "--logits", tmp_path / "host.f32")
+    return np.fromfile(tmp_path / "board.f32", dtype="<f4"), np.fromfile(tmp_path / "host.f32", dtype="<f4")
+
+
+def host_kernels(kernels, *args):
+    """colibri-infer on the host with a kernel variant by name (None: the host's best)."""
+    options = ["--kernels", kernels] if kernels else []
+    r = subprocess.run([*infer_command("native"), *options, *map(str, args)], capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r.stdout
+
+
+def test_mve_is_the_m55_images_own_and_agrees_with_the_host(tmp_path):
+    """Unasked, the M55 image computes with mve: its logits (the bundled model's f16 weights) agree
+    with the host's fast mode as two targets' do (test_targets: only summation order differs), and
+    its greedy text is the host's."""
+    r = fw.run(M55, image(M55), fw.arguments(PROMPT, 24, ignore_eos=True, logits=tmp_path / "board.f32"), timeout=300)
+    assert r.status == 0 and r.report["kernels"] == "mve", r.output
+    assert r.output == host_kernels(None, "--model", MODEL_DIR, "--tokens", ",".join(map(str, PROMPT)), "--max_tokens",
+                                    24, "--temperature", 0, "--ignore_eos")
+    board, host_fast = board_logits(M55, image(M55), MODEL_DIR, tmp_path, "mve", None)
+    print(f"mve: max |board - host| {np.abs(board - host_fast).max():.2e}")
+    np.testing.assert_allclose(board, host_fast, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+def test_mve_int8_path_is_the_scalar_one_on_the_m55(dtype, bundled_quantized, tmp_path):
+    """The bundled model at q8_0 / q4_0 (repacked to the x8 layouts, as converted by default): with
+    mve's int8 path (mve-int8, the rest the reference) the board's logits are the host's scalar int8
+    path's (reference-int8) bit for bit; with all of mve, within test_quantized's bound of the scalar
+    int8 path (the same integers, float sums in another order)."""
+    elf = fw.build_image(M55, bundled_quantized[dtype], ctx=64)
+    board, scalar = board_logits(M55, elf, bundled_quantized[dtype], tmp_path, "mve-int8", "reference-int8")
+    assert np.array_equal(board.view(np.uint32), scalar.view(np.uint32)), f"{np.count_nonzero(board != scalar)} differ"
+    board, scalar = board_logits(M55, elf, bundled_quantized[dtype], tmp_path, "mve", "reference-int8")
+    print(f"mve {dtype}: max |board - host's reference-int8| {np.abs(board - scalar).max():.2e}")
+    np.testing.assert_allclose(board, scalar, atol=1e-4, rtol=0)
