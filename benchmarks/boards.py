@@ -55,8 +55,12 @@ def main():
     for i, (board, kind, elf) in enumerate(runs):
         b, mm = fw.BOARDS[board], fw.memory_map(board)
         flash, ram = fw.image_usage(board, elf)
-        where = (f"{flash:,} B of {mm['flash_size'] >> 10} KiB + {mm['model_flash_size'] >> 20} MiB" if mm["model_flash_size"]
-                 else f"{flash:,} B of {mm['flash_size'] >> 20} MiB")
+        if mm["model_flash_size"]:   # two flashes: the code's, the model's
+            model = fw.sections(board, elf)[".colibri_model"][0]
+            where = (f"{flash - model:,} B of {mm['flash_size'] >> 10} KiB + model {model:,} B of "
+                     f"{mm['model_flash_size'] >> 20} MiB")
+        else:
+            where = f"{flash:,} B of {mm['flash_size'] >> 20} MiB"
         print(f"| {board} | {b.cpu} | {b.float} | {kind} | {kernels[i]} | {where} "
               f"| {ram:,} B of {mm['ram_size'] >> 20} MiB | {statistics.median(prefill[i]):.1f} "
               f"| {statistics.median(decode[i]):.2f} |")

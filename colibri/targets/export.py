@@ -38,6 +38,11 @@ CPUS = {
 }
 
 
+# The vector kernels a CPU's flags enable, as c_core/meson.build's kernel_variants builds them:
+# (source under c_core/, its define).
+VECTOR_KERNELS = {"-mcpu=cortex-m55": ("arch/arm/matmul_mve.c", "COLIBRI_HAVE_MVE")}
+
+
 class ExportError(TargetError):
     """A target that is not known, a model that cannot be planned, a folder that is in the way."""
 
@@ -241,6 +246,9 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     out.mkdir(parents=True, exist_ok=True)
     core = root / "c_core"
     sources = [Path(s).relative_to(core) for s in colibri.c_sources("baremetal")]
+    vectors = [VECTOR_KERNELS[f] for f in flags if f in VECTOR_KERNELS]   # Helium on a Cortex-M55
+    sources += [Path(source) for source, _ in vectors]
+    defines = [define for _, define in vectors]
     headers = [p.relative_to(core) for p in [*core.glob("include/colibri/*.h"), *core.glob("src/**/*.h"),
                                               *core.glob("arch/*.h")]]
     for rel in [*sources, *headers]:   # core/, not c_core/: the folder is no checkout of colibri's
@@ -258,9 +266,11 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     names = [f"core/{s.as_posix()}" for s in sources]
     values = dict(VERSION=colibri.__version__, TARGET=target)
     (out / "CMakeLists.txt").write_text(_fill((template / "CMakeLists.txt").read_text(), CPU_FLAGS=";".join(flags),
-                                              SOURCES="\n".join(f"  {n}" for n in names), **values))
+                                              SOURCES="\n".join(f"  {n}" for n in names),
+                                              DEFINES=" ".join(defines), **values))
     (out / "meson.build").write_text(_fill((template / "meson.build").read_text(),
                                            CPU_ARGS=", ".join(f"'{a}'" for a in flags),
+                                           DEFINE_ARGS=", ".join(f"'-D{d}'" for d in defines),
                                            SOURCES=",\n".join(f"  '{n}'" for n in names), **values))
     readme = _fill((template / "README.md").read_text(), MODEL=model_dir.name, CTX=str(ctx), **values,
                    RAM=f"{sizes['meta'] + sizes['arena']:,}", STACK=f"{stack:,}",
