@@ -103,12 +103,13 @@ def test_the_installed_wheel_plans_builds_and_runs_firmware_outside_a_checkout(t
     on_target = installed("generate", "--target", "riscv64", "--build-dir", tmp_path / "mine", "--prompt", "ROMEO:",
                           "--max-tokens", 20, "--temperature", 0)
     assert on_target == host and (tmp_path / "mine" / "riscv64" / "build.ninja").is_file()
-    # a firmware folder, built with CMake alone into an image that prints the same text
-    installed("firmware", "export", "--board", "mps2-an386", "--out", tmp_path / "fw")
+    # a firmware folder, built with CMake alone into an image that prints the same text (the
+    # Cortex-M55: its Helium kernels, the model in its QSPI flash)
+    installed("firmware", "export", "--board", "mps3-an547", "--out", tmp_path / "fw")
     for command in (["cmake", "-S", ".", "-B", "build", "--toolchain", "cmake/toolchain.cmake"],
                     ["cmake", "--build", "build"]):   # the README's commands
         subprocess.run(command, cwd=tmp_path / "fw", capture_output=True, check=True, timeout=600)
-    image = fw.run("mps2-an386", tmp_path / "fw" / "build" / "colibri-example.elf", [], timeout=300)
+    image = fw.run("mps3-an547", tmp_path / "fw" / "build" / "colibri-example.elf", [], timeout=300)
     assert image.status == 0 and image.output == host
     assert sorted(copy.rglob("*")) == before   # nothing written into site-packages
     assert list((tmp_path / "cache" / "colibri").glob(f"*/{BOARD}/build.ninja"))

@@ -54,7 +54,8 @@ typedef struct fw_request {
 typedef void (*fw_token_hook)(int32_t index, void *context);
 
 /* Reads "text=ROMEO%3A max_tokens=64 temperature=0 top_k=0 top_p=1 seed=0 ignore_eos
- * logits=FILE report=FILE experts=FILE" (any order; arguments naming the image itself are skipped).
+ * logits=FILE report=FILE experts=FILE kernels=NAME" (any order; arguments naming the image itself
+ * are skipped; kernels=reference is the strict mode, an unknown name fails the session's creation).
  * text= is the prompt's UTF-8 bytes with any byte as %XX (QEMU splits the command line at spaces),
  * encoded on the board by the model's encoder; ids=1:591:47 gives ids instead, for a model that
  * carries no encoder.  Neither: the model's BOS.  Returns 0, or prints what is wrong and returns 1. */
