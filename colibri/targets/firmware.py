@@ -20,12 +20,12 @@ With an expert budget the image streams the routed experts of an interleaved mod
 weights.bin's resident prefix (docs/FORMAT.md), the arena a pool of cache slots of that many bytes,
 and the image reads the experts from the host's weights.bin through semihosting (experts=FILE),
 standing in for an SD card, so a model whose experts exceed the flash runs."""
+import dataclasses
 import hashlib
+import json
 import subprocess
 import tempfile
 import urllib.parse
-import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
