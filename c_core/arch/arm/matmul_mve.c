@@ -139,21 +139,25 @@ static void quantize_q8_256(colibri_q8_block *xq, const float *x, int32_t n, int
     }
 }
 
-/* sum w q of one q8_0 or q4_0 block's 32 weights (the quants at wq) and an activation block:
- * int8 products summed across the vector into int32, exactly.  q4_0's byte j holds weight j
- * (low nibble) and j + 16 (high), less 8. */
+/* sum w q of one block's 32 weights w0 (0..15), w1 (16..31) and an activation block: int8 products
+ * summed across the vector into int32, exactly. */
+static inline int32_t dot32(int8x16_t w0, int8x16_t w1, const int8_t *q)
+{
+    return vmladavaq_s8(vmladavq_s8(w0, vld1q_s8(q)), w1, vld1q_s8(q + 16));
+}
+
+/* The same for a q4_0 block's 16 quant bytes v: byte j holds weight j (low nibble) and j + 16
+ * (high), less 8. */
+static inline int32_t dot32_q4(uint8x16_t v, const int8_t *q)
+{
+    return dot32(vsubq_n_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), 8),
+                 vsubq_n_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), 8), q);
+}
+
+/* One q8_0 or q4_0 block's dot, its quants at wq. */
 static inline __attribute__((always_inline)) int32_t block_dot(const uint8_t *wq, int q4, const int8_t *q)
 {
-    int8x16_t w0, w1;
-    if (q4) {
-        uint8x16_t v = vld1q_u8(wq);
-        w0 = vsubq_n_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), 8);
-        w1 = vsubq_n_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), 8);
-    } else {
-        w0 = vld1q_s8((const int8_t *)wq);
-        w1 = vld1q_s8((const int8_t *)wq + 16);
-    }
-    return vmladavaq_s8(vmladavq_s8(w0, vld1q_s8(q)), w1, vld1q_s8(q + 16));
+    return q4 ? dot32_q4(vld1q_u8(wq), q) : dot32(vld1q_s8((const int8_t *)wq), vld1q_s8((const int8_t *)wq + 16), q);
 }
 
 /* y (n, rows) = xq @ W^T for q8_0 / q4_0 W, 4 blocks at a time: their integer dots, then the
@@ -212,19 +216,12 @@ static void matmul_q8_x8(float *y, const colibri_q8_block *xq, const uint8_t *w,
             float acc = 0.0f;
             for (b = 0; b < blocks; b++, gb += group_block, xb++) {
                 const uint8_t *quants = gb + 8 * i;
-                int8x16_t w0, w1;
+                int32_t dot = q4 ? dot32_q4(vldrbq_gather_offset_u8(quants, at), xb->q)
+                                 : dot32(vreinterpretq_s8_u8(vldrbq_gather_offset_u8(quants, at)),
+                                         vreinterpretq_s8_u8(vldrbq_gather_offset_u8(quants + 128, at)), xb->q);
                 uint16_t h;
-                if (q4) {
-                    uint8x16_t v = vldrbq_gather_offset_u8(quants, at);
-                    w0 = vsubq_n_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), 8);
-                    w1 = vsubq_n_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), 8);
-                } else {
-                    w0 = vreinterpretq_s8_u8(vldrbq_gather_offset_u8(quants, at));
-                    w1 = vreinterpretq_s8_u8(vldrbq_gather_offset_u8(quants + 128, at));
-                }
                 memcpy(&h, gb + 2 * i, 2);
-                acc += colibri_f16_to_f32(h) * xb->d *
-                       (float)vmladavaq_s8(vmladavq_s8(w0, vld1q_s8(xb->q)), w1, vld1q_s8(xb->q + 16));
+                acc += colibri_f16_to_f32(h) * xb->d * (float)dot;
             }
             y[(size_t)t * rows + r] = acc;
         }
