@@ -209,8 +209,9 @@ def test_the_cli_runs_the_board_as_generate_runs_the_host():
 
 # ---- Small boards: the bundled model at q8_0 and q4_0 on the memory of common MCU classes
 
-def host_logits(model, ids, path, *options):
-    host("--model", model, "--tokens", ",".join(map(str, ids)), "--max_tokens", 0, "--logits", path, *options)
+def host_logits(model, ids, path):
+    """The host's strict-mode logits (bits) of every position of `ids`."""
+    host("--model", model, "--tokens", ",".join(map(str, ids)), "--max_tokens", 0, "--logits", path)
     return np.fromfile(path, dtype="<u4")
 
 
