@@ -304,6 +304,17 @@ def check_settled(e, orch):
     assert (table[moe_layers(e.model)] <= 1).all() and (table == 1).sum() == len(moe_layers(e.model)) * 8 - len(local)
 
 
+def answered_each_token(e):
+    """e.generate's tokens, waiting after each for the heartbeat on its way to be answered: on a
+    loaded machine the replies could otherwise all come after the last token, and nothing would be
+    applied mid-run (the placement still goes in between tokens, where the edge takes the reply)."""
+    tokens = []
+    for token in e.stream(PROMPT, max_tokens=N_TOKENS):
+        tokens.append(token)
+        assert e.heartbeats.wait(10), "the orchestrator did not answer a heartbeat in 10 s"
+    return tokens
+
+
 def test_placements_between_tokens_keep_the_all_local_tokens(moe_model, expert_server, orchestrator_address):
     """Two edges of different budgets generate while the orchestrator moves their experts: the
     placements change between tokens, mid-run, and every token is the all-local run's (strict:
@@ -313,7 +324,7 @@ def test_placements_between_tokens_keep_the_all_local_tokens(moe_model, expert_s
     edges = [edge(moe_model, expert_server, address, "small", 4), edge(moe_model, expert_server, address, "large", 12)]
     try:
         for e in edges:
-            assert e.generate(PROMPT, max_tokens=N_TOKENS) == expected
+            assert answered_each_token(e) == expected
             assert any(0 < at < N_TOKENS for at, _ in e.applied), "no placement was applied mid-run"
             assert [v for _, v in e.applied] == sorted({v for _, v in e.applied})   # versions only grow
             assert e.driver.round_trips > 0 and e.session.device_stats()[1]["fallbacks"] == 0
