@@ -51,11 +51,22 @@ def c_sources(platform="posix"):
     return [str(f) for f in files]
 
 
+def core():
+    """The C core's extension module, colibri._core; an ImportError that says where it was looked
+    for when it is not built there (a source checkout run in place, without `pip install .`)."""
+    try:
+        from colibri import _core
+    except ImportError as e:
+        raise ImportError(f"colibri's C core (colibri._core) is not built in {Path(__file__).parent}: "
+                          f"{e}. Install the package (pip install .) and run it from outside the source "
+                          "tree, which Python would otherwise import first") from e
+    return _core
+
+
 def __getattr__(name):
     if name == "Model":
         from colibri.model import Model
         return Model
     if name in ("Session", "Error", "kernel_variants"):
-        from colibri import _core
-        return getattr(_core, name)
+        return getattr(core(), name)
     raise AttributeError(f"module 'colibri' has no attribute {name!r}")

@@ -875,7 +875,8 @@ def main(argv=None):
             return 1
         if args.debug:
             raise
-        known = isinstance(e, (colibri.Error, ConvertError, TargetError, OSError))
+        core = sys.modules.get("colibri._core")   # not loaded: no colibri.Error could have been raised
+        known = isinstance(e, (ConvertError, TargetError, OSError, ImportError)) or (core and isinstance(e, core.Error))
         print(f"colibri {args.command}: {e}" if known else f"colibri {args.command}: {type(e).__name__}: {e} "
               "(--debug shows the traceback)", file=sys.stderr)
         return 1

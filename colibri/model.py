@@ -1,6 +1,8 @@
 """The Python face of a model: the compiled core's Model plus its tokenizer."""
-from colibri._core import Model as _CoreModel
+from colibri import core
 from colibri.tokenizer import load_tokenizer
+
+_CoreModel = core().Model
 
 
 class Model(_CoreModel):

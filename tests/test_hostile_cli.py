@@ -242,3 +242,16 @@ def test_tokenizer_in_a_subdirectory_is_fine(tmp_path):
     (d / "colibri_model.json").write_text(json.dumps(meta))
     assert load_tokenizer(d) is not None
     assert colibri.Model(d).tokenizer is not None
+
+
+def test_a_source_tree_without_the_built_core_says_so(tmp_path):
+    """`python -m colibri` run where Python imports the package's sources first (a checkout, in
+    place): one line that names the missing colibri._core and what to do, not a traceback."""
+    from support import TESTS
+    shutil.copytree(TESTS.parent / "colibri", tmp_path / "colibri",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    r = subprocess.run([sys.executable, "-m", "colibri", "generate", "--prompt", PROMPT], capture_output=True,
+                       text=True, cwd=tmp_path)
+    err = r.stderr.strip()
+    assert r.returncode == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "colibri._core" in err and f"not built in {tmp_path / 'colibri'}" in err and "pip install ." in err
