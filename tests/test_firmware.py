@@ -215,13 +215,13 @@ def host_logits(model, ids, path):
     return np.fromfile(path, dtype="<u4")
 
 
-@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
-def test_the_quantized_bundled_model_on_a_chip_of_2_mib_and_512_kib(dtype, bundled_quantized, tmp_path):
-    """`firmware plan` for the bundled model at q8_0 / q4_0 (converted here) on a chip of 2 MiB flash
-    and 512 KiB RAM: the longest context it gives fits and one more does not, the image linked for
-    that memory occupies what the plan says, and on the board it gives the host's strict logits bit
-    for bit."""
-    model, flash, ram, board = bundled_quantized[dtype], 2 << 20, 512 << 10, "mps2-an386"
+@pytest.mark.parametrize("dtype, flash, ram", [("q8_0", 2 << 20, 512 << 10), ("q4_0", 1 << 20, 256 << 10)])
+def test_the_quantized_bundled_model_on_a_small_chip(dtype, flash, ram, bundled_quantized, tmp_path):
+    """`firmware plan` for the bundled model at q8_0 (converted here) on a chip of 2 MiB flash and
+    512 KiB RAM, at q4_0 on one of 1 MiB and 256 KiB: the longest context it gives fits and one more
+    does not, the image linked for that memory occupies what the plan says, and on the board it
+    gives the host's strict logits bit for bit."""
+    model, board = bundled_quantized[dtype], "mps2-an386"
     ctx = fw.largest_ctx(board, model, flash, ram)
     assert 0 < ctx < 256
     p, more = (fw.for_memory(fw.plan(board, model, ctx=c), flash, ram) for c in (ctx, ctx + 1))
@@ -238,12 +238,12 @@ def test_the_quantized_bundled_model_on_a_chip_of_2_mib_and_512_kib(dtype, bundl
 
 
 def test_a_chip_too_small_is_refused_before_building(bundled_quantized):
-    """1 MiB of flash does not hold q4_0 with the code: the plan says by how much, and no image is
+    """1 MiB of flash does not hold q8_0 with the code: the plan says by how much, and no image is
     built; `plan --flash --ram` names the longest context a chip holds."""
-    p = fw.for_memory(fw.plan("mps2-an386", bundled_quantized["q4_0"], ctx=16), 1 << 20, 256 << 10)
+    p = fw.for_memory(fw.plan("mps2-an386", bundled_quantized["q8_0"], ctx=16), 1 << 20, 256 << 10)
     assert p.problems()[0].startswith("flash: needs") and "the chip has 1,048,576 B" in p.problems()[0]
     with pytest.raises(fw.FirmwareError, match="does not fit a chip of 1,048,576 B flash"):
-        fw.build_image("mps2-an386", bundled_quantized["q4_0"], ctx=16, chip=(1 << 20, 256 << 10))
+        fw.build_image("mps2-an386", bundled_quantized["q8_0"], ctx=16, chip=(1 << 20, 256 << 10))
     r = subprocess.run([sys.executable, "-m", "colibri", "firmware", "plan", "--board", "mps2-an386", "--model",
                         str(bundled_quantized["q8_0"]), "--flash", "2M", "--ram", "512K"], capture_output=True,
                        text=True, timeout=300)
