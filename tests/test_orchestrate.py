@@ -203,6 +203,21 @@ def test_heartbeats_over_tls_with_a_token(tmp_path):
         server.stop(0)
 
 
+def test_a_heartbeat_handed_over_just_before_close_is_still_sent(orchestrator_address):
+    """A message the thread has not taken yet when close() comes (here held back by its lock, as a
+    thread scheduled late leaves it) is sent: a short `colibri generate` has one heartbeat, last."""
+    from colibri.remote.edge import Heartbeats
+
+    orch, address = orchestrator_address
+    h = Heartbeats(address)
+    with h.cv:   # the thread cannot take the message before close() has begun
+        assert h.submit(heartbeat_message("short", b"\x01" * 8, 1, [1, 2], 0, 0, 2 * EXPERT_BYTES, EXPERT_BYTES,
+                                          skewed([4, 5, 6]))[0])
+        h.closed = True   # close()'s first step, taken under the same lock
+    h.close()
+    assert h.sent == 1 and orch.snapshot()["short"]["heartbeats"] == 1
+
+
 # ---- the state across restarts ------------------------------------------------------------------
 
 def test_a_restarted_orchestrator_keeps_versions_and_loads(tmp_path):

@@ -177,7 +177,7 @@ class Heartbeats:
         while True:
             with self.cv:
                 self.cv.wait_for(lambda: self.message is not None or self.closed)
-                if self.closed:
+                if self.message is None:   # closed: a message already handed over is still sent
                     return
                 message, self.message = self.message, None
             reply = None
@@ -196,6 +196,8 @@ class Heartbeats:
                 self.cv.notify_all()
 
     def close(self):
+        """Stops the thread once the message handed over is sent (a short run's only heartbeat
+        would otherwise be lost when the thread had not taken it yet), waiting at most its timeout."""
         with self.cv:
             self.closed = True
             self.cv.notify_all()
