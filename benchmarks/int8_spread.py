@@ -38,7 +38,7 @@ def sequences(n, tokens):
     for seed in range(n):
         session.reset()
         out.append([bos] + session.generate([bos], max_tokens=tokens, temperature=1.0, seed=seed, stop_at_eos=False))
-    return [s[:tokens + 1] for s in out]
+    return out
 
 
 def all_logits(model, kernels, seqs):

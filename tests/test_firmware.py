@@ -310,7 +310,9 @@ def test_mve_int8_path_is_the_scalar_one_on_the_m55(dtype, bundled_quantized, tm
     """The bundled model at q8_0 / q4_0 (repacked to the x8 layouts, as converted by default): with
     mve's int8 path (mve-int8, the rest the reference) the board's logits are the host's scalar int8
     path's (reference-int8) bit for bit; with all of mve, within test_quantized's bound of the scalar
-    int8 path (the same integers, float sums in another order)."""
+    int8 path (the same integers, float sums in another order).  That bound holds for these tokens:
+    on longer sequences a last-bit difference in mve's norms or attention can flip an activation's
+    int8 rounding, as benchmarks/int8_spread.py measures for the x86 variants."""
     elf = fw.build_image(M55, bundled_quantized[dtype], ctx=64)
     board, scalar = board_logits(M55, elf, bundled_quantized[dtype], tmp_path, "mve-int8", "reference-int8")
     assert np.array_equal(board.view(np.uint32), scalar.view(np.uint32)), f"{np.count_nonzero(board != scalar)} differ"
