@@ -15,7 +15,10 @@ The C core's sources ship with the package, for C programs and for the firmware 
 """
 from pathlib import Path
 
-__version__ = "0.1.0"
+try:
+    from colibri._version import __version__   # written by the build from meson.build's project()
+except ImportError:   # a source tree run in place (the pure-Python tools)
+    __version__ = "0+unknown"
 __all__ = ["Model", "Session", "Error", "kernel_variants", "source_root", "get_include", "c_sources",
            "__version__"]
 

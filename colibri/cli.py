@@ -38,13 +38,12 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
+import colibri
 from colibri.demo import MODEL_DIR as BUNDLED_MODEL
 from colibri.tokenizer import read_regular_text
 
 
 def _model(path, verify=False, experts_elsewhere=False):
-    import colibri
-
     if path is None:
         path = BUNDLED_MODEL
         if not (path / "colibri_model.json").exists():
@@ -659,6 +658,7 @@ def _checkout_names(module, name):
 def build_parser():
     p = argparse.ArgumentParser(prog="colibri", description="Run Mixture-of-Experts models with the colibri engine.")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    p.add_argument("--version", action="version", version=f"colibri {colibri.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="Hugging Face directory (config.json + *.safetensors) or .gguf file -> colibri model")
@@ -852,11 +852,16 @@ def build_parser():
     return p
 
 
+# The packages of pyproject.toml's extras, by the name they are imported as: running a model needs
+# numpy alone, so a command that needs more says which extra brings it.
+EXTRAS = {"safetensors": "convert", "ml_dtypes": "convert", "tqdm": "convert", "gguf": "convert",
+          "tokenizers": "convert", "grpc": "remote", "google": "remote"}
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if getattr(args, "build_dir", None):   # what colibri.targets.build_dir reads
         os.environ["COLIBRI_BUILD_DIR"] = str(Path(args.build_dir).resolve())
-    import colibri
     from colibri.convert import ConvertError
     from colibri.targets import TargetError
 
@@ -875,6 +880,11 @@ def main(argv=None):
             return 1
         if args.debug:
             raise
+        extra = isinstance(e, ModuleNotFoundError) and EXTRAS.get((e.name or "").split(".")[0])
+        if extra:   # a library of an optional part, named with what installs it
+            print(f"colibri {args.command}: needs the {e.name.split('.')[0]} package: "
+                  f"pip install 'colibri-moe[{extra}]'", file=sys.stderr)
+            return 1
         core = sys.modules.get("colibri._core")   # not loaded: no colibri.Error could have been raised
         known = isinstance(e, (ConvertError, TargetError, OSError, ImportError)) or (core and isinstance(e, core.Error))
         print(f"colibri {args.command}: {e}" if known else f"colibri {args.command}: {type(e).__name__}: {e} "

@@ -99,6 +99,12 @@ def test_the_folder_holds_the_bare_metal_core_the_model_and_the_plan(tmp_path):
     assert "-mcpu=cortex-m7;-mthumb;-mfloat-abi=hard;-mfpu=fpv5-d16" in (out / "CMakeLists.txt").read_text()
     assert not (out / "port" / "port_board.c").exists() and "## The board's example" not in (out / "README.md").read_text()
     assert (out / "model" / "weights.bin").read_bytes() == (MODEL_DIR / "weights.bin").read_bytes()
+    # colibri's sources go into the user's product: each says its license, whose text comes along
+    copied = [p for p in out.rglob("*") if p.suffix in (".c", ".h", ".S") and p.name != "colibri_plan.h"
+              and p.parent.name != "model"]
+    assert copied and [p for p in copied if not p.read_text().startswith("/* SPDX-License-Identifier: MIT */\n")] == []
+    assert (out / "core" / "LICENSE").read_text() == (Path(colibri.source_root()) / "LICENSE").read_text()
+    assert (out / "core" / "LICENSE").read_text().startswith("MIT License")
 
     # colibri_plan_matches knows its model's JSON from any other (host gcc: the header is plain C99)
     (tmp_path / "check.c").write_text(

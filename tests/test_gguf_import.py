@@ -311,11 +311,11 @@ def k_quant_gguf(path):
 def test_the_progress_bar_counts_the_bytes_written(layout, monkeypatch, tmp_path):
     """Its total, in bytes, is set before the first tensor and is what weights.bin holds but its
     padding: the GGUF's own tensor sizes, then the byte tables (integers, not f32)."""
-    from colibri.convert import writer
+    import tqdm
 
     bars = []
 
-    class Recorded(writer.tqdm):
+    class Recorded(tqdm.tqdm):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             bars.append({"first total": self.total, "unit": self.unit})
@@ -324,7 +324,7 @@ def test_the_progress_bar_counts_the_bytes_written(layout, monkeypatch, tmp_path
             bars[-1].update(total=self.total, n=self.n)
             super().close()
 
-    monkeypatch.setattr(writer, "tqdm", Recorded)
+    monkeypatch.setattr(tqdm, "tqdm", Recorded)   # what the writer imports when it writes
     src = k_quant_gguf(tmp_path / "k.gguf")
     out = convert(src, tmp_path / "out", progress=True, layout=layout)
     (bar,) = bars
@@ -339,16 +339,18 @@ def test_the_progress_bar_counts_the_bytes_written(layout, monkeypatch, tmp_path
 
 
 def test_the_progress_bar_ends_at_the_bytes_written_for_an_integer_table_without_its_dtype(monkeypatch, tmp_path):
+    import tqdm
+
     from colibri.convert import writer
 
     bars = []
 
-    class Recorded(writer.tqdm):
+    class Recorded(tqdm.tqdm):
         def close(self):
             bars.append((self.total, self.n))
             super().close()
 
-    monkeypatch.setattr(writer, "tqdm", Recorded)
+    monkeypatch.setattr(tqdm, "tqdm", Recorded)
     tensors = [("w", (2, 64), lambda: np.ones((2, 64), np.float32)),
                ("t", (10,), lambda: np.arange(10, dtype=np.uint8))]   # counted as f32 until written
     writer.write_model(tmp_path, {"format": "colibri", "version": 1}, tensors, "q8_0")

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The kernel variants c_core/arch/ compiles, and the CPU probes that say whether they run: what
  * arch/dispatch.c registers.  Each exists only in builds for its architecture (meson defines
  * COLIBRI_HAVE_<variant> for the ones it compiles).  A variant's table names only the kernels it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The kernel variants this build has, which of them this CPU runs, and the pick: the best one
  * it runs, or one by name (COLIBRI_KERNELS=<name> in the environment, or the session option). */
 #include <string.h>

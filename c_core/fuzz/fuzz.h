@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the harnesses share: libFuzzer's entry points, and where the bundled models are.
  *
  * COLIBRI_FUZZ_FIXTURE (the fixture model) and COLIBRI_FUZZ_MODEL (the demo model) are model

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The JSON reader, and the placement parser over the same text.
  *
  * The input is the text, exactly its bytes (no NUL after it, so a read past the end is one ASan

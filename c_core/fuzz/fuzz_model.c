@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The model loader from memory, a session, a few forward steps and a sample.
  *
  * Input: a 4-byte little-endian length n, then n bytes of colibri_model.json, then weights.bin

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The encoder on the demo model: the input is the text.  Its ids, decoded with
  * colibri_token_bytes, give back the input byte for byte (a byte-level BPE model: every byte is
  * a token or inside one), up to the first special token written in the text ("<s>": it has no

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The harnesses without libFuzzer: each argument (a file, or a directory of files) is read and
  * given to LLVMFuzzerTestOneInput once, so any compiler replays the corpus and the regressions.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the core asks of a platform (c_core/platform/<name>/): the only code that
  * touches the operating system. */
 #ifndef COLIBRI_PLATFORM_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Small helpers shared by the core: error reporting, formatting, checked arithmetic, the profiler's
  * clock. */
 #ifndef COLIBRI_UTIL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* See model_files.h. */
 #include <stdint.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Test helper: a model directory read with stdio and loaded with colibri_model_load, which
  * works on hosted targets and, through semihosting, on bare-metal boards (where
  * colibri_model_open has no file system to map). */

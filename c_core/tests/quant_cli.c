@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One weight matrix through the block formats' reference code and a kernel set, for
  * tests/test_gguf_quants.py to compare with the gguf package and numpy.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The top-k router on logits from stdin, for tests/test_router_modes.py to compare with numpy.
  *
  *   stdin   E K score weights groups topk_groups group_score normalize normalize_eps scale has_bias n

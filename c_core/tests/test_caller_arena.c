@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A session in a caller-owned buffer (the bare-metal way) needs exactly colibri_session_plan
  * bytes when 64-byte aligned, refuses a buffer one byte short with COLIBRI_E_NOMEM, and
  * computes bit-for-bit what a session elsewhere in memory computes: a mapped one on hosted

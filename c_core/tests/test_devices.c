@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Devices: experts computed by a registered driver give bit for bit the all-cpu run, with one call
  * per MoE layer and chunk; a failed call falls back to the cpu for the same bits; a device whose P90
  * passes its threshold (after exactly 4 slow calls of 32) is bypassed, probed after its back-off and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Every kernel variant this CPU runs against the reference kernels, over shapes that hit
  * every loop tail and every weight dtype.  Budget per output: float summation can be off by
  * at most cols * 2^-24 * sum|w x| (the classic bound for any order), with the reference

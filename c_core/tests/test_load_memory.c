@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Loading from memory, the bare-metal way (colibri_model_load): the same model as from the
  * directory, and a clear COLIBRI_E_ALIGN for weights that do not start at a 64-byte boundary.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* ops/math.c against the C library's libm: our exp, log, sin and cos must be as accurate as
  * a libm (a few double ulps) wherever the engine uses them; that they give the same bits on
  * every target is checked by comparing whole-model logits across targets.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Proves that generation allocates nothing: every malloc, calloc, realloc and free in
  * the process (the C library's own included) is counted across 64 decode steps, with the
  * experts resident and then streamed through the expert cache.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Expert streaming computes bit for bit what the resident session computes: a prompt in chunks
  * (the prefill path, experts read a few ahead), then greedy decode steps (each token's experts
  * requested together, the next layer's guessed), at every budget from the minimum to all the

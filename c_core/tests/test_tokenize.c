@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The core's encoder against the `tokenizers` library: each case of CASES (written by
  * tests/test_tokenizer.py from that library: a line of the text's bytes in hex, a line of its ids)
  * tokenized with the model's encoder gives those ids; short buffers report the count; bytes that

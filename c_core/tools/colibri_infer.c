@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* colibri-infer: run a colibri model from the command line, no Python.
  *
  *   colibri-infer --model DIR --tokens 1,415,2936 --max_tokens 16 [--temperature 0] [--verbose]
@@ -60,6 +61,7 @@ static void usage(FILE *f)
         "                     [--ctx N] [--batch N] [--ignore_eos] [--ids] [--verbose]\n"
         "       colibri-infer --model DIR --validate-model\n"
         "       colibri-infer --model DIR --memdump [--ctx N] [--batch N]\n"
+        "       colibri-infer --version\n"
         "\n"
         "  --model DIR        a colibri model directory (colibri_model.json + weights.bin)\n"
         "  --prompt TEXT      the prompt as text, encoded by the model's tokenizer in the core; - reads standard input\n"
@@ -187,6 +189,7 @@ static int parse_args(int argc, char **argv, options *o)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes_value = 1;
         if (option_is(a, "help") || strcmp(a, "-h") == 0) { usage(stdout); exit(0); }
+        if (option_is(a, "version")) { printf("colibri-infer %s\n", COLIBRI_VERSION); exit(0); }
         else if (option_is(a, "verbose")) { o->verbose = 1; takes_value = 0; }
         else if (option_is(a, "validate_model")) { o->validate = 1; takes_value = 0; }
         else if (option_is(a, "memdump")) { o->memdump = 1; takes_value = 0; }

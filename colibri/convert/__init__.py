@@ -12,6 +12,8 @@ projections, rounding to the output dtype); no model maths.
 import shutil
 from pathlib import Path
 
+import colibri
+
 from .errors import ConvertError
 from .families import FAMILIES
 from .hf import Checkpoint
@@ -21,18 +23,6 @@ from .vocab import byte_table, encoder, token_bytes
 from .writer import DTYPES, LAYOUTS, check_dtype, check_layout, write_model
 
 __all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES", "LAYOUTS"]
-
-
-def _version():
-    try:
-        from colibri import __version__
-        return __version__
-    except ImportError:
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            return version("colibri-moe")
-        except PackageNotFoundError:
-            return "unknown"
 
 
 def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked", repack=None):
@@ -65,8 +55,6 @@ def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked", repa
 
 def _check_loads(model_dir):
     """The core's own validation of what was written, before it replaces anything."""
-    import colibri
-
     try:
         colibri.Model(model_dir, verify=True)
     except colibri.Error as e:
@@ -103,7 +91,7 @@ def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout, repack):
         doc = {"format": "colibri", "version": 1, **desc}
         if has_tokenizer:
             doc["tokenizer"] = "tokenizer.json"
-        doc["metadata"] = {"source": src_dir.name, "converter": f"colibri {_version()}",
+        doc["metadata"] = {"source": src_dir.name, "converter": f"colibri {colibri.__version__}",
                            "source_dtype": ",".join(sorted(source_dtypes))}
         tensors = [(e.name, e.shape, lambda e=e: e.build([ckpt.get(n) for n, _ in e.sources])) for e in plan]
         pieces = token_bytes(src_dir / "tokenizer.json", desc["hparams"]["vocab_size"]) if has_tokenizer else None

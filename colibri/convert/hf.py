@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from .errors import ConvertError
 
@@ -44,6 +43,8 @@ class Checkpoint:
         self.shards = sorted(self.dir.glob("*.safetensors"))
         if not self.shards:
             raise ConvertError(f"{self.dir}: no *.safetensors files")
+        from safetensors import SafetensorError, safe_open   # the "convert" extra: not needed to run a model
+
         self._stack = contextlib.ExitStack()
         self._where = {}  # tensor name -> open shard
         for path in self.shards:

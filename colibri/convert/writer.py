@@ -7,7 +7,6 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from .errors import ConvertError
 
@@ -293,6 +292,8 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked", r
             raise ConvertError(f"{dtype} quantizes matrices whose rows are whole blocks of {block} weights; "
                                f"this model's rows have {', '.join(map(str, widths))}: every weight would stay f32 "
                                f"(q8_0 and q4_0 take blocks of 32; f16 and bf16 any row)")
+    from tqdm import tqdm   # the "convert" extra, as the readers are
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = [(t[0], t[1], t[2], t[3] if len(t) > 3 else stored_dtype(t[1], dtype)) for t in tensors]

@@ -63,13 +63,48 @@ HOST_OPTIONS = {
 }
 
 
+# What colibri makes for the cross files at build time, named in a machine file given before each
+# of them: `gcc_toolchains`, a folder of GCC installations, one per triple a cross file names in
+# [properties] `clang_gcc`, each holding that triple's GCC alone.  clang takes the newest GCC of any
+# triple it counts as the target's (riscv64-unknown-elf's for riscv64-linux-gnu), and a folder made
+# here, rather than a link in toolchains/, works from the wheel's copy and on a machine without the
+# compiler (where it is an error naming the package, at build time).
+def made_constants():
+    return {"gcc_toolchains": str(build_dir() / "gcc-toolchains")}
+
+
+def constants_file():
+    """The machine file of made_constants(), written into the build directory."""
+    path = build_dir() / "made-constants.ini"
+    text = "[constants]\n" + "".join(f"{k} = {v!r}\n" for k, v in made_constants().items())
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return path
+
+
+def gcc_toolchain(triple):
+    """Makes gcc_toolchains/<triple>: a link to the newest /usr/lib/gcc-cross/<triple>/<version>."""
+    found = sorted(Path("/usr/lib/gcc-cross", triple).glob("*/crtbegin.o"),
+                   key=lambda p: [int(n) for n in p.parent.name.split(".") if n.isdigit()])
+    if not found:
+        raise TargetError(f"no GCC for {triple} (/usr/lib/gcc-cross/{triple}/<version>/crtbegin.o): "
+                          f"apt-get install gcc-{triple}")
+    link = Path(made_constants()["gcc_toolchains"], triple, "lib", "gcc-cross", triple, found[-1].parent.name)
+    if not (link.is_symlink() and link.resolve() == found[-1].parent.resolve()):
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(found[-1].parent)
+    return link
+
+
 @functools.lru_cache(maxsize=None)
 def cross_files(prop):
     """{name: the machine file's sections, and its path} of the cross files in toolchains/ whose
     [properties] name a target with `prop`: `colibri_target` (Linux) or `colibri_board` (bare metal)."""
     out = {}
     for path in sorted((source_dir() / "toolchains").glob("*.ini")):
-        sections = machine_file.read(path)
+        sections = machine_file.read(path, constants=made_constants())
         name = sections.get("properties", {}).get(prop)
         if name:
             out[name] = {"path": path, **sections}
@@ -78,7 +113,7 @@ def cross_files(prop):
 
 def _options():
     """{target: its `meson setup` options}."""
-    cross = {name: ["-Dpython=false", "--cross-file", f"toolchains/{f['path'].name}"]
+    cross = {name: ["-Dpython=false", "--cross-file", str(constants_file()), "--cross-file", f"toolchains/{f['path'].name}"]
              for prop in ("colibri_target", "colibri_board") for name, f in cross_files(prop).items()}
     return {**HOST_OPTIONS, **cross}
 
@@ -115,6 +150,9 @@ def build(kind):
     known = _options()
     if kind not in known:
         raise TargetError(f"unknown target {kind!r}: one of {', '.join(known)}")
+    cross = {**cross_files("colibri_target"), **cross_files("colibri_board")}.get(kind, {})
+    if "clang_gcc" in cross.get("properties", {}):
+        gcc_toolchain(cross["properties"]["clang_gcc"])
     return meson_build(build_dir() / kind, known[kind])
 
 

@@ -254,6 +254,7 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     for rel in [*sources, *headers]:   # core/, not c_core/: the folder is no checkout of colibri's
         (out / "core" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(core / rel, out / "core" / rel)
+    shutil.copyfile(root / "LICENSE", out / "core" / "LICENSE")   # the terms the sources' SPDX lines name
     for rel in ("example/main.c", "port/colibri_port.h", "port/port_template.c", "model/colibri_model.S",
                 "meson.options"):
         (out / rel).parent.mkdir(parents=True, exist_ok=True)

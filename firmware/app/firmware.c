@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One generation with the linked model: the same steps, output and stopping rules as
  * colibri-infer, with every byte of RAM in the static block the build planned. */
 #include <errno.h>

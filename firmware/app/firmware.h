@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What every firmware image runs: one generation with the model linked into the image.
  *
  * The image is the core + this app + one generated assembly file (firmware/plan) that holds

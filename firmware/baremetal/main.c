@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* colibri on bare metal: no OS, no heap, no file system.  The model is linked into flash,
  * the session lives in the static block the build planned; arguments, text and the
  * optional logits/report files go through semihosting.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Timing on the MPS2 boards (mps2-an386, mps2-an500): the FPGA I/O block's COUNTER, a free
  * running 32-bit count of the 25 MHz system clock, widened to 64 bits here (it wraps every
  * 171 s; a token takes far less). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Timing on the MPS3 AN547 board: the FPGA I/O block's COUNTER (secure alias), a free running
  * 32-bit count at 20 MHz, widened to 64 bits here (it wraps every 214 s; a token takes far less).
  * Under QEMU's -icount shift=0 one instruction is one nanosecond, so a tick is 50 instructions. */

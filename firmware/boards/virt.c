@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Timing on QEMU's RISC-V `virt` board: the CLINT's 64-bit mtime, 10 MHz. */
 #include "../app/firmware.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The FreeRTOS configuration of colibri's FreeRTOS image (firmware/freertos/main.c), for a
  * stock FreeRTOS-Kernel checkout (-Dfreertos_kernel=PATH, never copied into this repository).
  *

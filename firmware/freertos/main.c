@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* colibri in a FreeRTOS task: the bare-metal image's generation (firmware/app), run by a task
  * that FreeRTOS schedules, while a higher-priority heartbeat task keeps running.
  *

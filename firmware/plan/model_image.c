@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* colibri-model-image: writes the one model-specific file of a firmware image, an assembly
  * file holding the model (into flash), the static RAM block (into .bss) sized by the core's
  * own plan, the stack budget and the session shape.  It runs on the build machine; the

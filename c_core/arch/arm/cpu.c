@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* AArch64 feature probe: NEON is in the base architecture; the dot-product extension is the OS's
  * to report (platform.h). */
 #include "../../src/platform.h"

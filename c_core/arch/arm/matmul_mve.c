@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Helium (MVE, Armv8.1-M's vector extension with float: the Cortex-M55) kernels.  Vectors are 128
  * bits, 4 floats or 16 bytes, in 8 registers; loads take a lane predicate (vctp32q), so the float
  * dot products' and rmsnorm's tails are the last vector's lanes switched off rather than a scalar

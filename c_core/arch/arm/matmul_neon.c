@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* NEON kernels (AArch64, where Advanced SIMD is part of the base architecture).
  * Each is tested against ops/reference.c. */
 #include "q8_neon.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* NEON with the dot-product extension (Armv8.2 sdot): the int8 path four products to a lane.
  * Compiled with +dotprod; called only after colibri_cpu_has_dotprod() said yes.  Its float path
  * and attention are the plain NEON ones: its base in arch/dispatch.c fills those slots. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The int8 path shared by the NEON variants: each file includes this under its own flags and
  * hands the driver its integer dot product of 16 bytes by 16 bytes. */
 #ifndef COLIBRI_Q8_NEON_H

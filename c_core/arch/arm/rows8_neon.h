@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The int8 path for q4_0x8 and q8_0x8 (8 rows interleaved, docs/FORMAT.md) on NEON: a 64-byte
  * chunk is four registers of two rows' 8 quant bytes each, and one load of 8 activation bytes
  * (duplicated) meets all four.  With the dot-product extension (the file compiled with +dotprod)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RISC-V feature probe, compiled without V so it runs on every rv64gc CPU: the vector
  * extension is the OS's to report (platform.h), as it must also save the vector registers. */
 #include "../../src/platform.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RISC-V Vector 1.0 kernels, vector-length agnostic: every loop takes its vl from vsetvl, so one
  * binary runs at any VLEN (V guarantees >= 128: e8m1 holds 16 bytes, e8m2 32, e8m4 64, e32m8 32 floats),
  * tails included.  Compiled with V (clang 14's intrinsics, their pre-1.0 names); called only after

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* x86-64 feature probes, compiled without any -m flag so they run on every x86-64 CPU.
  * __builtin_cpu_supports also checks that the OS saves the wider registers. */
 #include <cpuid.h>

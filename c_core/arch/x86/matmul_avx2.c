@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* AVX2 + FMA + F16C kernels (x86-64).  Compiled with -mavx2 -mfma -mf16c; called only
  * after colibri_cpu_has_avx2() said yes.  Each is tested against ops/reference.c. */
 #include "q8_x86.h"

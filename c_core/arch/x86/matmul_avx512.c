@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* AVX-512 kernels (F, BW, VL, VNNI): 16-wide float dot products, and int8 block dots with
  * vpdpbusd.  Called only after colibri_cpu_has_avx512_vnni() said yes; tested against
  * ops/reference.c like every variant. */

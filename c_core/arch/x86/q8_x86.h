@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The int8 path shared by the AVX2 and AVX-512 variants: each file includes this under its own
  * -m flags and hands the driver its integer block dot products. */
 #ifndef COLIBRI_Q8_X86_H

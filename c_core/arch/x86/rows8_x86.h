@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The int8 path for q4_0x8 and q8_0x8 (8 rows interleaved, docs/FORMAT.md), AVX-512 VNNI or AVX2
  * by the flags of the file that includes it.  A block group holds 8 rows' block b: d[0..7], then
  * 64-byte chunks whose qword i is 8 quant bytes of row i, so one broadcast of 8 activation bytes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* colibri — a C99 inference engine for Mixture-of-Experts language models.
  *
  * Data flow:  model (mapped weights, validated at load)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Devices: where a session's routed experts are computed.
  *
  * Device 0 of every session is the built-in `cpu` driver: the session's own kernels and threads,

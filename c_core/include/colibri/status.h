@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Status codes and error details.
  *
  * Every fallible call returns a colibri_status and, when given a non-NULL

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The bare-metal platform: no heap, no file system, no environment.  Sessions live in an
  * arena the firmware passes in (colibri_session_options.arena); models are loaded from
  * memory with colibri_model_load. */

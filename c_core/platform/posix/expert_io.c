@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Expert streaming's reader on POSIX: one I/O thread made with the session performs the reads the
  * forward pass queues (platform.h), urgent ones first, from the caller's read function or from
  * weights.bin with pread (O_DIRECT on request, so the page cache is bypassed).  The queues are

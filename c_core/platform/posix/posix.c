@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The POSIX platform: model directories read and mapped from files, session arenas
  * mapped anonymously (huge pages first, normal pages when the system has none). */
 #define _POSIX_C_SOURCE 200809L

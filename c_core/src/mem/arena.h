@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The session arena: one block, carved front to back at session creation and never
  * grown.  Every carve is recorded (group, name, layer, offset, size) so the memory
  * report shows exactly what the arena holds.  With base == NULL the arena only

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The memory report: weights by tensor, the arena by group and buffer, the model's
  * tables, and the totals — available as soon as a session exists, before any token. */
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The memory report over an arena and the model its buffers serve (mem/memdump.c): the
  * session (colibri_memdump, colibri_memory) hands in its arena and model and says how it runs. */
 #ifndef COLIBRI_MEMDUMP_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* CRC-32 (IEEE 802.3, reflected, as zlib.crc32), half a byte at a time: a 64-byte
  * table keeps flash small on microcontrollers. */
 #include "model.h"

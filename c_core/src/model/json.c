@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Strict JSON tokeniser: iterative (no recursion), bounded depth, no allocation. */
 #include "json.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A strict RFC 8259 JSON reader that never allocates.
  *
  * The text is tokenised into a caller-provided array (or only counted when the array is

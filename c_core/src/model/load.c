@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Loading and validation of colibri_model.json against weights.bin: the metadata block's layout
  * and the driver that reads the sections (schema.c) and the tensor table (tensors.c) into it.
  *
@@ -11,7 +12,7 @@
 #include "../ops/ops.h"
 #include "../util.h"
 
-#define MIN_LAYER_TENSORS 9
+#define MIN_LAYER_TENSORS 9   /* norm, attention (four), norm, a dense MLP (three) */
 
 /* ---- the metadata block: model struct, tensor table, layer table, JSON tokens ---- */
 
@@ -26,9 +27,8 @@ typedef struct meta_layout {
 
 static meta_layout layout_for(uint32_t n_tokens)
 {
-    /* Each tensor entry needs at least 14 tokens and each layer at least 9 tensors (norm,
-     * attention, norm, a dense MLP), so n_tokens / 14 bounds both tables without reading the
-     * JSON first. */
+    /* Each tensor entry needs at least 14 tokens and each layer at least MIN_LAYER_TENSORS
+     * tensors, so n_tokens / 14 bounds both tables without reading the JSON first. */
     uint32_t max_tensors = n_tokens / 14 + 1;
     meta_layout l;
     l.max_tensors = max_tensors;
@@ -104,10 +104,14 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     if (st) return st;
     n_tensors = tokens[tensors_tok].n_children;
     n_slots = T_GLOBAL + (int64_t)hp->n_layers * L_KINDS;
-    /* A valid entry takes at least 14 tokens, so these hold only for a broken tensor table. */
-    if (n_tensors > lay.max_tensors || (uint32_t)hp->n_layers > lay.max_layers)
-        return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u entries for a %d-layer %s model, which has %lld tensors",
-                            n_tensors, hp->n_layers, m->architecture, (long long)n_slots);
+    /* A valid entry takes at least 14 tokens and a layer at least MIN_LAYER_TENSORS entries, so these
+     * hold only for a broken tensor table or one too short for num_layers. */
+    if (n_tensors > lay.max_tensors)
+        return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u entries, more than its %u JSON tokens "
+                            "hold as tensor entries (14 or more each)", n_tensors, n_tokens);
+    if ((uint32_t)hp->n_layers > lay.max_layers)
+        return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u entries, too few for a %d-layer model",
+                            n_tensors, hp->n_layers);
     m->tensors = (colibri_tensor *)((uint8_t *)meta + lay.tensors);
     m->layers = (colibri_layer_weights *)((uint8_t *)meta + lay.layers);
     m->n_tensors = (int32_t)n_tensors;

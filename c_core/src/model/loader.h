@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the loader's files share: load.c drives, schema.c reads the JSON fields and sections,
  * tensors.c knows the tensors a model has and checks them.  Internal to c_core/src/model. */
 #ifndef COLIBRI_LOADER_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The loaded model: validated hyper-parameters and typed pointers into the mapped weights. */
 #ifndef COLIBRI_MODEL_H
 #define COLIBRI_MODEL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* colibri_model.json's fields: the typed readers, the choices of the string fields, and the
  * sections that fill colibri_hparams and each layer's kinds.
  *
@@ -265,6 +266,21 @@ static colibri_status opt_choice(loader *L, int32_t obj, const char *where, cons
 
 /* ---- sections ---- */
 
+/* Whether number token t's value is exactly 1, however written ("1.0", as the spec's example writes
+ * its version, "1.00", "10e-1"): digits (before any exponent) that are zeros and one 1 make a power
+ * of ten, and the conversion to double tells 10^0 from every other. */
+static int number_is_one(const char *text, const json_token *t)
+{
+    const char *s = text + t->start;
+    uint32_t k, ones = 0, others = 0;
+    double v = 0.0;
+    for (k = 0; k < t->len && s[k] != 'e' && s[k] != 'E'; k++) {
+        ones += s[k] == '1';
+        others += s[k] >= '2' && s[k] <= '9';
+    }
+    return ones == 1 && others == 0 && json_as_double(text, t, &v) && v == 1.0;
+}
+
 colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
 {
     static const char *const top_keys[] = { "format", "version", "architecture", "hparams", "routing",
@@ -282,8 +298,9 @@ colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
     st = colibri_get_field(L, root, "model", "version", JSON_NUMBER, &i);
     if (st) return st;
     {
-        int64_t v;
-        if (!json_as_int64(L->text, &L->tok[i], &v) || v != COLIBRI_FORMAT_VERSION) {
+        int64_t v = 0;
+        if (!json_as_int64(L->text, &L->tok[i], &v) && number_is_one(L->text, &L->tok[i])) v = 1;
+        if (v != COLIBRI_FORMAT_VERSION) {
             char text[32];
             colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
             return colibri_fail(L->err, COLIBRI_E_VERSION,

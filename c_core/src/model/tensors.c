@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The tensors a model has, and their checks: which slots its options use, each slot's name and
  * shape, one "tensors" entry read against them, and the checks over the whole table (overlaps,
  * the vocabulary, and in verify mode checksums and finiteness). */

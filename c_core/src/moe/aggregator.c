@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Aggregators: combine expert outputs into the layer output. */
 #include "moe.h"
 

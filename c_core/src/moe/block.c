@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MoE block: one layer's x (n, dim) through the triad into out (n, dim).
  *
  *   route     logits (n, E) = x @ router^T (+ bias); the router: ids, gates (n, K)

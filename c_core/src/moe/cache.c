@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The expert cache (cache.h): slots, their reads, and which expert leaves when one must. */
 #include <string.h>
 

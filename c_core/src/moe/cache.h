@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The expert cache of expert streaming: routed experts read from storage into a pool of slots in
  * the session arena, so a model runs in less memory than its experts take.
  *

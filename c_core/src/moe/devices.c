@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A session's devices: carving, the drivers' start, the choice of device per expert, and the
  * latency ring that bypasses a slow or failing device and brings it back. */
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A session's devices (colibri/device.h): the drivers, the placement, each device's latency ring
  * and the state of its call for the layer being computed.  The MoE block (block.c) asks which
  * device runs each hit expert (colibri_device_pick), starts the devices' calls, and records each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Experts: one expert's FFN over the m tokens routed to it. */
 #include "moe.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MoE triad: Router -> Experts -> Aggregator, each behind a small interface so a
  * new MoE family plugs in a component instead of rewriting the forward pass.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Routers: logits (n, E) -> expert ids (n, k) and gate weights (n, k).
  *
  * One parameterised router covers the families (hparams: router_*, n_groups, ...):

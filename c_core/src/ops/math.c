@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* exp, log, sin and cos of our own, in plain IEEE double arithmetic (+ - * / and exact
  * scaling by powers of two), and a float exp in float arithmetic, so every platform computes
  * the same bits: C libraries round their libm results differently, and the deterministic mode

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The kernels a forward pass calls.
  *
  * Each has a plain reference implementation (ops/reference.c): the oracle that faster

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* colibri_matmul: a matmul shared by the session's threads.  One token: each thread takes a run
  * of the weight rows (decode reads every weight once, so the threads split the memory traffic);
  * several tokens: each takes a run of tokens.  Each output is computed by the same kernel call

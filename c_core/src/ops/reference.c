@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Reference kernels: plain C, one obvious loop each, never "optimised". */
 #include <math.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Attention, the token mixer of most layers (forward.h): grouped-query heads over a KV cache, and
  * DeepSeek's multi-head latent attention over a cache of latents.  In both the threads share a
  * layer's heads, each head with its own scratch rows, so the result does not depend on the split. */

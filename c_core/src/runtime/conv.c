@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The token mixer of LFM2's convolution layers (forward.h). */
 #include "forward.h"
 

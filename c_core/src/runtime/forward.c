@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The forward pass of a session: the mixtral architecture and the families that vary it.
  *
  *   x = embed(tokens)                                        (n, dim)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the runtime's files share (c_core/src/runtime/): session.c lays the session out and
  * fills its RoPE tables (rope.c); forward.c runs each layer's token mixer, one of
  * attention.c's two or conv.c's, then the MoE block or a dense MLP. */

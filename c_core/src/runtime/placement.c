@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The devices' public entries (colibri/device.h): names, placement (by entry, table or file), the
  * statistics, and the cpu driver that computes experts for others. */
 #include <string.h>

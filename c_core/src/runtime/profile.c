@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The per-phase profiler: while a session profiles, each phase of the forward pass and the
  * sampler adds the nanoseconds it took to the session's sums (the clock is util.c's); off, no
  * clock is read. */

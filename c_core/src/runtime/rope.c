@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RoPE's angle tables, filled once when the session is made: every position's cos and sin,
  * so the forward pass only looks them up. */
 #include <math.h>

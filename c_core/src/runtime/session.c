@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Sessions: options, the kernels, the arena's layout and its plan, creation and destruction,
  * and the entries that hand a session's parts to the rooms below it (mem, sample).  The
  * forward pass is forward.c's. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The run state of one sequence: everything lives inside the session's arena.  Private to
  * c_core/src/runtime/: the lower rooms (mem, sample, moe, ops) are handed the parts they need. */
 #ifndef COLIBRI_SESSION_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Sampling from the last logits: greedy, temperature, top-k, top-p, with a caller-held
  * RNG state so that a seed reproduces the same tokens on every platform. */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The sampler (sample/sample.c) over one row of logits, with buffers its caller hands in (the
  * session's arena): colibri_sample passes the session's last logits. */
 #ifndef COLIBRI_SAMPLE_H

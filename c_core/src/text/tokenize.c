@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Text to token ids, as the model's own tokenizer encodes it: added tokens matched first (exact
  * bytes, leftmost, longest first; those `tokenizers` matches after normalizing, in a second pass),
  * the rest normalized (NFC, or nothing) and split into words by the pre-tokenizer's regular

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The encoder a model carries (colibri_model.json's "encoder" and the tokenizer.* tensors beside the
  * byte table, docs/FORMAT.md), validated at load so colibri_tokenize trusts every index in it. */
 #ifndef COLIBRI_TOKENIZE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A firmware's whole use of colibri: the model loaded from memory (flash), a session in a
  * static arena of the size colibri_plan.h planned, the prompt encoded with the model's own
  * encoder, then forward and sample until max tokens or EOS.  It prints what `colibri generate

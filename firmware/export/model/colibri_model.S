@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The model as data for the firmware's linker: weights.bin (64-byte aligned, as
  * colibri_model_load requires), then colibri_model.json, in section `colibri_model`, which
  * the linker script places in flash (KEEP(*(colibri_model)) inside a `. = ALIGN(64)` output

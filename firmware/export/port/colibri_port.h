@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the example firmware (example/main.c) needs of the platform: a clock and a way out for
  * text.  The core itself needs neither.  Fill in port_template.c, or take the board's port. */
 #ifndef COLIBRI_PORT_H

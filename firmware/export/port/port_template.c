@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The port to fill in for a board of your own (see colibri_port.h). */
 #include "colibri_port.h"
 
