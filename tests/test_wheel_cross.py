@@ -26,6 +26,8 @@ import pytest
 import wheel_check
 from support import TESTS
 
+# one worker of a parallel run for the whole module: its root file systems and builds are shared
+pytestmark = pytest.mark.xdist_group("wheel_cross")
 ROOT = TESTS.parent
 BUILD = ROOT / "build"
 SUITE = "trixie"   # bookworm has no riscv64 port

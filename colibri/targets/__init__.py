@@ -13,6 +13,7 @@ else the current directory if it is a checkout, else colibri.source_root(): the 
 package was imported from, or the copy an installed wheel carries.  The builds (<builds>) go to
 $COLIBRI_BUILD_DIR (`--build-dir`), else build/ of a checkout, else, for the wheel's read-only
 copy, a per-user cache: $XDG_CACHE_HOME/colibri/<version>-<hash of the sources' path>."""
+import fcntl
 import functools
 import hashlib
 import os
@@ -79,7 +80,9 @@ def constants_file():
     text = "[constants]\n" + "".join(f"{k} = {v!r}\n" for k, v in made_constants().items())
     if not path.is_file() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        fresh = path.with_name(f".{path.name}.{os.getpid()}")   # renamed over: another process may read it
+        fresh.write_text(text)
+        fresh.replace(path)
     return path
 
 
@@ -93,8 +96,10 @@ def gcc_toolchain(triple):
     link = Path(made_constants()["gcc_toolchains"], triple, "lib", "gcc-cross", triple, found[-1].parent.name)
     if not (link.is_symlink() and link.resolve() == found[-1].parent.resolve()):
         link.parent.mkdir(parents=True, exist_ok=True)
-        link.unlink(missing_ok=True)
-        link.symlink_to(found[-1].parent)
+        fresh = link.with_name(f".{link.name}.{os.getpid()}")   # renamed over: another process may read it
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(found[-1].parent)
+        fresh.replace(link)
     return link
 
 
@@ -157,7 +162,15 @@ def build(kind):
 
 
 def meson_build(out, options):
-    """Configures `out` with `options` (once) and builds it; returns `out`."""
+    """Configures `out` with `options` (once) and builds it; returns `out`.  One process at a time
+    configures and builds a folder (parallel test workers, two terminals): the others wait."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _meson_build(out, options)
+
+
+def _meson_build(out, options):
     root = source_dir()
     if not (out / "build.ninja").exists():
         r = subprocess.run(["meson", "setup", str(out), *options], cwd=root,
