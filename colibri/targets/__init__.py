@@ -87,20 +87,25 @@ def constants_file():
 
 
 def gcc_toolchain(triple):
-    """Makes gcc_toolchains/<triple>: a link to the newest /usr/lib/gcc-cross/<triple>/<version>."""
+    """Makes gcc_toolchains/<triple>, a prefix as clang reads one: lib/gcc-cross/<triple>/<version>,
+    a link to the newest such GCC in /usr, and <triple>, a link to its C library beside it (what clang
+    names as <version>/../../../../<triple>/include in the dependency files, which must exist, or
+    ninja takes every object for out of date)."""
     found = sorted(Path("/usr/lib/gcc-cross", triple).glob("*/crtbegin.o"),
                    key=lambda p: [int(n) for n in p.parent.name.split(".") if n.isdigit()])
     if not found:
         raise TargetError(f"no GCC for {triple} (/usr/lib/gcc-cross/{triple}/<version>/crtbegin.o): "
                           f"apt-get install gcc-{triple}")
-    link = Path(made_constants()["gcc_toolchains"], triple, "lib", "gcc-cross", triple, found[-1].parent.name)
-    if not (link.is_symlink() and link.resolve() == found[-1].parent.resolve()):
-        link.parent.mkdir(parents=True, exist_ok=True)
-        fresh = link.with_name(f".{link.name}.{os.getpid()}")   # renamed over: another process may read it
-        fresh.unlink(missing_ok=True)
-        fresh.symlink_to(found[-1].parent)
-        fresh.replace(link)
-    return link
+    gcc = found[-1].parent
+    prefix = Path(made_constants()["gcc_toolchains"], triple)
+    for link, to in ((prefix / "lib" / "gcc-cross" / triple / gcc.name, gcc), (prefix / triple, Path("/usr", triple))):
+        if not (link.is_symlink() and link.resolve() == to.resolve()):
+            link.parent.mkdir(parents=True, exist_ok=True)
+            fresh = link.with_name(f".{link.name}.{os.getpid()}")   # renamed over: another process may read it
+            fresh.unlink(missing_ok=True)
+            fresh.symlink_to(to)
+            fresh.replace(link)
+    return prefix
 
 
 @functools.lru_cache(maxsize=None)

@@ -319,7 +319,8 @@ def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DE
         out.parent.mkdir(parents=True, exist_ok=True)
         (out.parent / f"{out.name}.ini").write_text(f"[built-in options]\nc_link_args = {link!r}\n")
         options += ["--cross-file", str(out.parent / f"{out.name}.ini")]
-    out = meson_build(out, [*options, f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
+    # -Dtests=false: an image needs none of the C tests, which build(board) builds and runs
+    out = meson_build(out, [*options, "-Dtests=false", f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
                             f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}",
                             f"-Dfirmware_expert_budget={expert_budget}"])
     return out / "firmware" / "colibri-firmware.elf"
