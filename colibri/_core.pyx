@@ -344,8 +344,15 @@ cdef class Model:
 
     def tokenize(self, text):
         """The token ids of `text` (str, or bytes taken as UTF-8) as the model's tokenizer encodes it,
-        its BOS included, by the core's encoder (colibri_tokenize)."""
-        cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        its BOS included, by the core's encoder (colibri_tokenize).  Bytes pass through as they are,
+        invalid UTF-8 included (byte fallback encodes them)."""
+        cdef bytes data
+        if isinstance(text, str):
+            data = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            data = bytes(text)
+        else:   # bytes(3) would be three NUL bytes
+            raise TypeError(f"tokenize takes str or bytes, not {type(text).__name__}")
         cdef const char *p = data
         cdef size_t length = len(data), n = 0, cap = length + 8   # byte-level BPE: a token a byte at most
         cdef int32_t[::1] ids = np.empty(cap, dtype=np.int32)

@@ -263,12 +263,17 @@ def _prompt_ids(model, args):
         return ids
     from colibri import Error
 
+    prompt = os.fsencode(args.prompt)   # argv's bytes as given, invalid UTF-8 included, as colibri-infer
     try:   # the core's encoder (colibri_tokenize), as the model's tokenizer encodes
-        ids = model.tokenize(args.prompt)
+        ids = model.tokenize(prompt)
     except Error:   # a model converted before models carried one
         if model.tokenizer is None:
             raise SystemExit(f"colibri: {model.path} has no tokenizer.json; give the prompt as ids with --tokens")
-        ids = model.tokenizer.encode(args.prompt).ids
+        try:
+            ids = model.tokenizer.encode(prompt.decode("utf-8")).ids
+        except UnicodeDecodeError as e:
+            raise SystemExit(f"colibri: the prompt is not UTF-8 (byte {e.start}) and {model.path} has no byte "
+                             f"table for the core's encoder: reconvert it with colibri convert")
     if not ids:
         bos = model.config["bos_token_id"]
         if bos < 0:
@@ -327,7 +332,8 @@ def cmd_generate(args):
         decode = model.detokenize if model.token_bytes(0) is not None else model.tokenizer.decode
     out = sys.stdout
     if decode is not None:
-        out.write(args.prompt)
+        out.flush()
+        out.buffer.write(os.fsencode(args.prompt))   # the prompt's own bytes back
     out.flush()
 
     generated, printed = [], ""

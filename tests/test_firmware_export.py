@@ -133,3 +133,29 @@ def test_bad_requests_are_refused(tmp_path):
     (tmp_path / "full" / "x").write_text("")
     with pytest.raises(export.ExportError, match="not an empty folder"):
         export.export(tmp_path / "full", MODEL_DIR, cpu="rv32imac")
+
+
+def _limit_file_size():
+    """In the child: a file may not grow past 256 KiB, and writing past it fails (EFBIG) instead
+    of killing the process: a disk that fills up mid-export."""
+    import resource
+    import signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+
+
+@pytest.mark.parametrize("out_exists", [False, True])
+def test_a_failed_export_leaves_nothing_and_the_next_one_works(tmp_path, out_exists):
+    out = tmp_path / "fw"
+    if out_exists:   # an empty folder given as the output stays as it was
+        out.mkdir()
+    args = [sys.executable, "-m", "colibri", "firmware", "export", "--cpu", "cortex-m4f", "--out", out]
+    failed = subprocess.run(args, capture_output=True, text=True, timeout=600, preexec_fn=_limit_file_size)
+    err = failed.stderr.strip()
+    assert failed.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"colibri firmware export: {out}: ") and "nothing written" in err, err
+    assert sorted(tmp_path.iterdir()) == ([out] if out_exists else []), list(tmp_path.iterdir())
+    assert not out_exists or not any(out.iterdir())
+    colibri_cli("firmware", "export", "--cpu", "cortex-m4f", "--out", out)
+    assert (out / "CMakeLists.txt").is_file() and (out / "colibri_plan.h").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fw"]

@@ -2,6 +2,7 @@
 command answers bad input with one line naming what is wrong (never a traceback), colibri-infer
 says why it fails and never succeeds quietly, and a model's "tokenizer" stays in its directory."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -113,6 +114,28 @@ def test_convert_refuses_the_source_as_output(tmp_path):
 ])
 def test_bad_arguments_are_one_line(args, status, naming):
     refused(*args, status=status, naming=naming)
+
+
+def test_a_prompt_that_is_not_utf8_passes_through():
+    """argv's bytes as given, as colibri-infer takes them: both print the same bytes back, and the
+    same continuation of the byte-fallback tokens."""
+    prompt = b"ROMEO: \xff\xfe"
+    flags = ["--max-tokens", "12", "--temperature", "0"]
+    r = subprocess.run([sys.executable, "-m", "colibri", "generate", "--prompt", prompt, *flags],
+                       capture_output=True, cwd="/")
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    peer = infer("native", "--model", MODEL_DIR, "--prompt", os.fsdecode(prompt), "--max_tokens", 12, "--temperature", 0)
+    assert r.stdout.startswith(prompt) and r.stdout == peer.stdout
+
+
+@pytest.mark.parametrize("text", [3, None, 2.5, ["ROMEO:"]])
+def test_tokenize_takes_text_only(model, text):
+    with pytest.raises(TypeError, match="str or bytes"):
+        model.tokenize(text)
+
+
+def test_tokenize_bytes_are_the_texts_utf8(model):
+    assert model.tokenize(bytearray("Ärger ROMEO".encode())) == model.tokenize("Ärger ROMEO")
 
 
 def test_stats_text_that_is_a_directory(tmp_path):

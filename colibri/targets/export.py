@@ -19,6 +19,8 @@ The sizes are the core's own plan (colibri_model_meta_bytes, colibri_session_pla
 every target and what `colibri firmware plan` reports; the code's own size depends on the
 firmware's toolchain, which links it."""
 import hashlib
+import os
+import secrets
 import shutil
 import zlib
 from pathlib import Path
@@ -241,9 +243,27 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
             raise ExportError(f"{model_dir.name} does not fit {board}: {len(weights_bytes) + len(json_bytes):,} B of "
                               f"model for {flash:,} B of flash, {ram:,} B of RAM for {mm['ram_size']:,} B "
                               f"(colibri firmware plan --board {board} --ctx {ctx} says more)")
-    template = root / "firmware" / "export"
+    # Written beside `out` and renamed into place: a failure (a full disk) leaves no half folder,
+    # and `out` is there whole or not at all.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+    try:
+        partial.mkdir()
+        _write(partial, root, model_dir, target, flags, board_file, ctx, batch, stack, sizes, json_bytes,
+               weights_bytes)
+        os.rename(partial, out)            # replaces an empty folder, fails on one filled meanwhile
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ExportError(f"{out}: {e.strerror or e} (nothing written)") from e
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return sizes
 
-    out.mkdir(parents=True, exist_ok=True)
+
+def _write(out, root, model_dir, target, flags, board_file, ctx, batch, stack, sizes, json_bytes, weights_bytes):
+    """The folder's files, into `out` (an empty folder)."""
+    template = root / "firmware" / "export"
     core = root / "c_core"
     sources = [Path(s).relative_to(core) for s in colibri.c_sources("baremetal")]
     vectors = [VECTOR_KERNELS[f] for f in flags if f in VECTOR_KERNELS]   # Helium on a Cortex-M55
@@ -284,4 +304,3 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     else:   # no board: no example image of its own
         readme = readme.split("\n## The board's example")[0]
     (out / "README.md").write_text(readme)
-    return sizes
