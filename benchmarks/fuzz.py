@@ -5,8 +5,9 @@ coverage (cov: and ft:), corpus entries and crashes.
 
 Targets: the libFuzzer harnesses of the C core (c_core/fuzz/, built with clang into build/fuzz by
 `meson setup build/fuzz -Dpython=false -Dfuzz=true --native-file toolchains/clang.ini`, here when
-missing) and the converter's atheris targets (benchmarks/fuzz_convert.py), both run with the same
-libFuzzer flags. Each works on build/fuzz-corpus/<target>/ (new inputs land there; the committed
+missing), the converter's atheris targets (benchmarks/fuzz_convert.py) and the remote surfaces'
+(benchmarks/fuzz_remote.py: serve-experts' and orchestrate's requests through atheris, and an HTTP/2
+grammar against both servers running), all run with the same libFuzzer flags. Each works on build/fuzz-corpus/<target>/ (new inputs land there; the committed
 seed corpus is read beside it) and writes crash, timeout and out-of-memory inputs to
 build/fuzz-artifacts/<target>/. A crash stops libFuzzer; the target is restarted for the rest of
 its time, so every crash in the time is counted. The table is written to benchmarks/results/fuzz.md
@@ -28,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 C_TARGETS = ("json", "model", "tokenize")
 PY_TARGETS = ("config", "safetensors", "gguf")
+REMOTE_TARGETS = ("experts", "orchestrate", "http2")   # benchmarks/fuzz_remote.py
 C_SOURCES, C_BUILD = ROOT / "c_core" / "fuzz", ROOT / "build" / "fuzz"
 ARTIFACTS, WORK = ROOT / "build" / "fuzz-artifacts", ROOT / "build" / "fuzz-corpus"
 STATUS = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/", re.M)
@@ -55,9 +57,10 @@ def command(target, seconds, timeout):
     """(argv, seed corpus) of one libFuzzer run of `target`, or (None, why not)."""
     flags = [f"-max_total_time={seconds}", f"-timeout={timeout}", "-print_final_stats=1",
              f"-artifact_prefix={ARTIFACTS / target}/"]
-    if target in PY_TARGETS:
+    if target in PY_TARGETS + REMOTE_TARGETS:
         seeds, dictionary = ROOT / "benchmarks" / "fuzz_corpus" / target, ROOT / "benchmarks" / "fuzz_corpus" / f"{target}.dict"
-        argv = [sys.executable, str(ROOT / "benchmarks" / "fuzz_convert.py"), target]
+        script = "fuzz_convert.py" if target in PY_TARGETS else "fuzz_remote.py"
+        argv = [sys.executable, str(ROOT / "benchmarks" / script), target]
     else:
         exe = C_BUILD / "c_core" / "fuzz" / f"fuzz_{target}"
         if not exe.exists():
@@ -71,7 +74,8 @@ def command(target, seconds, timeout):
 
 def run(target, seconds, timeout, log_dir):
     """One target for `seconds`, restarted after each crash: its row's values."""
-    row = {"target": target, "kind": "atheris Python" if target in PY_TARGETS else "libFuzzer C", "seconds": 0,
+    kind = "libFuzzer C" if target in C_TARGETS else "HTTP/2 grammar" if target == "http2" else "atheris Python"
+    row = {"target": target, "kind": kind, "seconds": 0,
            "executions": 0, "cov": None, "ft": None, "corpus": None, "crashes": []}
     (ARTIFACTS / target).mkdir(parents=True, exist_ok=True)
     (WORK / target).mkdir(parents=True, exist_ok=True)
@@ -157,19 +161,19 @@ def _commit():
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, required=True, help="fuzzing time of each target")
-    p.add_argument("--only", help=f"comma-separated targets (default all: {','.join(C_TARGETS + PY_TARGETS)})")
+    p.add_argument("--only", help=f"comma-separated targets (default all: {','.join(C_TARGETS + PY_TARGETS + REMOTE_TARGETS)})")
     p.add_argument("--jobs", type=int, default=1, help="targets run at once (default 1)")
     p.add_argument("--timeout", type=int, default=10, help="seconds one input may run before it is a finding")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz.md")
     args = p.parse_args()
     if args.seconds < 1 or args.jobs < 1 or args.timeout < 1:
         p.error("--seconds, --jobs and --timeout must be at least 1")
-    targets = list(C_TARGETS + PY_TARGETS)
+    targets = list(C_TARGETS + PY_TARGETS + REMOTE_TARGETS)
     if args.only:
         targets = [t.strip() for t in args.only.split(",") if t.strip()]
-        unknown = sorted(set(targets) - set(C_TARGETS + PY_TARGETS))
+        unknown = sorted(set(targets) - set(C_TARGETS + PY_TARGETS + REMOTE_TARGETS))
         if unknown:
-            p.error(f"--only: unknown target {unknown[0]!r} (targets: {', '.join(C_TARGETS + PY_TARGETS)})")
+            p.error(f"--only: unknown target {unknown[0]!r} (targets: {', '.join(C_TARGETS + PY_TARGETS + REMOTE_TARGETS)})")
     c_missing = build_c() if set(targets) & set(C_TARGETS) else None
     log_dir = ROOT / "build" / "fuzz-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
