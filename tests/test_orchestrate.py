@@ -1,11 +1,16 @@
 """The orchestrator and the edge (colibri.remote.orchestrator, colibri.remote.edge), on loopback:
 heartbeats fit in 200 bytes on the wire, placements keep each edge's hottest experts under its
 budget without flapping, the state survives a restart, and placements applied between tokens
-leave the tokens those of an all-local run."""
+leave the tokens those of an all-local run; its state and options are bounded and checked, and
+its port is its own."""
+import json
+import math
+import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -72,6 +77,7 @@ def orchestrator(tmp_path):
     yield orch, pbg.OrchestratorStub(channel)
     channel.close()
     server.stop(0)
+    orch.close()
 
 
 # ---- the message --------------------------------------------------------------------------------
@@ -178,6 +184,7 @@ def test_a_token_is_required_when_set(tmp_path):
             stub.Heartbeat(msg, timeout=5, metadata=[("authorization", "Bearer s3cret")])
     finally:
         server.stop(0)
+        orch.close()
     with pytest.raises(ValueError, match="not loopback"):
         serve(orch, "0.0.0.0:0", token="s3cret")   # no TLS
 
@@ -201,6 +208,7 @@ def test_heartbeats_over_tls_with_a_token(tmp_path):
         for h in beats:
             h.close()
         server.stop(0)
+        orch.close()
 
 
 def test_a_heartbeat_handed_over_just_before_close_is_still_sent(orchestrator_address):
@@ -218,7 +226,208 @@ def test_a_heartbeat_handed_over_just_before_close_is_still_sent(orchestrator_ad
     assert h.sent == 1 and orch.snapshot()["short"]["heartbeats"] == 1
 
 
+# ---- bounds: edges, expert ids, the state's writes ----------------------------------------------
+
+def heartbeat(edge, pairs=(), seq=1, devices=(12, 3400)):
+    return pb.HeartbeatRequest(edge=edge, model_hash=b"\x01" * 8, seq=seq, device_p90_us=devices,
+                               load_delta=pairs, budget_bytes=2 * EXPERT_BYTES, expert_bytes=EXPERT_BYTES)
+
+
+def refused(stub, msg):
+    """The status and message of a heartbeat that must be refused."""
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Heartbeat(msg, timeout=5)
+    return e.value.code(), e.value.details()
+
+
+def test_edges_past_the_bound_are_refused(tmp_path):
+    orch = Orchestrator(tmp_path / "state.json", max_edges=3)
+    server, port = serve(orch, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pbg.OrchestratorStub(channel)
+            for i in range(3):
+                stub.Heartbeat(heartbeat(f"edge-{i}"), timeout=5)
+            code, details = refused(stub, heartbeat("edge-3"))
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "at most 3 edges" in details and "edge-3" in details
+            stub.Heartbeat(heartbeat("edge-1", seq=2), timeout=5)   # the edges it keeps go on
+    finally:
+        server.stop(0)
+        orch.close()
+    assert sorted(orch.snapshot()) == ["edge-0", "edge-1", "edge-2"]
+
+
+def test_out_of_range_ids_and_oversized_heartbeats_are_refused(orchestrator, tmp_path):
+    """An expert id at or past n_layers x n_experts (--max-experts), more load pairs or devices
+    than a heartbeat carries: INVALID_ARGUMENT (a message past MAX_MESSAGE: RESOURCE_EXHAUSTED),
+    and nothing of the heartbeat kept."""
+    orch, stub = orchestrator
+    for pairs in ([300_000, 5], [1, 5, 2**32 - 1, 5]):
+        code, details = refused(stub, heartbeat("e", pairs))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and f"expert id {pairs[-2]}" in details
+    code, details = refused(stub, heartbeat("e", [i % N_IDS for i in range(2 * 300)]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "300 load pairs" in details
+    code, details = refused(stub, heartbeat("e", devices=[1] * 9))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "9 device P90s" in details
+    code, _ = refused(stub, heartbeat("e", [i % N_IDS for i in range(2 * 255)] * 3))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED   # gRPC's limit on the message's size
+    assert orch.snapshot() == {}
+
+    bounded = Orchestrator(tmp_path / "bounded.json", max_experts=N_IDS)   # ids of the tests' 2 x 16 experts
+    server, port = serve(bounded, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pbg.OrchestratorStub(channel)
+            code, details = refused(stub, heartbeat("e", [N_IDS, 5]))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and f"below {N_IDS}" in details
+            stub.Heartbeat(heartbeat("e", [N_IDS - 1, 5]), timeout=5)
+    finally:
+        server.stop(0)
+        bounded.close()
+    assert bounded.snapshot()["e"]["load"] == {str(N_IDS - 1): 5.0}
+
+
+def test_a_heartbeat_does_not_wait_for_the_state_being_saved(tmp_path, monkeypatch):
+    """The snapshot of the state (the larger, the longer) is written outside the heartbeats' lock:
+    with its fsync held up (a slow disk, a large state), heartbeats are answered, a placement
+    change among them (synced to the journal), and the journal alone brings it back."""
+    state = tmp_path / "state.json"
+    orch = Orchestrator(state, warmup=1, interval=0)
+    server, port = serve(orch, "127.0.0.1:0")   # its first snapshot written
+    held, release, fsync = threading.Event(), threading.Event(), os.fsync
+
+    def slow_fsync(fd):
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if name.startswith("state.json.") and not name.startswith("state.json.journal"):   # a snapshot's temp file
+            held.set()
+            release.wait(60)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            edge = SimEdge(pbg.OrchestratorStub(channel), "edge-f", 2)
+            edge.beat(skewed([1, 2, 3]))
+            assert held.wait(10), "no snapshot was begun"
+            edge.beat(skewed([4, 5, 6], 5000))   # answered while the snapshot is still held
+            assert edge.version == 2 and edge.local == [4, 5] and not release.is_set()
+        resumed = Orchestrator(state).snapshot()["edge-f"]   # as a restart after a stop here finds it
+        assert resumed["placement_version"] == 2 and resumed["local"] == [4, 5]
+    finally:
+        release.set()
+        server.stop(0)
+        orch.close()
+
+
+def test_a_second_orchestrator_on_a_taken_port_fails(tmp_path):
+    """Two on one port would share it (SO_REUSEPORT), the kernel splitting the edges between two
+    states that diverge: the second exits at once, naming the address, its state untouched."""
+    port = free_port()
+    orch = Orchestrator(tmp_path / "first.json")
+    server, _ = serve(orch, f"127.0.0.1:{port}")
+    try:
+        r = subprocess.run([sys.executable, "-m", "colibri", "orchestrate", "--listen", f"127.0.0.1:{port}",
+                            "--state", str(tmp_path / "second.json")], capture_output=True, text=True, timeout=60)
+    finally:
+        server.stop(0)
+        orch.close()
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr
+    assert not (tmp_path / "second.json").exists()
+
+
+# ---- options and state files that are not what they must be -------------------------------------
+
+@pytest.mark.parametrize("option, value", [
+    ("--half-life", "nan"), ("--half-life", "0"), ("--half-life", "inf"), ("--interval", "nan"),
+    ("--interval", "-1"), ("--margin", "nan"), ("--margin", "-10"), ("--warmup", "-3"), ("--warmup", "2.5"),
+    ("--max-edges", "0"), ("--max-experts", "-1")])
+def test_an_option_out_of_its_range_is_refused(option, value, capsys, tmp_path):
+    import argparse
+
+    from colibri.remote.orchestrator import add_arguments
+
+    p = argparse.ArgumentParser(prog="colibri orchestrate")
+    add_arguments(p)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--state", str(tmp_path / "state.json"), option, value])
+    err = capsys.readouterr().err
+    assert f"argument {option}: {value!r} is not " in err and (" in [" in err or " in (" in err)
+
+
+@pytest.mark.parametrize("name, value", [("half_life", math.nan), ("half_life", 0), ("interval", math.nan),
+                                         ("interval", math.inf), ("margin", -10), ("warmup", -3),
+                                         ("min_gain", math.nan)])
+def test_an_orchestrator_out_of_range_is_refused(name, value, tmp_path):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        Orchestrator(tmp_path / "state.json", **{name: value})
+
+
+def state_entry():
+    """A state file's entry of an edge that runs version 2, experts 4 and 5 local."""
+    return {"model_hash": "01" * 8, "seq": 3, "heartbeats": 3, "device_p90_us": [12, 3400], "cache_hit_permille": 875,
+            "budget_bytes": 2 * EXPERT_BYTES, "expert_bytes": EXPERT_BYTES, "placement_version": 2, "edge_version": 2,
+            "local": [4, 5], "load": {"4": 50.0, "5": 40.0, "6": 1.0}, "last_seen": 1.7e9}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("placement_version", "2"), ("heartbeats", None), ("placement_version", 2**40), ("seq", -1),
+    ("budget_bytes", True), ("device_p90_us", [1.5]), ("model_hash", 5), ("local", [4, 4]),
+    ("local", [300_000]), ("load", {"x": 1.0}), ("load", {"4": math.nan}), ("load", [1]), ("last_seen", "now")])
+def test_a_mistyped_state_field_is_refused_at_load(field, value, tmp_path):
+    """A state file whose edge entry has a field of the wrong type or range: the load fails naming
+    the file, the edge and the field (it would otherwise fail every heartbeat of that edge)."""
+    state, entry = tmp_path / "state.json", state_entry()
+    doc = {"format": "colibri-orchestrator", "version": 1, "edges": {"edge-g": entry}}
+    state.write_text(json.dumps(doc))
+    assert Orchestrator(state).snapshot() == {"edge-g": entry}   # as it is, it loads
+    entry[field] = value
+    state.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as e:
+        Orchestrator(state)
+    assert str(e.value).startswith(f"{state}: edge 'edge-g': field {field!r} must be")
+
+
+def test_an_unwritable_state_folder_is_refused_at_start(tmp_path):
+    """Found at start, not at the first heartbeat (whose reply would then fail)."""
+    if os.geteuid() == 0:
+        folder = "/proc"   # no new files there, even for root
+    else:
+        folder = tmp_path / "read-only"
+        folder.mkdir(mode=0o555)
+    orch = Orchestrator(f"{folder}/state.json")
+    with pytest.raises(ValueError, match=f"^{folder}/state.json: cannot write the orchestrator's state"):
+        serve(orch, "127.0.0.1:0")
+
+
 # ---- the state across restarts ------------------------------------------------------------------
+
+def test_the_journal_brings_back_the_versions_a_stop_left_out_of_the_snapshot(tmp_path):
+    """A stop while a snapshot was being written: the journal it turned (.journal.old) and the new
+    one, whose last line was cut short mid-write, hold versions 3 and 4; the restarted
+    orchestrator hands out 4 (and its set), never 3 or 4 again for another set."""
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"format": "colibri-orchestrator", "version": 1, "edges": {"edge-h": state_entry()}}))
+
+    def line(version, local):
+        return json.dumps({"edge": "edge-h", "model_hash": "01" * 8, "placement_version": version, "local": local})
+    (tmp_path / "state.json.journal.old").write_text(line(3, [6, 7]) + "\n")
+    (tmp_path / "state.json.journal").write_text(line(4, [7, 8]) + "\n" + line(5, [8, 9])[:30])
+    orch = Orchestrator(state, warmup=4, interval=0)   # the entry's 3 heartbeats, and the next: no new set before
+    server, port = serve(orch, "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            edge = SimEdge(pbg.OrchestratorStub(channel), "edge-h", 2)   # a restarted edge too: version 0
+            reply = edge.beat(np.zeros(N_IDS, dtype=np.int64))
+            assert reply.placement_version == 4 and sorted(reply.local) == [7, 8]
+            edge.beat(skewed([1, 2], 50000))
+            assert edge.version == 5 and edge.local == [1, 2]
+    finally:
+        server.stop(0)
+        orch.close()
+    assert Orchestrator(state).snapshot()["edge-h"]["placement_version"] == 5
+    assert not (tmp_path / "state.json.journal.old").exists()
+
 
 def test_a_restarted_orchestrator_keeps_versions_and_loads(tmp_path):
     """`colibri orchestrate` stopped (SIGTERM) and started again on the same state file: the
@@ -291,6 +500,7 @@ def orchestrator_address(tmp_path):
     server, port = serve(orch, "127.0.0.1:0")
     yield orch, f"127.0.0.1:{port}"
     server.stop(0)
+    orch.close()
 
 
 def all_local(path, **options):

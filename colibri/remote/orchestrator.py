@@ -13,15 +13,22 @@ promoted in place of the coldest local one only when its load passes that one's 
 seconds.  Each change raises the edge's placement version; the reply to a heartbeat from an edge
 that runs another version carries the new set.
 
-The state (loads, placements, versions) is a JSON file written atomically (a temporary file
-renamed over it): at once when a placement changes, so that a version is never handed out twice,
-and otherwise at most every `interval` seconds.  A restarted orchestrator resumes from it.
+The state is bounded: at most `max_edges` edges, expert ids below `max_experts` (n_layers x
+n_experts), MAX_PAIRS load pairs a heartbeat.  It is kept in two files: a snapshot (loads,
+placements, versions; JSON written atomically, a temporary file renamed over it) that one writer
+thread rewrites at most every `interval` seconds, outside the lock heartbeats take, and beside it
+a journal (`<state>.journal`, a JSON line per placement change) that a placement change is
+appended and synced to before its reply, so that a version is never handed out twice.  A
+heartbeat's latency therefore does not grow with the number of edges.  A restarted orchestrator
+resumes from the snapshot and the journal.
 """
 import argparse
+import collections
 import json
 import math
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -34,7 +41,44 @@ MARGIN = 0.25       # a remote expert's load must pass the coldest local one's b
 MIN_GAIN = 1.0      # ... plus this many tokens
 WARMUP = 2          # heartbeats with load before an edge's first placement
 INTERVAL = 2.0      # seconds between two placement changes of an edge, and between state saves
+MAX_EDGES = 1024    # edges kept; a new one past them is refused (RESOURCE_EXHAUSTED)
+MAX_EXPERTS = 16384     # expert ids are below this (n_layers x n_experts: DeepSeek-V3's 61 x 256 fits)
+MAX_PAIRS = 256     # load pairs in one heartbeat (edges keep a heartbeat under 200 bytes: under 100 pairs)
+MAX_DEVICES = 8     # P90s in one heartbeat (COLIBRI_MAX_DEVICES)
+MAX_MESSAGE = 1024  # bytes a heartbeat may take (5x the 200 edges send)
 STATE_FORMAT = "colibri-orchestrator"
+U32, U64 = 2**32 - 1, 2**64 - 1
+
+# The orchestrator's options: (type, lowest, highest, lowest excluded), checked by Orchestrator and
+# by the command line's parser alike.
+OPTIONS = {
+    "half_life": (float, 0.0, 10_000.0, True),   # heartbeats; 0 would divide by zero
+    "margin": (float, 0.0, 100.0, False),        # a negative margin would swap in colder experts
+    "min_gain": (float, 0.0, 1e9, False),
+    "warmup": (int, 0, 10_000, False),
+    "interval": (float, 0.0, 3600.0, False),     # seconds; beyond an hour a crash loses too much
+    "max_edges": (int, 1, 1 << 20, False),
+    "max_experts": (int, 1, 1 << 20, False),
+}
+
+
+def option_range(name):
+    """What an option must be, in words: "a finite number in (0, 10000]"."""
+    kind, lo, hi, lo_excluded = OPTIONS[name]
+    what, shown = ("an integer", "{:,}") if kind is int else ("a finite number", "{:g}")
+    return f"{what} in {'(' if lo_excluded else '['}{shown.format(lo)}, {shown.format(hi)}]"
+
+
+def check_option(name, value):
+    """`value` as the option's type if it is finite and within the option's range; ValueError
+    naming the option and the range otherwise."""
+    kind, lo, hi, lo_excluded = OPTIONS[name]
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (kind is float or float(value).is_integer()) and (value > lo if lo_excluded else value >= lo)
+          and value <= hi)
+    if not ok:
+        raise ValueError(f"{name} must be {option_range(name)}, not {value!r}")
+    return kind(value)
 
 
 def place(load, local, slots, margin=MARGIN, min_gain=MIN_GAIN):
@@ -64,10 +108,38 @@ def place(load, local, slots, margin=MARGIN, min_gain=MIN_GAIN):
     return local
 
 
+def _uint(top):
+    return (lambda x: type(x) is int and 0 <= x <= top), f"an integer in [0, {top}]"
+
+
+def _finite(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_edge_name(name):
+    if not isinstance(name, str) or not name or len(name.encode()) > 32:
+        raise ValueError(f"an edge's name is 1 to 32 bytes, not {name!r:.60}")
+
+
 class EdgeState:
     """What the orchestrator keeps of one edge (the fields of its state file entry)."""
     FIELDS = ("model_hash", "seq", "heartbeats", "device_p90_us", "cache_hit_permille", "budget_bytes",
               "expert_bytes", "placement_version", "edge_version", "local", "load", "last_seen")
+    CHECKS = {   # field: (check of its value in a state file, what it must be); local and load in from_json
+        "model_hash": (lambda x: isinstance(x, str) and len(x) <= 16 and len(x) % 2 == 0
+                       and all(c in "0123456789abcdef" for c in x), "the hex of at most 8 bytes"),
+        "seq": _uint(U32),
+        "heartbeats": _uint(2**63 - 1),
+        "device_p90_us": ((lambda x: isinstance(x, list) and len(x) <= MAX_DEVICES
+                           and all(type(v) is int and 0 <= v <= U32 for v in x)),
+                          f"a list of at most {MAX_DEVICES} integers in [0, {U32}]"),
+        "cache_hit_permille": _uint(U32),
+        "budget_bytes": _uint(U64),
+        "expert_bytes": _uint(U64),
+        "placement_version": _uint(U32),
+        "edge_version": _uint(U32),
+        "last_seen": (_finite, "a finite number"),
+    }
 
     def __init__(self):
         self.model_hash = ""          # hex of the 8 bytes the edge sends
@@ -88,83 +160,259 @@ class EdgeState:
     def slots(self):
         return self.budget_bytes // self.expert_bytes if self.expert_bytes else 0
 
+    def copy(self):
+        """A copy the writer can serialize while heartbeats go on (they replace `local` and the
+        P90s, and change `load` in place)."""
+        st = EdgeState.__new__(EdgeState)
+        st.__dict__.update(self.__dict__, load=dict(self.load))
+        return st
+
     def to_json(self):
         d = {k: getattr(self, k) for k in self.FIELDS}
         d["load"] = {str(i): round(x, 4) for i, x in sorted(self.load.items())}
         return d
 
     @classmethod
-    def from_json(cls, d):
+    def from_json(cls, d, max_experts):
+        """The state of a state file's entry; ValueError naming the first field that is not what
+        it must be (a mistyped one would otherwise fail every heartbeat of the edge)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"an edge's entry is an object, not {d!r:.40}")
+        checks = dict(cls.CHECKS)
+        checks["local"] = ((lambda x: x is None or (isinstance(x, list) and len(set(x)) == len(x)
+                                                    and all(type(i) is int and 0 <= i < max_experts for i in x))),
+                           f"null or a list of distinct expert ids in [0, {max_experts})")
+        checks["load"] = ((lambda x: isinstance(x, dict) and all(
+                               k.isascii() and k.isdigit() and int(k) < max_experts and _finite(v) and v >= 0
+                               for k, v in x.items())),
+                          f"an object of expert ids in [0, {max_experts}) to finite loads >= 0")
         st = cls()
-        for k in cls.FIELDS:
+        for k, (ok, what) in checks.items():
             if k in d:
+                if not ok(d[k]):
+                    raise ValueError(f"field {k!r} must be {what}, not {d[k]!r:.60}")
                 setattr(st, k, d[k])
-        st.load = {int(i): float(x) for i, x in d.get("load", {}).items()}
-        st.local = None if st.local is None else sorted(int(i) for i in st.local)
+        st.load = {int(i): float(x) for i, x in st.load.items()}
+        st.local = None if st.local is None else sorted(st.local)
         return st
 
 
+class Full(Exception):
+    """A heartbeat from a new edge when the orchestrator keeps `max_edges` already."""
+
+
 class Orchestrator:
-    """The placement logic and its state, without the network (serve() puts it on gRPC)."""
+    """The placement logic and its state, without the network (serve() puts it on gRPC).
+    start() writes the state and starts its writer: heartbeats need it; close() stops it."""
 
     def __init__(self, state_path, *, half_life=HALF_LIFE, margin=MARGIN, min_gain=MIN_GAIN, warmup=WARMUP,
-                 interval=INTERVAL, clock=time.monotonic):
-        if half_life <= 0:
-            raise ValueError(f"half_life must be > 0 heartbeats, not {half_life}")
+                 interval=INTERVAL, max_edges=MAX_EDGES, max_experts=MAX_EXPERTS, clock=time.monotonic):
+        self.decay = 0.5 ** (1.0 / check_option("half_life", half_life))
+        self.margin, self.min_gain = check_option("margin", margin), check_option("min_gain", min_gain)
+        self.warmup, self.interval = check_option("warmup", warmup), check_option("interval", interval)
+        self.max_edges = check_option("max_edges", max_edges)
+        self.max_experts = check_option("max_experts", max_experts)
         self.state_path = Path(state_path)
-        self.decay = 0.5 ** (1.0 / half_life)
-        self.margin, self.min_gain, self.warmup, self.interval = margin, min_gain, warmup, interval
+        self.journal_path = self.state_path.with_name(self.state_path.name + ".journal")
+        self.turned_path = self.state_path.with_name(self.state_path.name + ".journal.old")
         self.clock = clock
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()          # edges, dirty, saved_at
         self.edges = {}
-        self.saved_at = -math.inf
+        self.saved_at = -math.inf             # when the last snapshot was taken
+        self.records = collections.deque()    # journal lines of placement changes not yet synced
+        self.journal_lock = threading.Lock()  # the journal file; a snapshot takes it before `lock`
+        self.journal = None
+        self.texts = {}                       # edge -> its entry in the last snapshot, as JSON (the writer's)
+        self.due = threading.Event()          # wakes the writer
+        self.writer, self.closed = None, False
         self._load_state()
+        self.dirty = set(self.edges)          # edges changed since the last snapshot was taken
+
+    # ---- the state on disk: a snapshot, and a journal of the placement changes since ------------
 
     def _load_state(self):
         try:
             doc = json.loads(self.state_path.read_text())
         except FileNotFoundError:
-            return
+            doc = None
         except (OSError, ValueError) as e:
             raise ValueError(f"{self.state_path}: cannot read the orchestrator's state: {e}") from None
-        if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT or doc.get("version") != 1:
-            raise ValueError(f"{self.state_path}: not an orchestrator state file (format {STATE_FORMAT!r}, version 1)")
-        try:
-            self.edges = {name: EdgeState.from_json(d) for name, d in doc["edges"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"{self.state_path}: a damaged edge entry ({e})") from None
+        if doc is not None:
+            if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT or doc.get("version") != 1:
+                raise ValueError(f"{self.state_path}: not an orchestrator state file (format {STATE_FORMAT!r}, "
+                                 f"version 1)")
+            edges = doc.get("edges")
+            if not isinstance(edges, dict):
+                raise ValueError(f"{self.state_path}: field 'edges' must be an object, not {edges!r:.40}")
+            if len(edges) > self.max_edges:
+                raise ValueError(f"{self.state_path}: {len(edges)} edges, more than --max-edges {self.max_edges}")
+            for name, d in edges.items():
+                try:
+                    check_edge_name(name)
+                    self.edges[name] = EdgeState.from_json(d, self.max_experts)
+                except ValueError as e:
+                    raise ValueError(f"{self.state_path}: edge {name!r:.40}: {e}") from None
+        for path in (self.turned_path, self.journal_path):
+            self._replay(path)
 
-    def save(self):
-        """Writes the state: a temporary file beside it, synced, renamed over it."""
-        with self.lock:
+    def _replay(self, path):
+        """Applies a journal's placement changes newer than the snapshot's.  A last line cut short
+        (a stop during its write, before its reply went out) is left out."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read the orchestrator's journal: {e}") from None
+        lines = data.split(b"\n")
+        for n, line in enumerate(lines[:-1], 1):
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict) or set(rec) != {"edge", "model_hash", "placement_version", "local"}:
+                    raise ValueError("a line is an object of edge, model_hash, placement_version and local")
+                check_edge_name(rec["edge"])
+                change = EdgeState.from_json(rec, self.max_experts)
+            except ValueError as e:
+                raise ValueError(f"{path}, line {n}: {e}") from None
+            st = self.edges.get(rec["edge"])
+            if st is None:
+                if len(self.edges) >= self.max_edges:
+                    raise ValueError(f"{path}, line {n}: more edges than --max-edges {self.max_edges}")
+                st = self.edges[rec["edge"]] = EdgeState()
+            if change.placement_version > st.placement_version:
+                if change.model_hash != st.model_hash:
+                    st.model_hash, st.load, st.heartbeats = change.model_hash, {}, 0
+                st.placement_version, st.local = change.placement_version, change.local
+
+    def start(self):
+        """Writes the state once (an unwritable folder is found now, not at the first heartbeat)
+        and starts the writer that saves it every `interval` seconds from then on."""
+        if self.writer is not None:
+            return
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
             self._save()
+        except OSError as e:
+            raise ValueError(f"{self.state_path}: cannot write the orchestrator's state: {e}") from None
+        self.writer = threading.Thread(target=self._write_loop, name="orchestrator-state", daemon=True)
+        self.writer.start()
+
+    def close(self):
+        """Stops the writer and writes a last snapshot."""
+        if self.writer is None or self.closed:
+            return
+        self.closed = True
+        self.due.set()
+        self.writer.join()
+        self._save()
+        self.journal.close()
+
+    def _write_loop(self):
+        while True:
+            self.due.wait()
+            if self.closed:
+                return
+            self.due.clear()
+            try:
+                self._save()
+            except OSError as e:   # tried again at the next heartbeat `interval` later; the journal keeps the versions
+                print(f"colibri orchestrate: cannot save the state: {e}", file=sys.stderr, flush=True)
 
     def _save(self):
-        doc = {"format": STATE_FORMAT, "version": 1, "edges": {n: st.to_json() for n, st in sorted(self.edges.items())}}
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        """A snapshot: copies of the edges changed since the last one, taken under the lock, then
+        serialized and written outside it (a temporary file beside the state, synced, renamed over
+        it).  One writer at a time: start(), then the writer thread, then close()."""
+        with self.journal_lock:   # no journal line goes in while the journal turns
+            with self.lock:
+                changed = {name: self.edges[name].copy() for name in self.dirty}
+                self.dirty.clear()
+                self.saved_at = self.clock()
+            self._turn_journal()
+        for name, st in changed.items():
+            self.texts[name] = json.dumps(st.to_json(), separators=(",", ":"))
+        edges = ",".join(f"{json.dumps(name)}:{text}" for name, text in sorted(self.texts.items()))
         fd, tmp = tempfile.mkstemp(prefix=self.state_path.name + ".", dir=self.state_path.parent)
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, separators=(",", ":"))
+                f.write(f'{{"format":"{STATE_FORMAT}","version":1,"edges":{{{edges}}}}}')
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.state_path)
         except BaseException:
             os.unlink(tmp)
             raise
-        self.saved_at = self.clock()
+        self.turned_path.unlink(missing_ok=True)   # its changes are in the snapshot now
+
+    def _turn_journal(self):
+        """Changes after the snapshot being taken go to a new journal; the last one's lines wait
+        in <state>.journal.old until the snapshot is written.  After a snapshot that failed they
+        are still waiting there: the journal goes on as it is."""
+        if self.journal is None and self.journal_path.exists():   # at start: a line cut short goes, as at load
+            whole = self.journal_path.read_bytes().rpartition(b"\n")
+            os.truncate(self.journal_path, len(whole[0]) + len(whole[1]))
+        if self.turned_path.exists():
+            if self.journal is None:
+                self.journal = open(self.journal_path, "ab")
+            return
+        if self.journal is not None:
+            self.journal.close()
+        if self.journal_path.exists():
+            os.replace(self.journal_path, self.turned_path)
+        self.journal = open(self.journal_path, "ab")
+
+    def _sync_journal(self):
+        """Appends the placement changes made so far to the journal and syncs it."""
+        with self.journal_lock:
+            lines = []
+            while self.records:
+                lines.append(self.records.popleft())
+            if not lines:
+                return
+            at = self.journal.tell()
+            try:
+                self.journal.write(b"".join(lines))
+                self.journal.flush()
+                os.fsync(self.journal.fileno())
+            except BaseException:
+                self.records.extendleft(reversed(lines))   # the next heartbeat's reply waits for them
+                self.journal.truncate(at)
+                raise
+
+    # ---- heartbeats -------------------------------------------------------------------------------
+
+    def check(self, req):
+        """ValueError for a heartbeat that is malformed or would grow the state past its bounds."""
+        check_edge_name(req.edge)
+        if len(req.model_hash) > 8:
+            raise ValueError(f"model_hash is the first 8 bytes of the model's SHA-256, not {len(req.model_hash)}")
+        if len(req.device_p90_us) > MAX_DEVICES:
+            raise ValueError(f"{len(req.device_p90_us)} device P90s: an edge has at most {MAX_DEVICES} devices")
+        pairs = list(req.load_delta)
+        if len(pairs) % 2:
+            raise ValueError("load_delta holds (expert, tokens) pairs: its length must be even")
+        if len(pairs) > 2 * MAX_PAIRS:
+            raise ValueError(f"{len(pairs) // 2} load pairs: a heartbeat carries at most {MAX_PAIRS}")
+        bad = next((i for i in pairs[::2] if i >= self.max_experts), None)
+        if bad is not None:
+            raise ValueError(f"expert id {bad} in load_delta: ids (layer * n_experts + expert) are below "
+                             f"{self.max_experts} (--max-experts)")
 
     def heartbeat(self, req):
-        """The reply (a colibri_remote_pb2.HeartbeatReply) to one HeartbeatRequest."""
+        """The reply (a colibri_remote_pb2.HeartbeatReply) to one HeartbeatRequest.  ValueError
+        for a malformed one, Full for a new edge past `max_edges`."""
         from colibri.remote import colibri_remote_pb2 as pb
 
-        if not req.edge or len(req.edge.encode()) > 32:
-            raise ValueError("an edge's name is 1 to 32 bytes")
-        if len(req.load_delta) % 2:
-            raise ValueError("load_delta holds (expert, tokens) pairs: its length must be even")
+        if self.writer is None:
+            raise RuntimeError("Orchestrator.start() first: heartbeats change the state it saves")
+        self.check(req)
         with self.lock:
             now = self.clock()
-            st = self.edges.setdefault(req.edge, EdgeState())
+            st = self.edges.get(req.edge)
+            if st is None:
+                if len(self.edges) >= self.max_edges:
+                    raise Full(f"the orchestrator keeps at most {self.max_edges} edges (--max-edges), all "
+                               f"taken: edge {req.edge!r} is one too many")
+                st = self.edges[req.edge] = EdgeState()
             model = req.model_hash.hex()
             if model != st.model_hash:   # a new edge, or one that runs another model: start over
                 st.model_hash, st.load, st.local, st.heartbeats = model, {}, None, 0
@@ -176,19 +424,21 @@ class Orchestrator:
             if req.seq != st.seq:   # the same seq again is a retried heartbeat: counted once
                 st.seq = req.seq
                 self._add_load(st, req.load_delta)
-            changed = False
             if st.expert_bytes and st.heartbeats >= self.warmup and now - st.changed_at >= self.interval:
                 new = sorted(place(st.load, st.local or (), st.slots, self.margin, self.min_gain))
                 if new != st.local:
                     st.local, st.changed_at = new, now
                     st.placement_version += 1
-                    changed = True
-            if changed or now - self.saved_at >= self.interval:
-                self._save()   # before the reply: a version handed out survives a restart
+                    self.records.append(json.dumps({"edge": req.edge, "model_hash": model, "local": new,
+                                                    "placement_version": st.placement_version}).encode() + b"\n")
+            self.dirty.add(req.edge)
+            if now - self.saved_at >= self.interval:
+                self.due.set()
             reply = pb.HeartbeatReply(placement_version=st.placement_version if st.local is not None else 0)
             if st.local is not None and req.placement_version != st.placement_version:
                 reply.local.extend(st.local)
-            return reply
+        self._sync_journal()   # before the reply: a version handed out survives a restart
+        return reply
 
     def _add_load(self, st, pairs):
         for i in list(st.load):
@@ -221,13 +471,35 @@ def check_exposure(host, token, tls, insecure=False):
                          f"the network; --insecure listens without them")
 
 
+def bind_alone(server, host, port, tls_cert=None, tls_key=None):
+    """server.py's bind() for a server made with grpc.so_reuseport 0, so that a second orchestrator
+    on a taken port fails instead of sharing it (the kernel would split the edges between two
+    states that diverge); ValueError saying why the port cannot be had."""
+    from colibri.remote.server import bind
+
+    try:
+        return bind(server, host, port, tls_cert, tls_key)
+    except RuntimeError:   # grpc says only "Failed to bind": the kernel says why
+        try:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(sockaddr)
+            why = "gRPC could not bind it"
+        except OSError as e:
+            why = e.strerror or str(e)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise ValueError(f"cannot listen on {address}: {why}") from None
+
+
 def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, insecure=False, workers=4):
     """A started gRPC server answering Orchestrator.Heartbeat at `listen` (HOST:PORT; port 0 picks
-    one); returns (server, port).  Off loopback it needs `token` and TLS (check_exposure)."""
+    one), the port its own, and the orchestrator started; returns (server, port).  Off loopback
+    it needs `token` and TLS (check_exposure)."""
     import grpc
 
     from colibri.remote import colibri_remote_pb2_grpc as pbg
-    from colibri.remote.server import TokenCheck, bind, parse_listen
+    from colibri.remote.server import TokenCheck, parse_listen
 
     host, port = parse_listen(listen)
     if bool(tls_cert) != bool(tls_key):
@@ -240,13 +512,29 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
                 return orchestrator.heartbeat(request)
             except ValueError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            except Full as e:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            except OSError as e:   # the journal could not be synced: no version handed out
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"the orchestrator cannot write its journal: {e}")
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+    options = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                          interceptors=[TokenCheck(token)] if token else [])
     pbg.add_OrchestratorServicer_to_server(Servicer(), server)
-    _, port = bind(server, host, port, tls_cert, tls_key)
+    _, port = bind_alone(server, host, port, tls_cert, tls_key)
+    orchestrator.start()   # after the bind: an orchestrator that cannot have the port leaves the state alone
     server.start()
     return server, port
+
+
+def option_type(name):
+    """An argparse type for an option of OPTIONS: its error names the range (argparse adds the option)."""
+    def parse(text):
+        try:
+            return check_option(name, OPTIONS[name][0](text))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {option_range(name)}") from None
+    return parse
 
 
 def add_arguments(p):
@@ -263,16 +551,21 @@ def add_arguments(p):
     p.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
     p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback address without a token and TLS")
-    p.add_argument("--interval", type=float, default=INTERVAL, metavar="S",
+    p.add_argument("--interval", type=option_type("interval"), default=INTERVAL, metavar="S",
                    help=f"seconds between two placement changes of one edge, and between state saves "
                         f"(default {INTERVAL:g})")
-    p.add_argument("--half-life", type=float, default=HALF_LIFE, metavar="N",
+    p.add_argument("--half-life", type=option_type("half_life"), default=HALF_LIFE, metavar="N",
                    help=f"heartbeats over which an expert's load halves (default {HALF_LIFE:g})")
-    p.add_argument("--margin", type=float, default=MARGIN, metavar="F",
+    p.add_argument("--margin", type=option_type("margin"), default=MARGIN, metavar="F",
                    help=f"share by which a remote expert's load must pass the coldest local one's to take its "
                         f"place (default {MARGIN:g})")
-    p.add_argument("--warmup", type=int, default=WARMUP, metavar="N",
+    p.add_argument("--warmup", type=option_type("warmup"), default=WARMUP, metavar="N",
                    help=f"heartbeats with load before an edge's first placement (default {WARMUP})")
+    p.add_argument("--max-edges", type=option_type("max_edges"), default=MAX_EDGES, metavar="N",
+                   help=f"edges kept; heartbeats of more are refused (default {MAX_EDGES})")
+    p.add_argument("--max-experts", type=option_type("max_experts"), default=MAX_EXPERTS, metavar="N",
+                   help=f"n_layers x n_experts of the edges' models: expert ids at or above it are refused "
+                        f"(default {MAX_EXPERTS})")
 
 
 def run(args):
@@ -284,7 +577,7 @@ def run(args):
         if args.token_file and not token:
             raise ValueError(f"{args.token_file} is empty")
         orch = Orchestrator(args.state, half_life=args.half_life, margin=args.margin, warmup=args.warmup,
-                            interval=args.interval)
+                            interval=args.interval, max_edges=args.max_edges, max_experts=args.max_experts)
         server, port = serve(orch, args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
                              insecure=args.insecure)
     except (ValueError, OSError) as e:
@@ -299,7 +592,7 @@ def run(args):
         pass
     finally:
         server.stop(grace=1.0).wait()
-        orch.save()
+        orch.close()
     return 0
 
 
