@@ -5,9 +5,10 @@
                context.abort are the only allowed outcomes, and a Compute reply must carry
                exactly the rows asked for
   orchestrate  protobuf: a run of HeartbeatRequests is the input, given to the Orchestrator in
-               process (a state file on /dev/shm); a reply or ValueError (INVALID_ARGUMENT) are
-               the only outcomes, a placement names only experts the edge reported, and the
-               state file reloads to what the orchestrator holds
+               process (a state file on /dev/shm, at most 4 edges and 64 experts); a reply,
+               INVALID_ARGUMENT or RESOURCE_EXHAUSTED are the only outcomes, a placement names
+               only experts the edge reported, the state stays in its bounds, and the state
+               file (snapshot and journal) reloads to what the orchestrator holds
   http2        a grammar of HTTP/2 connections (hyperframe frames, hpack headers, gRPC framing
                around mutated requests: SETTINGS with any window, streams left open, a window
                never opened, CONTINUATION without end, RST, GOAWAY, garbage) against both
@@ -109,29 +110,34 @@ def target_experts(data):
 def target_orchestrate(data):
     """data: (2-byte length, HeartbeatRequest) records, given in order to one Orchestrator."""
     from colibri.remote import colibri_remote_pb2 as pb
-    from colibri.remote.orchestrator import Orchestrator
+    from colibri.remote.orchestrator import Full, Orchestrator
     from google.protobuf.message import DecodeError
 
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
         state = Path(tmp) / "state.json"
-        orch = Orchestrator(state, warmup=1, interval=0.0)
+        orch = Orchestrator(state, warmup=1, interval=0.0, max_edges=4, max_experts=64)
+        orch.start()
         reported = {}
         at = 0
-        while at + 2 <= len(data):
-            n = int.from_bytes(data[at:at + 2], "little")
-            record, at = bytes(data[at + 2:at + 2 + n]), at + 2 + n
-            try:
-                req = pb.HeartbeatRequest.FromString(record)
-            except DecodeError:
-                continue
-            try:
-                reply = orch.heartbeat(req)
-            except ValueError:
-                continue
-            reported.setdefault(req.edge, set()).update(req.load_delta[0::2])
-            assert set(reply.local) <= reported[req.edge], "a placement names an expert the edge never reported"
-        orch.save()
-        assert Orchestrator(state).snapshot() == orch.snapshot(), "the state file does not reload to the state"
+        try:
+            while at + 2 <= len(data):
+                n = int.from_bytes(data[at:at + 2], "little")
+                record, at = bytes(data[at + 2:at + 2 + n]), at + 2 + n
+                try:
+                    req = pb.HeartbeatRequest.FromString(record)
+                except DecodeError:
+                    continue
+                try:
+                    reply = orch.heartbeat(req)
+                except (ValueError, Full):   # INVALID_ARGUMENT, RESOURCE_EXHAUSTED
+                    continue
+                reported.setdefault(req.edge, set()).update(req.load_delta[0::2])
+                assert set(reply.local) <= reported[req.edge], "a placement names an expert the edge never reported"
+        finally:
+            orch.close()
+        assert len(orch.edges) <= 4 and all(max(st.load, default=0) < 64 for st in orch.edges.values())
+        again = Orchestrator(state, max_edges=4, max_experts=64)
+        assert again.snapshot() == orch.snapshot(), "the state file does not reload to the state"
 
 
 TARGETS = {"experts": target_experts, "orchestrate": target_orchestrate}
