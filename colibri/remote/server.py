@@ -6,8 +6,9 @@ the edges that call it and its weights served to those that fetch them.  docs/DE
 
 The server is gRPC's asyncio server on one event loop thread: a call waiting on its client (a request
 not sent yet, a reply the client does not read) holds a coroutine, not a thread, so no client can
-take the server from the others.  The session is not thread-safe: Computes run one at a time on one
-compute thread, in the order they arrive.  Every request is checked before it reaches the core; what
+take the server from the others.  The session is not thread-safe: Computes run one at a time on the
+loop's thread, in the order they arrive (handing them to another thread cost a millisecond a call;
+Info and FetchExpert wait at most for the Compute running).  Every request is checked before it reaches the core; what
 the core refuses (COLIBRI_E_ARG) is INVALID_ARGUMENT too, never a crash.  The model is read into
 memory (Model(copy=True)), not mapped, so weights.bin truncated or rewritten under the server is a
 DATA_LOSS answer, not a SIGBUS.
@@ -23,7 +24,6 @@ import ssl
 import threading
 import time
 import zlib
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -88,10 +88,8 @@ class ExpertsService(rpc.ExpertsServicer):
         self.layout = expert_layout(self.model)
         self.expert_bytes = max((sum(size for _, size, _ in parts) for parts in self.layout.values()), default=0)
         self.fetch = fetch and bool(self.layout)
-        self.compute_thread = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="colibri-compute")
 
     def close(self):
-        self.compute_thread.shutdown()
         os.close(self.weights)
 
     def _changed(self):
@@ -142,21 +140,16 @@ class ExpertsService(rpc.ExpertsServicer):
         x = np.frombuffer(request.x, dtype="<f4").reshape(int(rows[-1]), self.hidden)
         x = x.astype(np.float32)   # a writable copy in native order: compute_experts takes no read-only buffer
         experts = np.array(request.experts, dtype=np.int32)
-        loop = asyncio.get_running_loop()
         try:
-            y, elapsed = await loop.run_in_executor(self.compute_thread, self._compute, request.layer, experts, rows, x)
+            start = time.perf_counter_ns()
+            y = self.session.compute_experts(request.layer, experts, rows, x)   # the GIL is released meanwhile
+            elapsed = time.perf_counter_ns() - start
         except colibri.Error as e:
             code = grpc.StatusCode.INVALID_ARGUMENT if e.status == "COLIBRI_E_ARG" else grpc.StatusCode.INTERNAL
             await context.abort(code, f"layer {request.layer}: {e}")
         except (ValueError, TypeError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {e}")
         return pb.ComputeReply(y=y.astype("<f4", copy=False).tobytes(), compute_ns=elapsed)
-
-    def _compute(self, layer, experts, rows, x):
-        """On the compute thread: (y, nanoseconds)."""
-        start = time.perf_counter_ns()
-        y = self.session.compute_experts(layer, experts, rows, x)
-        return y, time.perf_counter_ns() - start
 
     async def FetchExpert(self, request, context):
         await self._check(request.model_hash, context)
