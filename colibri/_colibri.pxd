@@ -148,6 +148,7 @@ cdef extern from "colibri/colibri.h" nogil:
         int32_t device_strict
 
     enum: COLIBRI_LOAD_EXPERTS_ELSEWHERE
+    enum: COLIBRI_LOAD_COPY
     enum: COLIBRI_CACHE_GLOBAL
     enum: COLIBRI_CACHE_PER_LAYER
     enum: COLIBRI_EXPERT_IO_DIRECT

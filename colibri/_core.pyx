@@ -256,21 +256,24 @@ cdef class Model:
     checks that it is still the file opened (device, inode, size, modification time) and raises
     Error (``COLIBRI_E_IO``, naming weights.bin and what changed) if not.  Nothing more: writes by
     another process during a session may still show through on Linux and are not detected, and
-    truncating the file under a live mapping may still end the process with SIGBUS.
+    truncating the file under a live mapping may still end the process with SIGBUS, unless the
+    model was opened with ``copy=True``.
     """
     cdef c.colibri_model *_model
     cdef readonly str path
     cdef readonly int threads
 
-    def __cinit__(self, path, *, bint verify=False, threads=0, bint experts_elsewhere=False):
+    def __cinit__(self, path, *, bint verify=False, threads=0, bint experts_elsewhere=False, bint copy=False):
         """``threads``: how many threads its sessions share big matmuls with (0: $COLIBRI_THREADS,
         else the machine's cores); the results are the same for any count.  ``experts_elsewhere``:
         weights.bin holds only what precedes the routed experts (an interleaved file cut there);
-        sessions then stream the experts through an ``expert_read`` callable."""
+        sessions then stream the experts through an ``expert_read`` callable.  ``copy``: read
+        weights.bin into memory (read-only, not pageable to the file) instead of mapping it, so that
+        the file truncated or rewritten later cannot reach the model's bytes (a server's choice)."""
         cdef c.colibri_error err
         cdef c.colibri_status st
         cdef unsigned flags = (c.COLIBRI_LOAD_VERIFY if verify else 0) | \
-            (c.COLIBRI_LOAD_EXPERTS_ELSEWHERE if experts_elsewhere else 0)
+            (c.COLIBRI_LOAD_EXPERTS_ELSEWHERE if experts_elsewhere else 0) | (c.COLIBRI_LOAD_COPY if copy else 0)
         self.path = os.fspath(path)
         self.threads = _threads_value(threads)
         cdef bytes bpath = os.fsencode(self.path)

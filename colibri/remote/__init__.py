@@ -9,7 +9,11 @@
 Needs the "remote" extra (grpcio, protobuf): pip install colibri-moe[remote].
 """
 import hashlib
+import os
+import stat
 from pathlib import Path
+
+TOKEN_FILE_MAX = 4096   # bytes: a token is one line
 
 
 def __getattr__(name):
@@ -25,6 +29,24 @@ def model_hash(model_dir):
     """32 bytes: the SHA-256 of the model's colibri_model.json, the name every request carries."""
     return hashlib.sha256((Path(model_dir) / "colibri_model.json").read_bytes()).digest()
 
+
+def read_token_file(path):
+    """The token in `path` (--token-file), surrounding whitespace dropped.  ValueError for anything
+    but a regular file of at most TOKEN_FILE_MAX bytes holding printable ASCII (what gRPC metadata
+    carries): /dev/zero or a FIFO is refused before it is read, a large file after 4 KiB."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)   # a FIFO would otherwise wait for a writer
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"--token-file {path} is not a regular file")
+        data = f.read(TOKEN_FILE_MAX + 1)
+    if len(data) > TOKEN_FILE_MAX:
+        raise ValueError(f"--token-file {path} is over {TOKEN_FILE_MAX} bytes: a token is one line")
+    token = data.decode("ascii", "replace").strip()
+    if not token:
+        raise ValueError(f"--token-file {path} is empty")
+    if not token.isprintable():
+        raise ValueError(f"--token-file {path}: a token is printable ASCII on one line")
+    return token
 
 
 def expert_layout(model):

@@ -570,12 +570,11 @@ def add_arguments(p):
 
 def run(args):
     """`colibri orchestrate`: serves until interrupted, then saves the state."""
+    from colibri.remote import read_token_file
     from colibri.remote.server import parse_listen
 
     try:
-        token = Path(args.token_file).read_text().strip() if args.token_file else args.token
-        if args.token_file and not token:
-            raise ValueError(f"{args.token_file} is empty")
+        token = read_token_file(args.token_file) if args.token_file else args.token
         orch = Orchestrator(args.state, half_life=args.half_life, margin=args.margin, warmup=args.warmup,
                             interval=args.interval, max_edges=args.max_edges, max_experts=args.max_experts)
         server, port = serve(orch, args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,

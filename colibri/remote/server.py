@@ -4,18 +4,26 @@ the edges that call it and its weights served to those that fetch them.  docs/DE
     colibri serve-experts --model out/model --listen 127.0.0.1:50051
     colibri serve-experts --model out/model --listen 0.0.0.0:50051 --token-file tok --tls-cert c.pem --tls-key k.pem
 
-The session is not thread-safe: requests compute one at a time under a lock, in the order gRPC's
-workers take them.  Every request is checked before it reaches the core; what the core refuses
-(COLIBRI_E_ARG) is INVALID_ARGUMENT too, never a crash.
+The server is gRPC's asyncio server on one event loop thread: a call waiting on its client (a request
+not sent yet, a reply the client does not read) holds a coroutine, not a thread, so no client can
+take the server from the others.  The session is not thread-safe: Computes run one at a time on the
+loop's thread, in the order they arrive (handing them to another thread cost a millisecond a call;
+Info and FetchExpert wait at most for the Compute running).  Every request is checked before it reaches the core; what
+the core refuses (COLIBRI_E_ARG) is INVALID_ARGUMENT too, never a crash.  The model is read into
+memory (Model(copy=True)), not mapped, so weights.bin truncated or rewritten under the server is a
+DATA_LOSS answer, not a SIGBUS.
 """
+import asyncio
+import errno
 import hmac
 import ipaddress
 import os
 import signal
+import socket
+import ssl
 import threading
 import time
 import zlib
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -24,16 +32,23 @@ import numpy as np
 import colibri
 from colibri.remote import colibri_remote_pb2 as pb
 from colibri.remote import colibri_remote_pb2_grpc as rpc
-from colibri.remote import expert_layout, model_hash
+from colibri.remote import expert_layout, model_hash, read_token_file
 
 CHUNK = 256 << 10       # FetchExpert's chunk
 SLACK = 64 << 10        # a message's bytes besides its tensor: ids, offsets, hash, framing
 DEFAULT_BATCH = 64      # the core's default prefill chunk
+STREAMS_PER_CONNECTION = 16   # calls one connection may have open at once: bounds what it holds
+KEEPALIVE_S = 60, 20    # ping a connection idle this long, drop it when the ping is not answered in that
 
 
 def short(digest):
     """A hash's first 6 bytes in hex, for messages."""
     return digest[:6].hex() if digest else "(none)"
+
+
+def identity(st):
+    """What tells one state of weights.bin from another: the file, its size and modification time."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class ExpertsService(rpc.ExpertsServicer):
@@ -42,7 +57,21 @@ class ExpertsService(rpc.ExpertsServicer):
     may take (default: what the largest call needs), fewer rows per call when smaller."""
 
     def __init__(self, model_dir, *, kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True):
-        self.model = colibri.Model(model_dir, threads=threads)
+        self.weights_path = Path(model_dir) / "weights.bin"
+        self.weights = os.open(self.weights_path, os.O_RDONLY)
+        try:
+            self.opened = identity(os.fstat(self.weights))
+            self.model = colibri.Model(model_dir, threads=threads, copy=True)
+            self._setup(model_dir, kernels, batch, max_message, fetch)
+            changed = self._changed()
+        except BaseException:
+            os.close(self.weights)
+            raise
+        if changed:
+            self.close()
+            raise ValueError(f"{self.weights_path} {changed} while the server read it")
+
+    def _setup(self, model_dir, kernels, batch, max_message, fetch):
         cfg = self.model.config
         self.hash = model_hash(model_dir)
         self.hidden = cfg["hidden_size"]
@@ -59,26 +88,42 @@ class ExpertsService(rpc.ExpertsServicer):
         self.layout = expert_layout(self.model)
         self.expert_bytes = max((sum(size for _, size, _ in parts) for parts in self.layout.values()), default=0)
         self.fetch = fetch and bool(self.layout)
-        self.weights = os.open(Path(model_dir) / "weights.bin", os.O_RDONLY)
-        self.lock = threading.Lock()
 
     def close(self):
         os.close(self.weights)
 
-    def _check_model(self, digest, context):
-        if digest != self.hash:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"the request is for model {short(digest)}, this server serves {short(self.hash)} "
-                          f"({self.model.path})")
+    def _changed(self):
+        """None while weights.bin is the file the server read; else what happened to it."""
+        try:
+            now = identity(os.stat(self.weights_path))
+        except OSError as e:
+            return f"is gone ({e.strerror})"
+        if now[:2] != self.opened[:2]:
+            return "was replaced by another file"
+        if now[2] != self.opened[2]:
+            return f"changed size ({self.opened[2]:,} bytes, now {now[2]:,})"
+        return None if now == self.opened else "was written to (its modification time moved)"
 
-    def Info(self, request, context):
+    async def _check(self, digest, context):
+        """FAILED_PRECONDITION for another model; DATA_LOSS once weights.bin changed under the server
+        (its answers would no longer be the file's: a restart serves the new one)."""
+        if digest != self.hash:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"the request is for model {short(digest)}, this server serves {short(self.hash)} "
+                                f"({self.model.path})")
+        changed = self._changed()
+        if changed:
+            await context.abort(grpc.StatusCode.DATA_LOSS, f"{self.weights_path} {changed} since the server "
+                                "started: restart the server")
+
+    async def Info(self, request, context):
         cfg = self.model.config
         return pb.InfoReply(model_hash=self.hash, n_layers=cfg["num_layers"], n_experts=cfg["num_experts"],
                             hidden_size=self.hidden, kernels=self.session.kernels, max_rows=self.max_rows,
                             expert_bytes=self.expert_bytes, fetch=self.fetch)
 
-    def Compute(self, request, context):
-        self._check_model(request.model_hash, context)
+    async def Compute(self, request, context):
+        await self._check(request.model_hash, context)
         n, rows = len(request.experts), np.array(request.rows, dtype=np.int32)
         bad = None
         if n == 0:
@@ -91,40 +136,41 @@ class ExpertsService(rpc.ExpertsServicer):
             bad = (f"x is {len(request.x)} bytes; {rows[-1]} rows of hidden size {self.hidden} in float32 "
                    f"are {int(rows[-1]) * self.hidden * 4}")
         if bad:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {bad}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {bad}")
         x = np.frombuffer(request.x, dtype="<f4").reshape(int(rows[-1]), self.hidden)
         x = x.astype(np.float32)   # a writable copy in native order: compute_experts takes no read-only buffer
         experts = np.array(request.experts, dtype=np.int32)
-        with self.lock:
+        try:
             start = time.perf_counter_ns()
-            try:
-                y = self.session.compute_experts(request.layer, experts, rows, x)
-            except colibri.Error as e:
-                code = grpc.StatusCode.INVALID_ARGUMENT if e.status == "COLIBRI_E_ARG" else grpc.StatusCode.INTERNAL
-                context.abort(code, f"layer {request.layer}: {e}")
-            except (ValueError, TypeError) as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {e}")
+            y = self.session.compute_experts(request.layer, experts, rows, x)   # the GIL is released meanwhile
             elapsed = time.perf_counter_ns() - start
+        except colibri.Error as e:
+            code = grpc.StatusCode.INVALID_ARGUMENT if e.status == "COLIBRI_E_ARG" else grpc.StatusCode.INTERNAL
+            await context.abort(code, f"layer {request.layer}: {e}")
+        except (ValueError, TypeError) as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {e}")
         return pb.ComputeReply(y=y.astype("<f4", copy=False).tobytes(), compute_ns=elapsed)
 
-    def FetchExpert(self, request, context):
-        self._check_model(request.model_hash, context)
+    async def FetchExpert(self, request, context):
+        await self._check(request.model_hash, context)
         if not self.fetch:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "this server does not serve expert weights "
-                          "(serve-experts --no-fetch, or a model without routed experts)")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this server does not serve expert weights "
+                                "(serve-experts --no-fetch, or a model without routed experts)")
         n_experts = self.model.config["num_experts"]
         if request.layer not in self.layout or not 0 <= request.expert < n_experts:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"no expert {request.expert} in layer {request.layer}: the layers with routed experts "
-                          f"are {sorted(self.layout)}, each of {n_experts} experts")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"no expert {request.expert} in layer {request.layer}: the layers with routed "
+                                f"experts are {sorted(self.layout)}, each of {n_experts} experts")
         parts = [(offset + request.expert * step, size) for offset, size, step in self.layout[request.layer]]
         total = sum(size for _, size in parts)
         done, crc = 0, 0
         for offset, size in parts:
             for start in range(0, size, CHUNK):
                 data = os.pread(self.weights, min(CHUNK, size - start), offset + start)
-                if len(data) != min(CHUNK, size - start):
-                    context.abort(grpc.StatusCode.DATA_LOSS, f"weights.bin ends before byte {offset + size:,}")
+                changed = self._changed()   # after the read: no byte of a changed file is sent as the model's
+                if changed or len(data) != min(CHUNK, size - start):
+                    await context.abort(grpc.StatusCode.DATA_LOSS, f"{self.weights_path} {changed or 'is short'} "
+                                        "since the server started: restart the server")
                 crc = zlib.crc32(data, crc)
                 last = done + len(data) == total
                 yield pb.WeightChunk(offset=done, data=data, crc32=zlib.crc32(data), total=total,
@@ -133,21 +179,42 @@ class ExpertsService(rpc.ExpertsServicer):
 
 
 class TokenCheck(grpc.ServerInterceptor):
-    """UNAUTHENTICATED for any call whose metadata lacks "authorization: Bearer <token>"."""
+    """UNAUTHENTICATED for any call whose metadata lacks "authorization: Bearer <token>" (gRPC's
+    thread-pool server; AsyncTokenCheck is the same check for the asyncio server)."""
 
     def __init__(self, token):
         self.expected = f"Bearer {token}".encode()
 
         def refuse(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "this server needs its token: "
-                          "metadata \"authorization: Bearer <token>\"")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
         self.refusals = {False: grpc.unary_unary_rpc_method_handler(refuse),
                          True: grpc.unary_stream_rpc_method_handler(refuse)}
 
-    def intercept_service(self, continuation, details):
+    def authorized(self, details):
         given = dict(details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(given.encode(), self.expected):
+        return hmac.compare_digest(given.encode(), self.expected)
+
+    def intercept_service(self, continuation, details):
+        if self.authorized(details):
             return continuation(details)
+        return self.refusals[details.method.endswith("/FetchExpert")]
+
+
+REFUSAL = "this server needs its token: metadata \"authorization: Bearer <token>\""
+
+
+class AsyncTokenCheck(grpc.aio.ServerInterceptor):
+    def __init__(self, token):
+        self.check = TokenCheck(token)
+
+        async def refuse(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSAL)
+        self.refusals = {False: grpc.unary_unary_rpc_method_handler(refuse),
+                         True: grpc.unary_stream_rpc_method_handler(refuse)}
+
+    async def intercept_service(self, continuation, details):
+        if self.check.authorized(details):
+            return await continuation(details)
         return self.refusals[details.method.endswith("/FetchExpert")]
 
 
@@ -171,10 +238,38 @@ def is_loopback(host):
         return False
 
 
+def event_loop():
+    """The asyncio loop every expert server of this process runs on, in a daemon thread (gRPC's
+    asyncio objects belong to the loop they were made on: one loop serves them all)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="colibri-serve", daemon=True).start()
+    return _loop
+
+
+_loop, _loop_lock = None, threading.Lock()
+
+
+class Served:
+    """A started server on event_loop(); stop(grace) ends it (calls in flight get `grace` seconds)
+    and returns an Event set once it has stopped, as grpc.Server.stop does."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def stop(self, grace=None):
+        stopped = threading.Event()
+        asyncio.run_coroutine_threadsafe(self.server.stop(grace), event_loop()).add_done_callback(
+            lambda _: stopped.set())
+        return stopped
+
+
 def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls_key=None, insecure=False,
-          kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True, workers=8):
-    """(grpc.Server started, ExpertsService, "host:port" bound).  ValueError for an unsafe or
-    malformed setup: a non-loopback address needs a token and TLS unless `insecure`."""
+          kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True):
+    """(Served, ExpertsService, "host:port" bound).  ValueError for an unsafe or malformed setup
+    (a non-loopback address needs a token and TLS unless `insecure`) or an address it cannot bind."""
     host, port = parse_listen(listen)
     if bool(tls_cert) != bool(tls_key):
         raise ValueError("TLS needs both --tls-cert and --tls-key")
@@ -185,41 +280,61 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
     service = ExpertsService(model_dir, kernels=kernels, batch=batch, threads=threads, max_message=max_message,
                              fetch=fetch)
     options = [("grpc.max_receive_message_length", service.max_message),
-               ("grpc.max_send_message_length", service.max_message),
-               ("grpc.so_reuseport", 0)]   # a second server on a taken port fails instead of sharing it
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
-                         interceptors=[TokenCheck(token)] if token else [])
-    rpc.add_ExpertsServicer_to_server(service, server)
-    try:
+               ("grpc.max_send_message_length", max(service.max_message, CHUNK + SLACK)),   # a FetchExpert chunk
+               ("grpc.so_reuseport", 0),   # a second server on a taken port fails instead of sharing it
+               ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
+               ("grpc.keepalive_time_ms", KEEPALIVE_S[0] * 1000),
+               ("grpc.keepalive_timeout_ms", KEEPALIVE_S[1] * 1000)]
+
+    async def serve():
+        server = grpc.aio.server(options=options, interceptors=[AsyncTokenCheck(token)] if token else [])
+        rpc.add_ExpertsServicer_to_server(service, server)
         address, bound = bind(server, host, port, tls_cert, tls_key)
+        await server.start()
+        return server, address, bound
+
+    try:
+        server, address, bound = asyncio.run_coroutine_threadsafe(serve(), event_loop()).result()
     except ValueError:
         service.close()
         raise
-    server.start()
-    return server, service, address.rsplit(":", 1)[0] + f":{bound}"
+    return Served(server), service, address.rsplit(":", 1)[0] + f":{bound}"
 
 
 def bind(server, host, port, tls_cert=None, tls_key=None):
-    """Adds the listening port to a grpc server, TLS when given a certificate: (address, port bound)."""
-    import grpc
-
+    """Adds the listening port to a grpc server (threads or asyncio), TLS when given a certificate:
+    (address, port bound).  ValueError naming the address and the cause when it cannot: the
+    certificate and key are checked, and the port tried, before gRPC is asked (its own failure is
+    a log line on stderr and no reason)."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if tls_cert:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls_cert, tls_key)
+        except ssl.SSLError as e:
+            raise ValueError(f"cannot serve TLS on {address}: --tls-cert {tls_cert} and --tls-key {tls_key} are not "
+                             f"a certificate (PEM) and its private key ({e.reason or e})") from None
         creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
-        bound = server.add_secure_port(address, creds)
-    else:
-        bound = server.add_insecure_port(address)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:   # as gRPC binds: SO_REUSEADDR, no SO_REUSEPORT
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        why = "in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+        raise ValueError(f"cannot listen on {address}: {why}") from None
+    try:
+        bound = server.add_secure_port(address, creds) if tls_cert else server.add_insecure_port(address)
+    except RuntimeError:   # gRPC 1.5x+: raised where older versions returned 0
+        bound = 0
     if not bound:
-        raise ValueError(f"cannot listen on {address} (in use, or not an address of this machine)")
+        raise ValueError(f"cannot listen on {address} (taken since it was tried, or not an address of this machine)")
     return address, bound
 
 
 def main(args):
     """`colibri serve-experts`: serve until SIGTERM or SIGINT."""
     try:
-        token = Path(args.token_file).read_text().strip() if args.token_file else args.token
-        if args.token_file and not token:
-            raise ValueError(f"{args.token_file} is empty")
+        token = read_token_file(args.token_file) if args.token_file else args.token
         server, service, address = start(
             args.model, args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
             insecure=args.insecure, kernels=args.kernels, batch=args.batch, threads=args.threads,

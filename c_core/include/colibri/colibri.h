@@ -199,9 +199,12 @@ typedef struct colibri_tensor_info {
 
 enum {
     COLIBRI_LOAD_VERIFY = 1u << 0,  /* also check every tensor's CRC-32 and that all values are finite */
-    COLIBRI_LOAD_EXPERTS_ELSEWHERE = 1u << 1   /* colibri_model_load: `weights` holds the tensors other than
+    COLIBRI_LOAD_EXPERTS_ELSEWHERE = 1u << 1,  /* colibri_model_load: `weights` holds the tensors other than
                                    the routed experts (interleaved layout: weights.bin up to the first
                                    extent); sessions stream the experts through expert_read */
+    COLIBRI_LOAD_COPY = 1u << 2    /* colibri_model_open: read weights.bin into memory instead of mapping it,
+                                   so that the file truncated under the model is no SIGBUS (a server's
+                                   choice: it costs the file's size in memory that cannot be paged out) */
 };
 
 /* Opens a model directory (colibri_model.json + weights.bin) on a hosted platform. */

@@ -138,23 +138,43 @@ static colibri_status read_json(const char *path, char **text, size_t *len, coli
     return COLIBRI_OK;
 }
 
-/* Maps weights.bin privately (copy-on-write), so no write of ours could reach the file; *st as mapped. */
-static colibri_status map_weights(const char *path, void **data, size_t *len, struct stat *st, colibri_error *err)
+/* weights.bin's bytes for the model: mapped privately (copy-on-write), so no write of ours could
+ * reach the file; or, with `copy` (COLIBRI_LOAD_COPY), read into anonymous memory made read-only,
+ * so a file truncated later cannot fault (SIGBUS) a read past its new end.  *st: the file as read. */
+static colibri_status map_weights(const char *path, int copy, void **data, size_t *len, struct stat *st,
+                                  colibri_error *err)
 {
     int fd;
+    size_t got = 0;
+    void *p;
     colibri_status s = open_regular(path, &fd, st, err);
     if (s) return s;
     *len = (size_t)st->st_size;
     *data = NULL;
-    if (*len) {
-        void *p = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            close(fd);
-            return colibri_fail(err, COLIBRI_E_IO, "cannot map %s: %s", path, strerror(errno));
+    if (!*len) { close(fd); return COLIBRI_OK; }
+    p = copy ? mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+             : mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return colibri_fail(err, copy ? COLIBRI_E_NOMEM : COLIBRI_E_IO, "cannot %s %s (%zu bytes): %s",
+                            copy ? "allocate memory for" : "map", path, *len, strerror(errno));
+    }
+    while (copy && got < *len) {
+        size_t want = *len - got < (1u << 30) ? *len - got : (1u << 30);   /* Linux reads < 2 GiB per call */
+        ssize_t n = pread(fd, (char *)p + got, want, (off_t)got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            s = colibri_fail(err, COLIBRI_E_IO, "%s: %s at byte %zu of %zu", path,
+                             n ? strerror(errno) : "the file ended (changed while read)", got, *len);
+            break;
         }
-        *data = p;
+        got += (size_t)n;
     }
     close(fd);
+    if (!s && copy && mprotect(p, *len, PROT_READ) != 0)
+        s = colibri_fail(err, COLIBRI_E_IO, "cannot make the copy of %s read-only: %s", path, strerror(errno));
+    if (s) { munmap(p, *len); return s; }
+    *data = p;
     return COLIBRI_OK;
 }
 
@@ -175,7 +195,7 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
     if (!st) st = read_json(path, &pm->json, &json_len, err);
     if (!st) st = colibri_model_meta_bytes(pm->json, json_len, &meta_bytes, err);
     if (!st) st = path_join(path, sizeof path, dir, "weights.bin", err);
-    if (!st) st = map_weights(path, &pm->weights, &pm->weights_len, &pm->weights_stat, err);
+    if (!st) st = map_weights(path, (flags & COLIBRI_LOAD_COPY) != 0, &pm->weights, &pm->weights_len, &pm->weights_stat, err);
     if (!st) {   /* absolute: later checks and expert reads must not depend on the working directory */
         pm->weights_path = realpath(path, NULL);
         if (!pm->weights_path) st = colibri_fail(err, COLIBRI_E_IO, "cannot resolve %s: %s", path, strerror(errno));
