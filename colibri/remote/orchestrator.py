@@ -471,27 +471,6 @@ def check_exposure(host, token, tls, insecure=False):
                          f"the network; --insecure listens without them")
 
 
-def bind_alone(server, host, port, tls_cert=None, tls_key=None):
-    """server.py's bind() for a server made with grpc.so_reuseport 0, so that a second orchestrator
-    on a taken port fails instead of sharing it (the kernel would split the edges between two
-    states that diverge); ValueError saying why the port cannot be had."""
-    from colibri.remote.server import bind
-
-    try:
-        return bind(server, host, port, tls_cert, tls_key)
-    except RuntimeError:   # grpc says only "Failed to bind": the kernel says why
-        try:
-            family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind(sockaddr)
-            why = "gRPC could not bind it"
-        except OSError as e:
-            why = e.strerror or str(e)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise ValueError(f"cannot listen on {address}: {why}") from None
-
-
 def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, insecure=False, workers=4):
     """A started gRPC server answering Orchestrator.Heartbeat at `listen` (HOST:PORT; port 0 picks
     one), the port its own, and the orchestrator started; returns (server, port).  Off loopback
@@ -499,7 +478,7 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
     import grpc
 
     from colibri.remote import colibri_remote_pb2_grpc as pbg
-    from colibri.remote.server import TokenCheck, parse_listen
+    from colibri.remote.server import TokenCheck, bind, parse_listen
 
     host, port = parse_listen(listen)
     if bool(tls_cert) != bool(tls_key):
@@ -521,7 +500,7 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                          interceptors=[TokenCheck(token)] if token else [])
     pbg.add_OrchestratorServicer_to_server(Servicer(), server)
-    _, port = bind_alone(server, host, port, tls_cert, tls_key)
+    _, port = bind(server, host, port, tls_cert, tls_key)   # the port its own: grpc.so_reuseport 0
     orchestrator.start()   # after the bind: an orchestrator that cannot have the port leaves the state alone
     server.start()
     return server, port
