@@ -6,6 +6,8 @@ on a corpus of English, code, digits, whitespace runs, emoji, CJK, combining mar
 string, on one of what NFC changes (with 100 KB of mixed text), and on random Unicode strings; text
 the core decodes is what the library decodes.  The fixtures qwen2, gpt2_nfc, prefix_space,
 metaspace_first, metaspace_always and added_options are module-scope colibri.Model objects."""
+import functools
+import re
 import shutil
 from pathlib import Path
 
@@ -72,7 +74,7 @@ def random_strings(seed, count=300, nfc=False):
     """Strings of code points drawn from ASCII, Latin, combining marks, other scripts' letters and
     digits, Unicode spaces, CJK and emoji, with runs of spaces; `nfc`: more of what NFC changes
     (combining marks after letters, Hangul jamo, composition exclusions, singletons, Indic vowel signs).
-    The library's NFC tables predate Unicode 10; gen_unicode.py's LIBRARY_OLDER gives its values for
+    The library's NFC tables predate Unicode 10; gen_unicode.py's library_unknown gives its values for
     the marks assigned since, so they may be drawn too."""
     pools = [range(0x20, 0x7f), range(0x09, 0x0e), range(0xa0, 0x250), range(0x300, 0x370), range(0x370, 0x530),
              range(0x600, 0x6ff), range(0x900, 0x97f), range(0x2000, 0x2070), range(0x3000, 0x3100),
@@ -325,6 +327,90 @@ def test_nfc_corpus_is_the_tokenizers_library(which, request):
     model = request.getfixturevalue(which)
     for text in NFC_CORPUS + random_strings(20, 300, nfc=True):
         assert model.tokenize(text) == model.tokenizer.encode(text).ids, (len(text), repr(text[:100]))
+
+
+TABLES = Path(__file__).resolve().parent.parent / "c_core" / "src" / "text" / "unicode_tables.h"
+CLASSES = {"other": 0, "letter": 1, "number": 2, "space": 3, "mark": 4, "punct": 5, "symbol": 6}
+EVERY_CP = np.array([c for c in range(0x110000) if not 0xd800 <= c < 0xe000])
+
+
+@functools.lru_cache(maxsize=None)
+def library_classes():
+    """Each of EVERY_CP's class (CLASSES) as the `tokenizers` library's Oniguruma sees it: one split
+    by all the classes' runs, then each run's first character tested against each class alone."""
+    from tokenizers import Regex, pre_tokenizers
+
+    patterns = {"letter": r"\p{L}", "number": r"\p{N}", "space": r"\s", "mark": r"\p{M}", "punct": r"\p{P}",
+                "symbol": r"\p{S}"}
+    every = "".join(map(chr, EVERY_CP))
+    runs = [a for _, (a, _) in pre_tokenizers.Split(Regex("|".join(p + "+" for p in patterns.values())),
+                                                      "isolated").pre_tokenize_str(every)]
+    firsts = "".join(every[a] for a in runs)
+    run_class = np.zeros(len(runs), np.int8)
+    for name, p in patterns.items():
+        kept = set()
+        for _, (a, b) in pre_tokenizers.Split(Regex(p), "removed").pre_tokenize_str(firsts):
+            kept.update(range(a, b))
+        run_class[[k for k in range(len(runs)) if k not in kept]] = CLASSES[name]
+    return np.repeat(run_class, np.diff(runs + [len(every)]))
+
+
+def library_word_characters():
+    """Whether each of EVERY_CP is a word character (\\w) to the library's single_word added tokens:
+    one is put after each code point, and is a token of its own only after a non-word character."""
+    from tokenizers import AddedToken, Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.add_tokens([AddedToken("\x00", single_word=True)])
+    enc = tok.encode("".join(chr(c) + "\x00 " for c in EVERY_CP), add_special_tokens=False)
+    word = np.ones(len(EVERY_CP), bool)
+    word[[a // 3 for i, (a, _) in zip(enc.ids, enc.offsets) if i == 1]] = False
+    word[0] = False   # U+0000 is the token itself
+    return word
+
+
+def header_table(name):
+    """The numbers of the initializer `name` in unicode_tables.h."""
+    text = TABLES.read_text()
+    body = text[text.index(name):]
+    body = body[body.index("{") + 1:body.index("};")]
+    return [int(x.rstrip("u"), 16) for x in re.findall(r"0x[0-9a-f]+u?", body)]
+
+
+def test_unicode_tables_are_the_tokenizers_library():
+    """unicode_tables.h's class of every code point (gen_unicode.py's Unicode version) is the class the
+    library's regular expressions see, and its \\w is the library's: a newer library (a newer
+    Unicode) fails here, naming the code points, until the tables are regenerated."""
+    runs = np.array(header_table("colibri_unicode_runs"), np.int64)
+    core = (runs & 7)[np.searchsorted(runs >> 3, EVERY_CP, side="right") - 1]
+    lib = library_classes()
+    names = {v: k for k, v in CLASSES.items()}
+    wrong = np.flatnonzero(core != lib)
+    assert not len(wrong), f"{len(wrong)} code points differ, first " + ", ".join(
+        f"U+{EVERY_CP[k]:04X} core {names[core[k]]} library {names[lib[k]]}" for k in wrong[:8])
+
+    flips = np.array(header_table("colibri_word_flips"), np.int64).reshape(-1, 2)
+    k = np.searchsorted(flips[:, 0], EVERY_CP, side="right") - 1
+    flipped = (k >= 0) & (EVERY_CP <= flips[np.maximum(k, 0), 1])
+    core_word = np.isin(core, [CLASSES["letter"], CLASSES["mark"], CLASSES["number"]]) != flipped
+    wrong = np.flatnonzero(core_word != library_word_characters())
+    assert not len(wrong), f"{len(wrong)} code points differ in \\w, first " + ", ".join(
+        f"U+{EVERY_CP[k]:04X} core {core_word[k]}" for k in wrong[:8])
+
+
+@pytest.mark.parametrize("which", ["bundled", "trained", "llama3", "deepseek", "qwen2", "gpt2_nfc", "prefix_space",
+                                   "added_options"])
+def test_every_unicode_class_encodes_as_the_tokenizers_library(which, request):
+    """Each code point of a class other than "other" (those the library's classes name: letters of
+    Unicode 15 and 16 such as U+1CCF8 among them) in a probe that tells its class, its \\w, its NFC and
+    combining class apart: ids the library's, a thousand probes at a time."""
+    model = request.getfixturevalue(which)
+    probes = [f"{c}'s \u0301{c}\u0334{c}cat {c}1 " for c in map(chr, EVERY_CP[library_classes() != 0])]
+    for k in range(0, len(probes), 1000):
+        text = "".join(probes[k:k + 1000])
+        if model.tokenize(text) != model.tokenizer.encode(text).ids:
+            bad = next(p for p in probes[k:k + 1000] if model.tokenize(p) != model.tokenizer.encode(p).ids)
+            assert model.tokenize(bad) == model.tokenizer.encode(bad).ids, repr(bad)
 
 
 def test_decode_is_the_tokenizers_library(bundled):

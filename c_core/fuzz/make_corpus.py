@@ -89,14 +89,20 @@ def main():
                    b' "\\u00e9\\ud83d\\ude00\\n\\"", true, false, null, {}, []]',
         "nested": b'{"a": {"b": [[{"c": [1, {"d": "e"}]}]]}, "": ""}',
     })
-    write("tokenize", {
+    texts = {
         "ascii": b"To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",
         "unicode": "Caf\u00e9 na\u00efve \u2014 \u65e5\u672c\u8a9e \U0001F600  \t\r\n x".encode(),
         "invalid": b"a\xff\xfe b\xc3 \xe2\x82 \xed\xa0\x80 \xf4\x90\x80\x80 \xc0\xaf z",
         "numbers": b"1234567890 3.14159 0x1F 'll 've 're   spaces\n\n\n",
         "special": b"<s></s><unk> <s> text</s>",
-    })
-
+        "nfc": "e\u0301 A\u030a \u212b \u1100\u1161\u11a8 \u0344 q\u0307\u0323 \U0001CCF8's \u0301\u0301x".encode(),
+    }
+    # fuzz_tokenize's first byte: the encoder variant (GPT-2, Llama 3, DeepSeek, Qwen2; NFC, a prefix
+    # space, ignore_merges)
+    variants = {"gpt2": 0, "llama3": 1, "llama3-ignore-merges": 0x11, "deepseek": 2, "qwen2-nfc": 3 | 4,
+                "gpt2-nfc": 4, "gpt2-prefix-space": 8}
+    write("tokenize", {f"{name}-{variant}": bytes([v]) + text for name, text in texts.items()
+                       for variant, v in variants.items()})
 
 if __name__ == "__main__":
     main()
