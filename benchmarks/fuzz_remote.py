@@ -27,6 +27,7 @@ final-stats line and "Test unit written to" for a finding (a JSON list of the co
 hex), so the same table counts it.  The target functions (TARGETS) import without atheris:
 tests/test_fuzz_regressions.py replays their seeds and findings.
 """
+import asyncio
 import hashlib
 import json
 import os
@@ -55,9 +56,9 @@ class Aborted(Exception):
 
 
 class Context:
-    """The part of grpc.ServicerContext the servicers use."""
+    """The part of grpc.aio.ServicerContext the servicers use."""
 
-    def abort(self, code, details):
+    async def abort(self, code, details):
         raise Aborted(code, details)
 
     def is_active(self):
@@ -68,6 +69,14 @@ class Context:
 
 
 _experts = None
+_event_loop = None
+
+
+def _loop():
+    global _event_loop
+    if _event_loop is None:
+        _event_loop = asyncio.new_event_loop()
+    return _event_loop
 
 
 def _service():
@@ -96,10 +105,12 @@ def target_experts(data):
     service = _service()
     if data[1] & 1 and method != "Info":
         request.model_hash = service.hash
+    async def call():   # the servicer's coroutine (or async generator), as grpc.aio runs it
+        answer = getattr(service, method)(request, Context())
+        return [chunk async for chunk in answer] if method == "FetchExpert" else await answer
+
     try:
-        reply = getattr(service, method)(request, Context())
-        if method == "FetchExpert":
-            reply = list(reply)
+        reply = _loop().run_until_complete(call())
     except Aborted:
         return
     if method == "Compute":

@@ -14,7 +14,6 @@ memory (Model(copy=True)), not mapped, so weights.bin truncated or rewritten und
 DATA_LOSS answer, not a SIGBUS.
 """
 import asyncio
-import errno
 import hmac
 import ipaddress
 import os
@@ -320,7 +319,7 @@ def bind(server, host, port, tls_cert=None, tls_key=None):
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as e:
-        why = "in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+        why = e.strerror or str(e)   # "Address already in use", "Cannot assign requested address"
         raise ValueError(f"cannot listen on {address}: {why}") from None
     try:
         bound = server.add_secure_port(address, creds) if tls_cert else server.add_insecure_port(address)
