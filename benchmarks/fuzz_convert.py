@@ -367,6 +367,61 @@ def _gguf_seeds(tmp):
     w.write_tensors_to_file()
     w.close()
     seeds["llama-q8_0"] = path.read_bytes()
+    seeds.update(_gguf_long_seeds(tmp))
+    return seeds
+
+
+def _gguf_long_seeds(tmp):
+    """{name: GGUF bytes}: llama models with what a hostile file has too much of, at a size that still
+    converts in milliseconds: many layers (many tensors), a long vocabulary (SentencePiece with
+    scores, and byte-level with merges), a long token (of 4,096 characters, split by the merges)."""
+    from gguf import GGUFWriter
+
+    rng = np.random.default_rng(1)
+    special, byte_tokens = ["<unk>", "<s>", "</s>"], [f"<0x{b:02X}>" for b in range(256)]
+    sentencepiece = lambda words: (special + byte_tokens + words, [2, 3, 3] + [6] * 256 + [1] * len(words),   # noqa: E731
+                                   [0.0] * 259 + [-float(i) for i in range(len(words))])
+    alphabet = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    pairs = [a + b for a in alphabet[:16] for b in alphabet[:16]]   # each the merge of its two characters
+    byte_level = special[1:] + alphabet + pairs + [f"x{i}" for i in range(510 - len(alphabet) - len(pairs))]
+    cases = {   # name -> (layers, (tokens, types, scores) or None, merges)
+        "llama-layers-8": (8, None, None),
+        "llama-vocab-512": (1, sentencepiece([f"\u2581w{i}" for i in range(253)]), None),
+        "gpt2-vocab-512": (1, (byte_level, [3, 3] + [1] * 510, None), [f"{p[0]} {p[1]}" for p in pairs]),
+        "llama-long-token": (1, sentencepiece(["a", "\u2581"] + ["a" * 2**i for i in range(1, 13)]),
+                             None),
+    }
+    seeds = {}
+    for name, (layers, vocab, merges) in cases.items():
+        meta = {**_COMMON_META, **GGUF_SEEDS["llama"][0], "block_count": layers}
+        path = tmp / f"{name}.gguf"
+        w = GGUFWriter(str(path), "llama")
+        for k, v in meta.items():
+            _add_meta(w, "llama", k, v)
+        if vocab is None:
+            _gguf_vocab(w, 32, "llama")
+        else:
+            tokens, types, scores = vocab
+            w.add_tokenizer_model("gpt2" if merges else "llama")
+            w.add_token_list(tokens)
+            w.add_token_types(types)
+            w.add_bos_token_id(tokens.index("<s>"))
+            w.add_eos_token_id(tokens.index("</s>"))
+            if merges:
+                w.add_tokenizer_pre("gpt-2")
+                w.add_token_merges(merges)
+            else:
+                w.add_token_scores(scores)
+        V = len(vocab[0]) if vocab else 32
+        for cname, shape in _llama_shapes("llama", meta).items():
+            shape = (V, *shape[1:]) if cname in ("tok_embeddings", "lm_head") else shape
+            x = (rng.standard_normal(shape) * 0.1 + ("norm" in cname)).astype(np.float32)
+            w.add_tensor(_gguf_names("llama")(cname), x.astype(np.float16) if x.ndim >= 2 else x)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        seeds[name] = path.read_bytes()
     return seeds
 
 

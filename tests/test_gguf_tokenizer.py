@@ -4,6 +4,8 @@ llama.cpp where the two differ (see `reference`), on the corpus and random strin
 test_tokenizer; byte-level BPE ("gpt2": GPT-2's, Llama 3's and DeepSeek V3's pre-tokenizers) and
 SentencePiece ("llama": merges derived from the scores), each with control and user-defined tokens."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -269,3 +271,47 @@ def test_vocabularies_the_core_does_not_encode_say_why(tmp_path, capfd, spm, mor
     out = convert(path, tmp_path / "out", progress=False)
     assert reason in capfd.readouterr().err
     assert "encoder" not in json.loads((out / "colibri_model.json").read_text())
+
+
+IMPORT = """
+import resource, sys
+from colibri.convert import ConvertError, convert
+try:
+    convert(sys.argv[1], sys.argv[2], progress=False)
+    print("converted")
+except ConvertError as e:
+    print(e)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def imported_within(path, seconds):
+    """(what convert says of the GGUF file `path`, the peak RSS in MiB) from a fresh process,
+    which must be done within `seconds` (Python's start-up included)."""
+    try:
+        r = subprocess.run([sys.executable, "-c", IMPORT, str(path), str(path.parent / "out")], capture_output=True,
+                           text=True, timeout=seconds, cwd=path.parent)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"importing {path.name} ran past {seconds} s")
+    assert r.returncode == 0, r.stderr
+    said, rss = r.stdout.rstrip("\n").rsplit("\n", 1)
+    return said, int(rss) / 1024
+
+
+# The super-linear imports of small hostile vocabularies: the old code took 35 s and 25 s on them
+# (2-core Xeon), the fixed one about a second; 10 s is far from either.
+def test_a_token_repeated_late_in_a_long_vocabulary_is_found_in_linear_time(tmp_path):
+    n = 40_000   # the repeat found by counting each token in the whole list, as the old code did
+    tokens = [f"t{i}" for i in range(n - 1)] + [f"t{n - 2}"]
+    path = write_gguf(tmp_path / "m.gguf", tokens, None, merges=[], pre="gpt-2")
+    said, _ = imported_within(path, 10)
+    assert said == f"gguf `tokenizer.ggml.tokens`: 't{n - 2}' appears twice"
+
+
+def test_the_merges_of_a_sentencepiece_vocabulary_with_a_long_token_take_linear_time(tmp_path):
+    tokens, types, scores = sentencepiece_vocab()
+    long = "\u2581" + "a" * 400_000   # every one of its 400,000 splits sliced, as the old code did
+    path = write_gguf(tmp_path / "m.gguf", tokens + [long], types + [NORMAL], scores=scores + [-1e9], model="llama",
+                      bos=1)
+    said, _ = imported_within(path, 10)
+    assert said == "converted"

@@ -14,6 +14,8 @@ otherwise the converter says why and the model runs on token ids (`colibri gener
 """
 
 import math
+import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ import numpy as np
 from .errors import ConvertError
 from . import gguf_arch
 from .gguf_vocab import gguf_vocabulary
-from .limits import check as check_limits
+from .limits import MAX_LAYERS, check as check_limits
 from .writer import INTEGER_DTYPES, Stored, write_model
 
 STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",   # GGUF type -> colibri dtype
@@ -33,22 +35,9 @@ LAYER_TENSORS = {   # GGUF name (after blk.N.) -> colibri name (after layers.N.)
     "ffn_gate_inp": "router", "ffn_gate_exps": "experts.w1", "ffn_up_exps": "experts.w3", "ffn_down_exps": "experts.w2",
 }
 GLOBAL_TENSORS = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "lm_head"}
-
-
-def _fields(reader):
-    """The GGUF key-value metadata as Python values: strings decoded, arrays as lists (an empty one
-    too), so that gguf_arch.checked sees each value's own type."""
-    out = {}
-    for key, field in reader.fields.items():
-        if not field.types:
-            continue
-        values = [field.parts[i] for i in field.data]
-        if field.types[-1].name == "STRING":
-            values = [bytes(v).decode("utf-8", "replace") for v in values]
-        else:
-            values = [v.tolist()[0] if len(v) == 1 else v.tolist() for v in values]
-        out[key] = values if field.types[0].name == "ARRAY" else values[0]
-    return out
+# the most tensors a file colibri imports can hold: its layers (limits.MAX_LAYERS), each of fewer than
+# 64 (gguf_arch.LAYER_TENSORS); the table is refused before its entries are read (about 0.1 ms each)
+MAX_TENSORS = MAX_LAYERS * 64
 
 
 def _describe(meta, arch, tensors):
@@ -96,14 +85,82 @@ def _colibri_name(name):
     return None
 
 
+# GGUF value type -> (its name, its struct format)
+VALUE_TYPES = {0: ("uint8", "B"), 1: ("int8", "b"), 2: ("uint16", "H"), 3: ("int16", "h"), 4: ("uint32", "I"),
+               5: ("int32", "i"), 6: ("float32", "f"), 7: ("bool", "?"), 8: ("string", None), 9: ("array", None),
+               10: ("uint64", "Q"), 11: ("int64", "q"), 12: ("float64", "d")}
+BOOL, STRING, ARRAY = 7, 8, 9
+
+
+def _metadata(buf, offs, count, order):
+    """({key: value}, {key: GGUF value type}, the offset after them) of the `count` key/value pairs
+    at `offs` of the GGUF bytes `buf` (byte order `order`): strings decoded, arrays as lists of
+    Python values.  One pass, one Python object a value: an array's count is checked against the
+    bytes left before anything is read (an element takes at least 1 byte, a string its 8-byte
+    length), and arrays of arrays are refused, so a file cannot ask for more values than it has bytes."""
+    values, kinds = {}, {}
+
+    def need(size):   # where the next `size` bytes start, once the file is known to hold them
+        nonlocal offs
+        if size > len(buf) - offs:
+            raise ValueError(f"the metadata runs to byte {offs + size}, past the end of the file ({len(buf)} bytes)")
+        offs += size
+        return offs - size
+
+    def take(fmt):
+        return struct.unpack_from(order + fmt, buf, need(struct.calcsize(fmt)))[0]
+
+    def text(label):
+        size = take("Q")
+        at = need(size)
+        try:
+            return str(buf[at:at + size], "utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{label}: a string that is not UTF-8 (byte {e.start})") from None
+
+    def array(key):
+        kind, n = take("I"), take("Q")
+        if kind not in VALUE_TYPES or kind == ARRAY:
+            raise ValueError(f"`{key}`: an array of {'arrays' if kind == ARRAY else f'value type {kind}'}, which "
+                             f"colibri does not read")
+        name, fmt = VALUE_TYPES[kind]
+        least = 8 if kind == STRING else struct.calcsize(fmt)   # the bytes an element takes, at least
+        if n * least > len(buf) - offs:
+            raise ValueError(f"`{key}`: {n} {name} elements take at least {n * least} bytes, more than the "
+                             f"{len(buf) - offs} left in the file")
+        if kind == STRING:
+            return [text(f"`{key}`[{i}]") for i in range(n)]
+        items = np.frombuffer(buf, np.dtype(order + ("B" if kind == BOOL else fmt)), n, need(n * least))
+        return (items != 0).tolist() if kind == BOOL else items.tolist()
+
+    for _ in range(count):
+        key = text("a metadata key")
+        if key in values:
+            raise ValueError(f"`{key}` appears twice in the metadata")
+        kinds[key] = kind = take("I")
+        if kind not in VALUE_TYPES:
+            raise ValueError(f"`{key}`: value type {kind}, not one of GGUF's")
+        values[key] = text(f"`{key}`") if kind == STRING else array(key) if kind == ARRAY else take(VALUE_TYPES[kind][1])
+    return values, kinds, offs
+
+
 def _reader(path):
-    """gguf's reader, made to say which part of the file runs past its end (the header, the
-    metadata, the tensor table, a tensor's data: a file cut short) and to name the tensor (and its
-    type) whose table entry it cannot take: an unknown type, rows that are not whole blocks."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+    """gguf's reader, its metadata read by _metadata (into `.meta`), made to say which part of the
+    file runs past its end (the header, the metadata, the tensor table, a tensor's data: a file cut
+    short) and to name the tensor (and its type) whose table entry it cannot take: an unknown type,
+    rows that are not whole blocks, a name given twice."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
 
     class Reader(GGUFReader):
         part = "the header"
+
+        @property
+        def data(self):
+            return self._mapped
+
+        @data.setter
+        def data(self, mapped):   # sliced for each part of each tensor's entry: plain views cost less than memmap's
+            self._mapped = mapped.view(np.ndarray)
 
         def _get(self, offset, dtype, count=1, override_order=None):
             end = int(offset) + np.dtype(dtype).itemsize * int(count)
@@ -113,14 +170,25 @@ def _reader(path):
 
         def _build_fields(self, offs, count):
             self.part = "the metadata"
-            return super()._build_fields(offs, count)
+            order = "<" if (self.byte_order == "I") == (sys.byteorder == "little") else ">"
+            self.meta, kinds, offs = _metadata(memoryview(self.data), offs, count, order)
+            if "general.alignment" in self.meta:   # the one key gguf's reader reads itself
+                if kinds["general.alignment"] != 4:   # uint32
+                    raise ValueError("`general.alignment`: not a uint32")
+                self.fields["general.alignment"] = ReaderField(
+                    0, "general.alignment", [np.array([self.meta["general.alignment"]], np.uint32)], [0],
+                    [GGUFValueType.UINT32])
+            return offs
 
         def _build_tensor_info(self, offs, count):
             self.part = "the tensor table"
+            if count > MAX_TENSORS:
+                raise ValueError(f"the tensor table: {count} tensors, more than the {MAX_TENSORS} of a model colibri "
+                                 f"loads ({MAX_LAYERS} layers of at most 64)")
             return super()._build_tensor_info(offs, count)
 
         def _build_tensors(self, start_offs, fields):
-            tensors = []
+            tensors, names = [], set()
             for field in fields:
                 name, raw = bytes(field.parts[1]).decode("utf-8", "replace"), int(field.parts[4][0])
                 known = raw in GGMLQuantizationType._value2member_map_
@@ -136,8 +204,9 @@ def _reader(path):
                     super()._build_tensors(start_offs, [field])
                 except ValueError as e:
                     raise ValueError(f"tensor `{name}` ({kind}): {e}") from None
-                if any(t.name == name for t in tensors):
+                if name in names:
                     raise ValueError(f"tensor `{name}` appears twice")
+                names.add(name)
                 tensors += self.tensors
             self.tensors = tensors
     return Reader(path)
@@ -242,7 +311,7 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
         reader = _reader(path)
     except Exception as e:   # the gguf package raises ValueError, struct.error, ... on a broken file
         raise ConvertError(f"{path}: not a readable GGUF file: {e}") from None
-    meta = _fields(reader)
+    meta = reader.meta
     arch = meta.get("general.architecture")
     if arch not in ("llama", "qwen3moe") + gguf_arch.ARCHS:
         raise ConvertError(f"unsupported: architecture {arch!r} in gguf (supported: llama with experts, qwen3moe, "
@@ -254,7 +323,7 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
         desc, entries = check_limits(_describe(meta, arch, tensors)), _entries(reader, arch, lambda t: _colibri_name(t.name))
     else:
         desc, entries = _family_entries(reader, meta, arch, tensors)
-    encoder, vocab_tensors = gguf_vocabulary(reader, desc["hparams"]["vocab_size"], desc["hparams"]["bos_token_id"])
+    encoder, vocab_tensors = gguf_vocabulary(meta, desc["hparams"]["vocab_size"], desc["hparams"]["bos_token_id"])
     entries += [(name, x.shape, lambda x=x: x, INTEGER_DTYPES.get(x.dtype, "f32")) for name, x in vocab_tensors]
     doc = {"format": "colibri", "version": 1, **desc, **({"encoder": encoder} if encoder else {}),
            "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}

@@ -14,6 +14,7 @@ tensors: the byte table (colibri_token_bytes) and, where the core encodes it exa
 
 import re
 import sys
+from collections import Counter
 
 from .errors import ConvertError
 from .vocab import NoEncoder, _byte_level_alphabet, byte_table, encoder_tables
@@ -35,21 +36,12 @@ PRE_TOKENIZERS = {
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _contents(field, key):
-    """A GGUF field's value; its strings must be UTF-8, as the format says."""
-    try:
-        return field.contents()
-    except UnicodeDecodeError as e:
-        raise ConvertError(f"gguf `{key}`: a string that is not UTF-8 (byte {e.start})") from None
-
-
-def _array(reader, key, kind, count=None):
+def _array(meta, key, kind, count=None):
     """The values of the GGUF array `key` (None when absent), each of Python type `kind`, and
     `count` of them when given."""
-    field = reader.fields.get(key)
-    if field is None:
+    values = meta.get(key)
+    if values is None:
         return None
-    values = _contents(field, key)
     if not isinstance(values, list) or not all(isinstance(v, kind) for v in values):
         raise ConvertError(f"gguf `{key}`: not an array of {kind.__name__}")
     if count is not None and len(values) != count:
@@ -57,27 +49,33 @@ def _array(reader, key, kind, count=None):
     return values
 
 
-def _scalar(reader, key, default):
-    field = reader.fields.get(key)
-    return default if field is None else _contents(field, key)
-
-
 def _merges_from_scores(tokens, scores):
     """[(left, right)] best first: each split of a token into two tokens, ranked by the merged
     token's score, then the longer left part, then the longer right part, ties in token order
-    (transformers.tokenization_utils_base.generate_merges)."""
-    ids = {t: i for i, t in enumerate(tokens)}
+    (transformers.tokenization_utils_base.generate_merges).  A token is cut only where both parts
+    have the length of some token, and the merges hold the tokens themselves, not new slices: work
+    and memory grow with the vocabulary's size, not with the square of its longest token."""
+    ids = {t: i for i, t in enumerate(tokens)}   # tokens are unique
+    lengths = sorted({len(t) for t in tokens})
+    has_length = set(lengths)
     merges = []
-    for piece, score in dict(zip(tokens, scores)).items():
-        local = [(piece[:k], piece[k:], score) for k in range(1, len(piece)) if piece[:k] in ids and piece[k:] in ids]
-        merges += sorted(local, key=lambda m: (ids[m[0]], ids[m[1]]))
+    for piece, score in zip(tokens, scores):
+        local = []
+        for k in lengths:
+            if k >= len(piece):
+                break
+            if len(piece) - k in has_length:
+                left, right = ids.get(piece[:k]), ids.get(piece[k:])
+                if left is not None and right is not None:
+                    local.append((left, right))
+        merges += [(tokens[a], tokens[b], score) for a, b in sorted(local)]
     merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)   # stable: ties keep their order
     return [(a, b) for a, b, _ in merges]
 
 
-def _file_merges(reader, ids):
+def _file_merges(meta, ids):
     """The file's merges as [(left, right)], each part and their join a token."""
-    merges = _array(reader, "tokenizer.ggml.merges", str)
+    merges = _array(meta, "tokenizer.ggml.merges", str)
     out = []
     for i, m in enumerate(merges):
         parts = m.split(" ")
@@ -90,26 +88,27 @@ def _file_merges(reader, ids):
     return out
 
 
-def gguf_vocabulary(reader, vocab_size, bos_id):
-    """(the encoder entry or None, [(tensor name, array)]) from the GGUF reader's tokenizer metadata:
+def gguf_vocabulary(meta, vocab_size, bos_id):
+    """(the encoder entry or None, [(tensor name, array)]) from the GGUF tokenizer metadata:
     the byte table for "gpt2" and "llama" vocabularies, the encoder where the core reproduces the
     tokenizer (else the reason is printed and the model runs on ids). Raises ConvertError on a
     malformed vocabulary, naming the key."""
-    model = _scalar(reader, "tokenizer.ggml.model", None)
+    model = meta.get("tokenizer.ggml.model", None)
     if model is None:
         return None, []
     if model not in ("gpt2", "llama"):
         _say(f"gguf tokenizer.ggml.model {model!r}: the core has no vocabulary table or encoder for it")
         return None, []
-    tokens = _array(reader, "tokenizer.ggml.tokens", str)
+    tokens = _array(meta, "tokenizer.ggml.tokens", str)
     if tokens is None:
         raise ConvertError("gguf `tokenizer.ggml.tokens` missing")
     if len(tokens) != vocab_size:
         raise ConvertError(f"gguf `tokenizer.ggml.tokens`: {len(tokens)} tokens for token_embd's {vocab_size} rows")
-    if len(set(tokens)) != len(tokens):   # llama.cpp refuses them too
-        twice = next(t for t in tokens if tokens.count(t) > 1)
+    counts = Counter(tokens)
+    if len(counts) != len(tokens):   # llama.cpp refuses them too
+        twice = next(t for t in tokens if counts[t] > 1)
         raise ConvertError(f"gguf `tokenizer.ggml.tokens`: {twice!r} appears twice")
-    types = _array(reader, "tokenizer.ggml.token_type", int, len(tokens)) or [NORMAL] * len(tokens)
+    types = _array(meta, "tokenizer.ggml.token_type", int, len(tokens)) or [NORMAL] * len(tokens)
     if not all(0 <= t <= BYTE for t in types):
         raise ConvertError("gguf `tokenizer.ggml.token_type`: a type outside 0..6")
     spm = model == "llama"
@@ -135,38 +134,38 @@ def gguf_vocabulary(reader, vocab_size, bos_id):
     token_bytes, offsets = byte_table(table)
     tensors = [("tokenizer.token_bytes", token_bytes), ("tokenizer.token_offsets", offsets)]
 
-    if spm and reader.fields.get("tokenizer.ggml.merges") is None:
-        scores = _array(reader, "tokenizer.ggml.scores", float, len(tokens))
+    if spm and meta.get("tokenizer.ggml.merges") is None:
+        scores = _array(meta, "tokenizer.ggml.scores", float, len(tokens))
         if scores is None:
             raise ConvertError("gguf `tokenizer.ggml.scores` missing: a llama (SentencePiece) vocabulary without "
                                "merges needs them")
         merges = _merges_from_scores(pieces, scores)
-    elif reader.fields.get("tokenizer.ggml.merges") is None:
+    elif meta.get("tokenizer.ggml.merges") is None:
         raise ConvertError("gguf `tokenizer.ggml.merges` missing: a gpt2 (byte-level BPE) vocabulary needs them")
     else:
-        merges = _file_merges(reader, ids)
+        merges = _file_merges(meta, ids)
     try:
-        entry, more = _encoder(reader, spm, tokens, types, ids, merges, bos_id)
+        entry, more = _encoder(meta, spm, tokens, types, ids, merges, bos_id)
     except NoEncoder as e:
         _say(str(e))
         return None, tensors
     return entry, tensors + more
 
 
-def _encoder(reader, spm, tokens, types, ids, merges, bos_id):
+def _encoder(meta, spm, tokens, types, ids, merges, bos_id):
     """(the encoder entry, its tensors), or NoEncoder saying why the core does not reproduce it."""
     if spm:
         pre, add_bos, ignore_merges, entry = "metaspace", True, False, {}
-        if not _scalar(reader, "tokenizer.ggml.add_space_prefix", True):
+        if not meta.get("tokenizer.ggml.add_space_prefix", True):
             raise NoEncoder("gguf tokenizer.ggml.add_space_prefix false: the core's SentencePiece encoder puts a "
                             "\u2581 before the text")
     else:
-        name = _scalar(reader, "tokenizer.ggml.pre", None)
+        name = meta.get("tokenizer.ggml.pre", None)
         if not isinstance(name, str) or name not in PRE_TOKENIZERS:
             raise NoEncoder(f"gguf tokenizer.ggml.pre {name!r}: the core has no encoder for it")
         pre, add_bos, ignore_merges, entry = PRE_TOKENIZERS[name]
-    add_bos = bool(_scalar(reader, "tokenizer.ggml.add_bos_token", add_bos))
-    if _scalar(reader, "tokenizer.ggml.add_eos_token", False):
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos))
+    if meta.get("tokenizer.ggml.add_eos_token", False):
         raise NoEncoder("gguf tokenizer.ggml.add_eos_token: the core's encoder puts no EOS after the text")
     if add_bos and bos_id < 0:
         raise NoEncoder("gguf tokenizer.ggml.add_bos_token without a tokenizer.ggml.bos_token_id in the vocabulary")
