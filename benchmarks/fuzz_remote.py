@@ -441,6 +441,7 @@ def _hpack_encoder():
 def _requests():
     """{path: [serialized requests]}: the grammar's seeds."""
     from colibri.demo import MODEL_DIR
+    from colibri.remote import colibri_remote_pb2 as pb
     from colibri.remote import model_hash
 
     seeds = _experts_seeds()
@@ -448,7 +449,6 @@ def _requests():
     by_method = {0: EXPERTS_PATHS[0], 1: EXPERTS_PATHS[1], 2: EXPERTS_PATHS[2]}
     out = {}
     for data in seeds.values():
-        from colibri.remote import colibri_remote_pb2 as pb
         kind = {0: pb.InfoRequest, 1: pb.ComputeRequest, 2: pb.FetchRequest}[data[0]]
         req = kind.FromString(data[2:])
         if data[1] & 1 and data[0]:
@@ -464,7 +464,7 @@ def _requests():
     return out
 
 
-def _send(target, port, data, hold, held):
+def _send(port, data, hold, held, rng):
     """Opens a connection, sends `data`, and keeps it open unread (held) or reads what comes for
     a moment and closes it."""
     s = _connect(port)
@@ -474,7 +474,7 @@ def _send(target, port, data, hold, held):
         s.close()
         return
     if hold:
-        held.append((time.monotonic() + random.uniform(0.5, 4.0), s))
+        held.append((time.monotonic() + rng.uniform(0.5, 4.0), s))
         return
     s.settimeout(0.05)
     try:
@@ -517,7 +517,7 @@ def run_http2(seconds, artifact_prefix, seed=None):
                 data = grammar.connection(target)
                 recent = (recent + [(target, data.hex())])[-2 * HOLD - 2:]
                 _release(held)
-                _send(target, servers.ports[target], data, hold=len(held) < HOLD and rng.random() < 0.3, held=held)
+                _send(servers.ports[target], data, hold=len(held) < HOLD and rng.random() < 0.3, held=held, rng=rng)
                 executions += 1
                 sent_bytes += len(data)
                 finding = servers.dead() or servers.probe("experts") or servers.probe("orchestrate")

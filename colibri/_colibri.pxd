@@ -82,6 +82,7 @@ cdef extern from "colibri/colibri.h" nogil:
                                             colibri_error *err)
     colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model **model,
                                       colibri_error *err)
+    colibri_status colibri_model_check_file(const colibri_model *model, colibri_error *err)
     void colibri_model_close(colibri_model *model)
     const colibri_hparams *colibri_model_hparams(const colibri_model *model)
     const char *colibri_model_architecture(const colibri_model *model)

@@ -345,6 +345,16 @@ cdef class Model:
             raise IndexError(f"token {token} outside [0, {self.vocab_size})")
         return PyBytes_FromStringAndSize(<const char *>data, n)
 
+    def check_file(self):
+        """Raises Error (COLIBRI_E_IO, saying what changed) once weights.bin is no longer the file
+        the model was opened from: replaced, resized or written to."""
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        with nogil:
+            st = c.colibri_model_check_file(self._model, &err)
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
     def tokenize(self, text):
         """The token ids of `text` (str, or bytes taken as UTF-8) as the model's tokenizer encodes it,
         its BOS included, by the core's encoder (colibri_tokenize).  Bytes pass through as they are,

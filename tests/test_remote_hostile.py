@@ -252,3 +252,12 @@ def test_a_token_file_that_is_not_a_token_is_refused_at_once(tmp_path, kind):
             f.truncate(64 << 20)
     for cmd in commands(tmp_path, "127.0.0.1:0", "--token-file", path):
         one_clear_line(run_command(*cmd), *words)
+
+
+@pytest.mark.parametrize("content", ["tökén\n".encode(), b"two\nlines\n"])
+def test_a_token_gRPC_metadata_cannot_carry_is_refused(tmp_path, content):
+    """Not printable ASCII on one line: no edge could send it as "authorization: Bearer TOKEN"."""
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    for cmd in commands(tmp_path, "127.0.0.1:0", "--token-file", path):
+        one_clear_line(run_command(*cmd), "token", "printable ASCII")

@@ -41,12 +41,12 @@ def read_token_file(path):
         data = f.read(TOKEN_FILE_MAX + 1)
     if len(data) > TOKEN_FILE_MAX:
         raise ValueError(f"--token-file {path} is over {TOKEN_FILE_MAX} bytes: a token is one line")
-    token = data.decode("ascii", "replace").strip()
+    token = data.strip()
     if not token:
         raise ValueError(f"--token-file {path} is empty")
-    if not token.isprintable():
+    if not token.isascii() or not token.decode("ascii").isprintable():
         raise ValueError(f"--token-file {path}: a token is printable ASCII on one line")
-    return token
+    return token.decode("ascii")
 
 
 def expert_layout(model):

@@ -45,32 +45,13 @@ def short(digest):
     return digest[:6].hex() if digest else "(none)"
 
 
-def identity(st):
-    """What tells one state of weights.bin from another: the file, its size and modification time."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
 class ExpertsService(rpc.ExpertsServicer):
     """Compute and FetchExpert for the model at `model_dir`.  `batch`: the largest prefill chunk of
     the edges served (a call carries at most batch * top_k rows); `max_message`: bytes one message
     may take (default: what the largest call needs), fewer rows per call when smaller."""
 
     def __init__(self, model_dir, *, kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True):
-        self.weights_path = Path(model_dir) / "weights.bin"
-        self.weights = os.open(self.weights_path, os.O_RDONLY)
-        try:
-            self.opened = identity(os.fstat(self.weights))
-            self.model = colibri.Model(model_dir, threads=threads, copy=True)
-            self._setup(model_dir, kernels, batch, max_message, fetch)
-            changed = self._changed()
-        except BaseException:
-            os.close(self.weights)
-            raise
-        if changed:
-            self.close()
-            raise ValueError(f"{self.weights_path} {changed} while the server read it")
-
-    def _setup(self, model_dir, kernels, batch, max_message, fetch):
+        self.model = colibri.Model(model_dir, threads=threads, copy=True)
         cfg = self.model.config
         self.hash = model_hash(model_dir)
         self.hidden = cfg["hidden_size"]
@@ -87,21 +68,23 @@ class ExpertsService(rpc.ExpertsServicer):
         self.layout = expert_layout(self.model)
         self.expert_bytes = max((sum(size for _, size, _ in parts) for parts in self.layout.values()), default=0)
         self.fetch = fetch and bool(self.layout)
+        self.weights = os.open(Path(model_dir) / "weights.bin", os.O_RDONLY)
+        try:
+            self.model.check_file()   # the file FetchExpert reads is the one the model was read from
+        except colibri.Error as e:
+            self.close()
+            raise ValueError(str(e)) from None
 
     def close(self):
         os.close(self.weights)
 
     def _changed(self):
-        """None while weights.bin is the file the server read; else what happened to it."""
+        """None while weights.bin is the file the model was read from (the core's check), else why not."""
         try:
-            now = identity(os.stat(self.weights_path))
-        except OSError as e:
-            return f"is gone ({e.strerror})"
-        if now[:2] != self.opened[:2]:
-            return "was replaced by another file"
-        if now[2] != self.opened[2]:
-            return f"changed size ({self.opened[2]:,} bytes, now {now[2]:,})"
-        return None if now == self.opened else "was written to (its modification time moved)"
+            self.model.check_file()
+        except colibri.Error as e:
+            return str(e)
+        return None
 
     async def _check(self, digest, context):
         """FAILED_PRECONDITION for another model; DATA_LOSS once weights.bin changed under the server
@@ -112,8 +95,7 @@ class ExpertsService(rpc.ExpertsServicer):
                                 f"({self.model.path})")
         changed = self._changed()
         if changed:
-            await context.abort(grpc.StatusCode.DATA_LOSS, f"{self.weights_path} {changed} since the server "
-                                "started: restart the server")
+            await context.abort(grpc.StatusCode.DATA_LOSS, f"{changed} (restart the server to serve it)")
 
     async def Info(self, request, context):
         cfg = self.model.config
@@ -168,8 +150,8 @@ class ExpertsService(rpc.ExpertsServicer):
                 data = os.pread(self.weights, min(CHUNK, size - start), offset + start)
                 changed = self._changed()   # after the read: no byte of a changed file is sent as the model's
                 if changed or len(data) != min(CHUNK, size - start):
-                    await context.abort(grpc.StatusCode.DATA_LOSS, f"{self.weights_path} {changed or 'is short'} "
-                                        "since the server started: restart the server")
+                    await context.abort(grpc.StatusCode.DATA_LOSS, f"{changed or 'weights.bin is short'} (restart "
+                                        "the server to serve it)")
                 crc = zlib.crc32(data, crc)
                 last = done + len(data) == total
                 yield pb.WeightChunk(offset=done, data=data, crc32=zlib.crc32(data), total=total,

@@ -211,6 +211,11 @@ enum {
 colibri_status colibri_model_open(const char *dir, unsigned flags,
                                   colibri_model **model, colibri_error *err);
 
+/* COLIBRI_OK while the model's weights.bin is still the file colibri_model_open read (device, inode,
+ * size, modification time), else COLIBRI_E_IO saying what changed; every new session checks it.
+ * COLIBRI_OK for a model loaded from memory. */
+colibri_status colibri_model_check_file(const colibri_model *model, colibri_error *err);
+
 /* Platform-free loading from memory, for bare metal: `json` and `weights` must outlive
  * the model; `weights` starts at a 64-byte boundary; `meta` (colibri_model_meta_bytes long,
  * 16-byte aligned) holds the model's tables. */

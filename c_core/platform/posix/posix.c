@@ -239,6 +239,11 @@ colibri_status colibri_platform_model_check(const colibri_model *model, colibri_
     return COLIBRI_OK;
 }
 
+colibri_status colibri_model_check_file(const colibri_model *model, colibri_error *err)
+{
+    return colibri_platform_model_check(model, err);
+}
+
 uint64_t colibri_platform_now_ns(void)
 {
     struct timespec ts;
