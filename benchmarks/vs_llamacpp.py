@@ -27,7 +27,9 @@ One command does everything, caching what it made under --work (default build/be
 --contended repeats decode with one busy process beside the engines.
 """
 import argparse
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import platform
@@ -221,27 +223,39 @@ def llama_cpp_family(work, family):
     if family == "native":
         return ""
     target = work / f"llama-cpp-{family}"
-    if not (target / "llama_cpp" / "__init__.py").exists():
-        log(f"building llama-cpp-python {LLAMA_CPP_VERSION} without AVX-512 into {target} (about 10 minutes on 2 cores)")
-        env = dict(os.environ, CMAKE_ARGS=llama_cpp_cmake_args(family), CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", "--no-deps", "--target", str(target),
-                        f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True, env=env)
+    with _one_at_a_time(work):   # the suite's workers share WORK: one builds, the others wait and reuse
+        if not (target / "llama_cpp" / "__init__.py").exists():
+            log(f"building llama-cpp-python {LLAMA_CPP_VERSION} without AVX-512 into {target} (about 10 minutes on 2 cores)")
+            env = dict(os.environ, CMAKE_ARGS=llama_cpp_cmake_args(family),
+                       CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+            subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", "--no-deps", "--target",
+                            str(target), f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True, env=env)
     return str(target)
 
 
 def llama_cpp_source(work):
     """llama.cpp's tree from the llama-cpp-python source distribution (for its converter)."""
     tree = work / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
-    if (tree / "convert_hf_to_gguf.py").exists():
-        return tree
-    sdist = work / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
-    if not sdist.exists():
-        log("downloading llama-cpp-python's source distribution for llama.cpp's converter")
-        # only this package from source: with --no-binary :all: pip builds its build tools (cmake) too
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
-                        f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", str(work)], check=True)
-    shutil.unpack_archive(str(sdist), str(work))
+    with _one_at_a_time(work):   # two workers unpacking into one folder collide (FileExistsError)
+        if (tree / "convert_hf_to_gguf.py").exists():
+            return tree
+        sdist = work / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
+        if not sdist.exists():
+            log("downloading llama-cpp-python's source distribution for llama.cpp's converter")
+            # only this package from source: with --no-binary :all: pip builds its build tools (cmake) too
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+                            f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", str(work)], check=True)
+        shutil.unpack_archive(str(sdist), str(work))
     return tree
+
+
+@contextlib.contextmanager
+def _one_at_a_time(work):
+    """An exclusive lock on WORK's llama.cpp files, across processes (pytest-xdist's workers)."""
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / "llama-cpp.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 # llama.cpp's converter, with Qwen3-MoE's vocabulary read through the SentencePiece path: its BPE
