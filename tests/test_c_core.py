@@ -21,6 +21,19 @@ def test_meson_tests_pass(kind):
     assert re.search(r"Fail:\s+0", r.stdout), r.stdout
 
 
+def test_every_exported_symbol_is_prefixed():
+    """A program links colibri beside other C libraries (json-c has a json_object_get): every symbol
+    the core's libraries define for others carries colibri_."""
+    out = build("native") / "c_core"
+    libraries = sorted(out.glob("libcolibri_*.a"))
+    assert libraries
+    for library in libraries:
+        r = subprocess.run(["nm", "-g", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+        symbols = [line.split()[2] for line in r.stdout.splitlines() if len(line.split()) == 3]
+        assert symbols, library
+        assert [s for s in symbols if not s.startswith("colibri_")] == [], library.name
+
+
 def test_decoding_allocates_nothing():
     """64 decode steps (greedy and top-k/top-p sampling), every allocator call in the process counted,
     with the experts resident and then streamed through the expert cache (reads and guesses made)."""

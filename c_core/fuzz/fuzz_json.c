@@ -36,7 +36,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* Every accessor over the tokens json_parse produced, tokens[0 .. n). */
+/* Every accessor over the tokens colibri_json_parse produced, tokens[0 .. n). */
 static uint64_t read_tokens(const char *text, const json_token *tokens, uint32_t n)
 {
     static const char *const keys[] = { "", "format", "version", "default", "experts", "layer", "device", "a" };
@@ -50,13 +50,13 @@ static uint64_t read_tokens(const char *text, const json_token *tokens, uint32_t
         if (t->subtree == 0 || t->subtree > n - i) __builtin_trap();   /* a subtree outside the tokens */
         if (t->type == JSON_OBJECT)
             for (k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-                int32_t at = json_object_get(text, tokens, (int32_t)i, keys[k]);
+                int32_t at = colibri_json_object_get(text, tokens, (int32_t)i, keys[k]);
                 if (at >= 0 && ((uint32_t)at <= i || (uint32_t)at >= i + t->subtree)) __builtin_trap();
                 seen += (uint64_t)(at + 1);
             }
-        if (json_as_int64(text, t, &v)) seen += (uint64_t)v;
-        if (json_as_double(text, t, &d)) seen += d == d;
-        seen += (uint64_t)json_string_equals(text, t, "cpu") + (uint64_t)json_string_equals(text, t, "");
+        if (colibri_json_as_int64(text, t, &v)) seen += (uint64_t)v;
+        if (colibri_json_as_double(text, t, &d)) seen += d == d;
+        seen += (uint64_t)colibri_json_string_equals(text, t, "cpu") + (uint64_t)colibri_json_string_equals(text, t, "");
     }
     return seen;
 }
@@ -70,15 +70,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     colibri_error err;
     volatile uint64_t sink;
 
-    if (json_parse(text, size, NULL, 0, &n, &err) == COLIBRI_OK && n > 0) {
+    if (colibri_json_parse(text, size, NULL, 0, &n, &err) == COLIBRI_OK && n > 0) {
         tokens = malloc((size_t)n * sizeof *tokens);
         if (!tokens) return 0;
-        if (json_parse(text, size, tokens, n, &m, &err) != COLIBRI_OK || m != n) __builtin_trap();
+        if (colibri_json_parse(text, size, tokens, n, &m, &err) != COLIBRI_OK || m != n) __builtin_trap();
         sink = read_tokens(text, tokens, n);
         (void)sink;
         free(tokens);
     }
-    (void)json_parse(text, size, few, sizeof few / sizeof few[0], &m, &err);   /* short: must stop, not overrun */
+    (void)colibri_json_parse(text, size, few, sizeof few / sizeof few[0], &m, &err);   /* short: must stop, not overrun */
 
     if (session) {
         size_t scratch_bytes;

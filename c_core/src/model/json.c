@@ -175,8 +175,8 @@ static colibri_status parse_literal(json_parser *p, const char *word, json_type 
 }
 
 /* The grammar is walked with an explicit stack of open containers. */
-colibri_status json_parse(const char *text, size_t len, json_token *tokens, uint32_t cap,
-                          uint32_t *n_tokens, colibri_error *err)
+colibri_status colibri_json_parse(const char *text, size_t len, json_token *tokens, uint32_t cap,
+                                  uint32_t *n_tokens, colibri_error *err)
 {
     json_parser p;
     uint32_t stack[COLIBRI_JSON_MAX_DEPTH];        /* open containers' tokens */
@@ -285,26 +285,26 @@ colibri_status json_parse(const char *text, size_t len, json_token *tokens, uint
     }
 }
 
-int json_string_equals(const char *text, const json_token *t, const char *s)
+int colibri_json_string_equals(const char *text, const json_token *t, const char *s)
 {
     size_t n = strlen(s);
     return t->type == JSON_STRING && t->len == n && memcmp(text + t->start, s, n) == 0;
 }
 
-int32_t json_object_get(const char *text, const json_token *tokens, int32_t obj, const char *key)
+int32_t colibri_json_object_get(const char *text, const json_token *tokens, int32_t obj, const char *key)
 {
     const json_token *t = &tokens[obj];
     int32_t j = obj + 1;
     uint32_t k;
     if (t->type != JSON_OBJECT) return -1;
     for (k = 0; k < t->n_children; k++) {
-        if (json_string_equals(text, &tokens[j], key)) return j + 1;
+        if (colibri_json_string_equals(text, &tokens[j], key)) return j + 1;
         j += 1 + (int32_t)tokens[j + 1].subtree;
     }
     return -1;
 }
 
-int json_as_int64(const char *text, const json_token *t, int64_t *value)
+int colibri_json_as_int64(const char *text, const json_token *t, int64_t *value)
 {
     const char *s = text + t->start;
     uint32_t i = 0;
@@ -323,7 +323,7 @@ int json_as_int64(const char *text, const json_token *t, int64_t *value)
 
 /* Decimal to double without the C library (strtod depends on the locale).
  * Exact for the values model configs hold; within a few ulp otherwise. */
-int json_as_double(const char *text, const json_token *t, double *value)
+int colibri_json_as_double(const char *text, const json_token *t, double *value)
 {
     const char *s = text + t->start;
     uint32_t i = 0, n = t->len;

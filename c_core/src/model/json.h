@@ -29,16 +29,16 @@ typedef struct json_token {
 
 /* Tokenises `text`; tokens may be NULL to count only.  On error, err names the line
  * and column. */
-colibri_status json_parse(const char *text, size_t len, json_token *tokens, uint32_t cap,
-                          uint32_t *n_tokens, colibri_error *err);
+colibri_status colibri_json_parse(const char *text, size_t len, json_token *tokens, uint32_t cap,
+                                  uint32_t *n_tokens, colibri_error *err);
 
 /* The value of `key` in the object at tokens[obj], or -1. Keys are compared byte-wise. */
-int32_t json_object_get(const char *text, const json_token *tokens, int32_t obj, const char *key);
+int32_t colibri_json_object_get(const char *text, const json_token *tokens, int32_t obj, const char *key);
 
-int json_string_equals(const char *text, const json_token *t, const char *s);
+int colibri_json_string_equals(const char *text, const json_token *t, const char *s);
 
 /* Number conversions; return 0 when the token is not a number of that kind. */
-int json_as_int64(const char *text, const json_token *t, int64_t *value);
-int json_as_double(const char *text, const json_token *t, double *value);
+int colibri_json_as_int64(const char *text, const json_token *t, int64_t *value);
+int colibri_json_as_double(const char *text, const json_token *t, double *value);
 
 #endif

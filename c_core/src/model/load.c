@@ -51,7 +51,7 @@ colibri_status colibri_model_meta_bytes(const char *json, size_t json_len, size_
     uint32_t n_tokens;
     colibri_status st;
     if (!json || !meta_bytes) return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_meta_bytes: NULL argument");
-    st = json_parse(json, json_len, NULL, 0, &n_tokens, err);
+    st = colibri_json_parse(json, json_len, NULL, 0, &n_tokens, err);
     if (st) return st;
     *meta_bytes = layout_for(n_tokens).total;
     return COLIBRI_OK;
@@ -81,7 +81,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     if ((uintptr_t)weights % COLIBRI_ALIGNMENT != 0)   /* tensor offsets are aligned relative to it */
         return colibri_fail(err, COLIBRI_E_ALIGN, "colibri_model_load: weights must start at a %d-byte boundary",
                             COLIBRI_ALIGNMENT);
-    st = json_parse(json, json_len, NULL, 0, &n_tokens, err);
+    st = colibri_json_parse(json, json_len, NULL, 0, &n_tokens, err);
     if (st) return st;
     lay = layout_for(n_tokens);
     if (meta_bytes < lay.total)
@@ -90,7 +90,7 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     m = (colibri_model *)meta;
     tokens = (json_token *)((uint8_t *)meta + lay.tokens);
     order = (int32_t *)((uint8_t *)meta + lay.order);
-    st = json_parse(json, json_len, tokens, n_tokens, &n_tokens, err);
+    st = colibri_json_parse(json, json_len, tokens, n_tokens, &n_tokens, err);
     if (st) return st;
 
     L.text = json; L.tok = tokens; L.err = err;

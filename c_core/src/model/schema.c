@@ -100,7 +100,7 @@ static int32_t find_name(const char *text, const json_token *t, const char *cons
 {
     int32_t c;
     for (c = 0; c < count; c++)
-        if (json_string_equals(text, t, names[c])) return c;
+        if (colibri_json_string_equals(text, t, names[c])) return c;
     return -1;
 }
 
@@ -136,7 +136,7 @@ colibri_status colibri_check_keys(loader *L, int32_t obj, const char *where, con
         const char *const *a;
         int32_t earlier = obj + 1;
         for (a = allowed; *a; a++)
-            if (json_string_equals(L->text, key, *a)) break;
+            if (colibri_json_string_equals(L->text, key, *a)) break;
         if (!*a) {
             char name[40];
             colibri_copy_token_text(name, sizeof name, L->text, key);
@@ -144,7 +144,7 @@ colibri_status colibri_check_keys(loader *L, int32_t obj, const char *where, con
         }
         /* only allowed keys get here, so this loop runs over at most a dozen keys before it finds a twin */
         for (j = 0; j < k; j++, earlier += 1 + (int32_t)L->tok[earlier + 1].subtree) {
-            if (json_string_equals(L->text, &L->tok[earlier], *a))
+            if (colibri_json_string_equals(L->text, &L->tok[earlier], *a))
                 return colibri_fail(L->err, COLIBRI_E_JSON, "%s: field \"%s\" appears twice", where, *a);
         }
     }
@@ -156,7 +156,7 @@ colibri_status colibri_get_field(loader *L, int32_t obj, const char *where, cons
 {
     static const char *const type_names[] = { "an object", "an array", "a string", "a number",
                                               "a boolean", "a boolean", "null" };
-    int32_t i = json_object_get(L->text, L->tok, obj, key);
+    int32_t i = colibri_json_object_get(L->text, L->tok, obj, key);
     *index = 0;
     if (i < 0) return colibri_fail(L->err, COLIBRI_E_MISSING, "%s.%s is missing", where, key);
     if (L->tok[i].type != type && !(type == JSON_TRUE && L->tok[i].type == JSON_FALSE))
@@ -172,7 +172,7 @@ static colibri_status get_int(loader *L, int32_t obj, const char *where, const c
     int64_t v;
     colibri_status st = colibri_get_field(L, obj, where, key, JSON_NUMBER, &i);
     if (st) return st;
-    if (!json_as_int64(L->text, &L->tok[i], &v)) {
+    if (!colibri_json_as_int64(L->text, &L->tok[i], &v)) {
         char text[32];
         colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
         return colibri_fail(L->err, COLIBRI_E_TYPE, "%s.%s must be an integer, not %s", where, key, text);
@@ -191,7 +191,7 @@ static colibri_status get_float(loader *L, int32_t obj, const char *where, const
     double v;
     colibri_status st = colibri_get_field(L, obj, where, key, JSON_NUMBER, &i);
     if (st) return st;
-    json_as_double(L->text, &L->tok[i], &v);
+    colibri_json_as_double(L->text, &L->tok[i], &v);
     /* checked after the conversion to float: 1e-50 is positive but would be stored as 0 */
     if (!(v > lo && v <= hi) || !((float)v >= 1.17549435e-38f)) {
         char text[32];
@@ -227,7 +227,7 @@ static colibri_status get_choice(loader *L, int32_t obj, const char *where, cons
 }
 
 /* Optional fields: absent means `fallback`; present, the field is checked as a required one. */
-static int has_field(loader *L, int32_t obj, const char *key) { return json_object_get(L->text, L->tok, obj, key) >= 0; }
+static int has_field(loader *L, int32_t obj, const char *key) { return colibri_json_object_get(L->text, L->tok, obj, key) >= 0; }
 
 static colibri_status opt_int(loader *L, int32_t obj, const char *where, const char *key, int64_t lo, int64_t hi,
                               int32_t fallback, int32_t *value)
@@ -278,7 +278,7 @@ static int number_is_one(const char *text, const json_token *t)
         ones += s[k] == '1';
         others += s[k] >= '2' && s[k] <= '9';
     }
-    return ones == 1 && others == 0 && json_as_double(text, t, &v) && v == 1.0;
+    return ones == 1 && others == 0 && colibri_json_as_double(text, t, &v) && v == 1.0;
 }
 
 colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
@@ -299,7 +299,7 @@ colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
     if (st) return st;
     {
         int64_t v = 0;
-        if (!json_as_int64(L->text, &L->tok[i], &v) && number_is_one(L->text, &L->tok[i])) v = 1;
+        if (!colibri_json_as_int64(L->text, &L->tok[i], &v) && number_is_one(L->text, &L->tok[i])) v = 1;
         if (v != COLIBRI_FORMAT_VERSION) {
             char text[32];
             colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
@@ -324,7 +324,7 @@ colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
                                 "model.architecture must be printable ASCII without escapes (character %u)", k);
     }
     colibri_copy_token_text(m->architecture, sizeof m->architecture, L->text, &L->tok[i]);
-    i = json_object_get(L->text, L->tok, root, "tokenizer");
+    i = colibri_json_object_get(L->text, L->tok, root, "tokenizer");
     if (i >= 0 && L->tok[i].type != JSON_STRING)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "model.tokenizer must be a string");
     if (i >= 0) {   /* a file in the model directory: nothing outside it is read as the tokenizer */
@@ -342,7 +342,7 @@ colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
             }
         }
     }
-    i = json_object_get(L->text, L->tok, root, "metadata");
+    i = colibri_json_object_get(L->text, L->tok, root, "metadata");
     if (i >= 0 && L->tok[i].type != JSON_OBJECT)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "model.metadata must be an object");
     return COLIBRI_OK;
@@ -475,10 +475,10 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
         if (hp->rope_theta < 1.0f) angle /= hp->rope_theta;
         if (angle > limit) {
             name = "rope_theta";
-            at = json_object_get(L->text, L->tok, h, "rope_theta");
+            at = colibri_json_object_get(L->text, L->tok, h, "rope_theta");
         } else if (scaled && hp->rope_factor < 1.0f && angle / hp->rope_factor > limit) {
             name = "rope_scaling.factor";
-            at = json_object_get(L->text, L->tok, rs, "factor");
+            at = colibri_json_object_get(L->text, L->tok, rs, "factor");
         }
         if (name) {
             char text[32];
@@ -498,7 +498,7 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
     TRY(get_choice(L, e, "experts", "weight_layout", CHOICES(layout_names), &choice));
     hp->expert_layout = layout_of[choice];
-    choice = json_object_get(L->text, L->tok, e, "quantization");
+    choice = colibri_json_object_get(L->text, L->tok, e, "quantization");
     if (choice >= 0 && L->tok[choice].type != JSON_OBJECT && L->tok[choice].type != JSON_STRING)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "experts.quantization must be \"none\" or an object "
                             "{\"enabled\", \"bits\", \"group_size\"}");
@@ -564,8 +564,8 @@ static colibri_status read_layer_choices(loader *L, int32_t h, const char *key, 
         return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.%s has %u entries for %d layers", key,
                             L->tok[a].n_children, m->hp.n_layers);
     for (l = 0, item = a + 1; l < m->hp.n_layers; l++, item += (int32_t)L->tok[item].subtree) {
-        int is_first = L->tok[item].type == JSON_STRING && json_string_equals(L->text, &L->tok[item], first);
-        if (!is_first && !(L->tok[item].type == JSON_STRING && json_string_equals(L->text, &L->tok[item], second)))
+        int is_first = L->tok[item].type == JSON_STRING && colibri_json_string_equals(L->text, &L->tok[item], first);
+        if (!is_first && !(L->tok[item].type == JSON_STRING && colibri_json_string_equals(L->text, &L->tok[item], second)))
             return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.%s[%d] must be \"%s\" or \"%s\"", key, l, first, second);
         *(int32_t *)(void *)((uint8_t *)&m->layers[l] + flag_offset) = is_first;
     }
@@ -577,7 +577,7 @@ static colibri_status read_layer_choices(loader *L, int32_t h, const char *key, 
  * position_layers ("rope" or "nope"; absent: all rope). */
 colibri_status colibri_read_layer_kinds(loader *L, int32_t root, colibri_model *m)
 {
-    int32_t h = json_object_get(L->text, L->tok, root, "hparams"), l, dense = 0, a = 0, item;
+    int32_t h = colibri_json_object_get(L->text, L->tok, root, "hparams"), l, dense = 0, a = 0, item;
     colibri_status st;
     for (l = 0; l < m->hp.n_layers; l++) {
         m->layers[l].moe = 1;
@@ -629,11 +629,11 @@ colibri_status colibri_check_quantization(loader *L, int32_t root, const colibri
     static const char *const keys[] = { "enabled", "bits", "group_size", NULL };
     static const int kinds[] = { L_W1, L_W3, L_W2 };
     const char *where = "experts.quantization";
-    int32_t e = json_object_get(L->text, L->tok, root, "experts"), q, enabled = 0, bits = 0, group = 0, l;
+    int32_t e = colibri_json_object_get(L->text, L->tok, root, "experts"), q, enabled = 0, bits = 0, group = 0, l;
     colibri_dtype want = COLIBRI_DTYPE_F32;
     colibri_status st;
     size_t f, k;
-    q = e < 0 ? -1 : json_object_get(L->text, L->tok, e, "quantization");
+    q = e < 0 ? -1 : colibri_json_object_get(L->text, L->tok, e, "quantization");
     if (q < 0 || L->tok[q].type != JSON_OBJECT) return COLIBRI_OK;   /* "none": no claim */
 #define TRY(call) do { st = (call); if (st) return st; } while (0)
     TRY(colibri_check_keys(L, q, where, keys));

@@ -150,7 +150,7 @@ static int64_t tensor_slot(const char *text, const json_token *t, int32_t n_laye
     int64_t layer = 0;
     int k;
     for (k = 0; k < T_GLOBAL; k++)
-        if (json_string_equals(text, t, colibri_global_tensor_names[k])) return k;
+        if (colibri_json_string_equals(text, t, colibri_global_tensor_names[k])) return k;
     if (n < 9 || memcmp(s, "layers.", 7) != 0) return -1;
     if (s[i] < '0' || s[i] > '9' || (s[i] == '0' && s[i + 1] != '.')) return -1;
     for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
@@ -273,8 +273,8 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
     st = colibri_get_field(L, obj, where, "dtype", JSON_STRING, &i);
     if (st) return st;
     for (choice = 0; choice < COLIBRI_DTYPE_COUNT; choice++)
-        if (json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
-    if (json_string_equals(L->text, &L->tok[i], "fp16")) choice = COLIBRI_DTYPE_F16;   /* the spec's spelling */
+        if (colibri_json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
+    if (colibri_json_string_equals(L->text, &L->tok[i], "fp16")) choice = COLIBRI_DTYPE_F16;   /* the spec's spelling */
     if (choice == COLIBRI_DTYPE_COUNT) {
         char text[24], list[160];
         colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
@@ -304,7 +304,7 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
                                 L->tok[shape_tok].n_children);
         for (d = 0; d < L->tok[shape_tok].n_children; d++, dim_tok += (int32_t)L->tok[dim_tok].subtree) {
             const json_token *dim = &L->tok[dim_tok];
-            if (!json_as_int64(L->text, dim, &v) || v < 0)
+            if (!colibri_json_as_int64(L->text, dim, &v) || v < 0)
                 return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: shape[%u] must be a non-negative integer", where, d);
             if (d < 4) t->shape[d] = v;
             if ((int)d >= n_expected || (v != expected[d] && expected[d] >= 0)) ok = 0;
@@ -324,12 +324,12 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
 
     st = colibri_get_field(L, obj, where, "file_offset", JSON_NUMBER, &i);
     if (st) return st;
-    if (!json_as_int64(L->text, &L->tok[i], &v) || v < 0)
+    if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v < 0)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_offset must be a non-negative integer", where);
     t->file_offset = (uint64_t)v;
     st = colibri_get_field(L, obj, where, "file_size", JSON_NUMBER, &i);
     if (st) return st;
-    if (!json_as_int64(L->text, &L->tok[i], &v) || v < 0)
+    if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v < 0)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_size must be a non-negative integer", where);
     t->file_size = (uint64_t)v;
     if (colibri_dtype_is_block(t->dtype) && (t->n_dims == 0 || t->shape[t->n_dims - 1] % colibri_dtypes[t->dtype].block != 0))
@@ -361,13 +361,13 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
         int routed = colibri_slot_is_routed_expert(*slot);
         int interleaved = routed && hp->expert_layout == COLIBRI_LAYOUT_INTERLEAVED;
         uint64_t part = t->file_size / (uint64_t)hp->n_experts;   /* exact: shape[0] is n_experts */
-        if (!interleaved && json_object_get(L->text, L->tok, obj, "expert_stride") >= 0)
+        if (!interleaved && colibri_json_object_get(L->text, L->tok, obj, "expert_stride") >= 0)
             return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: expert_stride belongs only to the routed experts' tensors "
                                 "of the interleaved layout (experts.weight_layout)", where);
         if (interleaved) {
             st = colibri_get_field(L, obj, where, "expert_stride", JSON_NUMBER, &i);
             if (st) return st;
-            if (!json_as_int64(L->text, &L->tok[i], &v) || v <= 0)
+            if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v <= 0)
                 return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: expert_stride must be a positive integer", where);
             t->expert_stride = (uint64_t)v;
             if (t->expert_stride % COLIBRI_ALIGNMENT != 0)
@@ -391,7 +391,7 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
         return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
 
     /* interleaved experts: optionally one CRC per expert extent, checked when a session streams it */
-    t->extent_checksums = json_object_get(L->text, L->tok, obj, "extent_checksums");
+    t->extent_checksums = colibri_json_object_get(L->text, L->tok, obj, "extent_checksums");
     if (t->extent_checksums >= 0) {
         const json_token *list = &L->tok[t->extent_checksums];
         uint32_t e;

@@ -104,7 +104,7 @@ colibri_status colibri_placement_scratch_bytes(const colibri_session *s, const c
     uint32_t n = 0;
     colibri_status st;
     if (!s || !json || !bytes) return colibri_fail(err, COLIBRI_E_ARG, "colibri_placement_scratch_bytes: NULL argument");
-    st = json_parse(json, len, NULL, 0, &n, err);
+    st = colibri_json_parse(json, len, NULL, 0, &n, err);
     if (st) {   /* the reader names the model's file: this is a placement's */
         char detail[COLIBRI_ERROR_MESSAGE_SIZE];
         const char *at = err ? strstr(err->message, "line ") : NULL;
@@ -153,8 +153,8 @@ static colibri_status index_or_all(const char *text, const json_token *t, int32_
                                    const char *where, int32_t *value, colibri_error *err)
 {
     int64_t v;
-    if (t->type == JSON_STRING && json_string_equals(text, t, "all")) { *value = -1; return COLIBRI_OK; }
-    if (!json_as_int64(text, t, &v)) return colibri_fail(err, COLIBRI_E_TYPE, "placement %s: %s must be an integer or \"all\"", where, what);
+    if (t->type == JSON_STRING && colibri_json_string_equals(text, t, "all")) { *value = -1; return COLIBRI_OK; }
+    if (!colibri_json_as_int64(text, t, &v)) return colibri_fail(err, COLIBRI_E_TYPE, "placement %s: %s must be an integer or \"all\"", where, what);
     if (v < 0 || v >= limit) return colibri_fail(err, COLIBRI_E_VALUE, "placement %s: %s %lld out of range [0, %d)", where, what, (long long)v, limit);
     *value = (int32_t)v;
     return COLIBRI_OK;
@@ -172,16 +172,16 @@ static colibri_status apply_entry(const colibri_session *s, const char *text, co
     colibri_format(where, sizeof where, "experts[%d]", index);
     if (tok[at].type != JSON_OBJECT) return colibri_fail(err, COLIBRI_E_TYPE, "placement %s: an object", where);
     for (i = 0, key = at + 1; i < tok[at].n_children; i++, key += 1 + (int32_t)tok[key + 1].subtree) {
-        if (!json_string_equals(text, &tok[key], "device") && !json_string_equals(text, &tok[key], "layer")
-            && !json_string_equals(text, &tok[key], "experts"))
+        if (!colibri_json_string_equals(text, &tok[key], "device") && !colibri_json_string_equals(text, &tok[key], "layer")
+            && !colibri_json_string_equals(text, &tok[key], "experts"))
             return colibri_fail(err, COLIBRI_E_VALUE, "placement %s: unknown field \"%s\" (device, layer, experts)", where,
                                 key_text(text, &tok[key], key_buf));
     }
-    if (json_object_get(text, tok, at, "device") < 0 || json_object_get(text, tok, at, "layer") < 0
-        || (list = json_object_get(text, tok, at, "experts")) < 0)
+    if (colibri_json_object_get(text, tok, at, "device") < 0 || colibri_json_object_get(text, tok, at, "layer") < 0
+        || (list = colibri_json_object_get(text, tok, at, "experts")) < 0)
         return colibri_fail(err, COLIBRI_E_MISSING, "placement %s: needs device, layer and experts", where);
-    if ((st = device_named(s, text, &tok[json_object_get(text, tok, at, "device")], where, &device, err)) != COLIBRI_OK) return st;
-    if ((st = index_or_all(text, &tok[json_object_get(text, tok, at, "layer")], hp->n_layers, "layer", where, &layer, err)) != COLIBRI_OK)
+    if ((st = device_named(s, text, &tok[colibri_json_object_get(text, tok, at, "device")], where, &device, err)) != COLIBRI_OK) return st;
+    if ((st = index_or_all(text, &tok[colibri_json_object_get(text, tok, at, "layer")], hp->n_layers, "layer", where, &layer, err)) != COLIBRI_OK)
         return st;
     if (layer >= 0 && !s->model->layers[layer].moe)
         return colibri_fail(err, COLIBRI_E_VALUE, "placement %s: layer %d is dense: it has no routed experts", where, layer);
@@ -189,7 +189,7 @@ static colibri_status apply_entry(const colibri_session *s, const char *text, co
         int32_t item;
         if ((layer >= 0 && l != layer) || !s->model->layers[l].moe) continue;
         if (tok[list].type == JSON_STRING) {
-            if (!json_string_equals(text, &tok[list], "all"))
+            if (!colibri_json_string_equals(text, &tok[list], "all"))
                 return colibri_fail(err, COLIBRI_E_VALUE, "placement %s: experts must be a list of ids or \"all\"", where);
             memset(table + (size_t)l * hp->n_experts, device, (size_t)hp->n_experts);
             continue;
@@ -222,27 +222,27 @@ colibri_status colibri_placement_parse(colibri_session *s, const char *json, siz
     if ((st = colibri_placement_scratch_bytes(s, json, len, &need, err)) != COLIBRI_OK) return st;
     if (!scratch || (uintptr_t)scratch % 4 || scratch_bytes < need)
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_placement_parse: scratch must be 4-byte aligned and %zu bytes", need);
-    if ((st = json_parse(json, len, tok, (uint32_t)((need - (size_t)hp->n_layers * hp->n_experts) / sizeof(json_token)), &n, err)))
+    if ((st = colibri_json_parse(json, len, tok, (uint32_t)((need - (size_t)hp->n_layers * hp->n_experts) / sizeof(json_token)), &n, err)))
         return st;
     table = (uint8_t *)scratch + (size_t)n * sizeof(json_token);
     if (tok[0].type != JSON_OBJECT) return colibri_fail(err, COLIBRI_E_TYPE, "placement: the file must be a JSON object");
     for (i = 0, key = 1; i < tok[0].n_children; i++, key += 1 + (int32_t)tok[key + 1].subtree)
-        if (!json_string_equals(json, &tok[key], "format") && !json_string_equals(json, &tok[key], "version")
-            && !json_string_equals(json, &tok[key], "default") && !json_string_equals(json, &tok[key], "experts"))
+        if (!colibri_json_string_equals(json, &tok[key], "format") && !colibri_json_string_equals(json, &tok[key], "version")
+            && !colibri_json_string_equals(json, &tok[key], "default") && !colibri_json_string_equals(json, &tok[key], "experts"))
             return colibri_fail(err, COLIBRI_E_VALUE, "placement: unknown field \"%s\" (format, version, default, experts)",
                                 key_text(json, &tok[key], key_buf));
-    v = json_object_get(json, tok, 0, "format");
-    if (v < 0 || !json_string_equals(json, &tok[v], "colibri-placement"))
+    v = colibri_json_object_get(json, tok, 0, "format");
+    if (v < 0 || !colibri_json_string_equals(json, &tok[v], "colibri-placement"))
         return colibri_fail(err, COLIBRI_E_VERSION, "placement: \"format\" must be \"colibri-placement\"");
-    v = json_object_get(json, tok, 0, "version");
-    if (v < 0 || !json_as_int64(json, &tok[v], &version) || version != 1)
+    v = colibri_json_object_get(json, tok, 0, "version");
+    if (v < 0 || !colibri_json_as_int64(json, &tok[v], &version) || version != 1)
         return colibri_fail(err, COLIBRI_E_VERSION, "placement: \"version\" must be 1");
-    v = json_object_get(json, tok, 0, "default");
+    v = colibri_json_object_get(json, tok, 0, "default");
     if (v >= 0 && (st = device_named(s, json, &tok[v], "default", &device, err)) != COLIBRI_OK) return st;
     memset(table, 0, (size_t)hp->n_layers * hp->n_experts);
     for (v = 0; v < hp->n_layers; v++)
         if (s->model->layers[v].moe) memset(table + (size_t)v * hp->n_experts, device, (size_t)hp->n_experts);
-    list = json_object_get(json, tok, 0, "experts");
+    list = colibri_json_object_get(json, tok, 0, "experts");
     if (list >= 0) {
         if (tok[list].type != JSON_ARRAY) return colibri_fail(err, COLIBRI_E_TYPE, "placement: \"experts\" must be a list");
         for (i = 0, item = list + 1; i < tok[list].n_children; i++, item += (int32_t)tok[item].subtree)

@@ -951,7 +951,7 @@ static colibri_status check_tables(loader *L, colibri_model *m, size_t added_byt
 
 static colibri_status read_flag(loader *L, int32_t obj, const char *key, int32_t *flag)
 {
-    int32_t i = json_object_get(L->text, L->tok, obj, key);
+    int32_t i = colibri_json_object_get(L->text, L->tok, obj, key);
     if (i >= 0 && L->tok[i].type != JSON_TRUE && L->tok[i].type != JSON_FALSE)
         return colibri_fail(L->err, COLIBRI_E_TYPE, "model.encoder.%s must be a boolean", key);
     *flag = i >= 0 && L->tok[i].type == JSON_TRUE;
@@ -962,18 +962,18 @@ static colibri_status read_flag(loader *L, int32_t obj, const char *key, int32_t
 static colibri_status read_options(loader *L, int32_t obj, int32_t kind, colibri_encoder *enc, const char *const *schemes)
 {
     int spm = kind == COLIBRI_ENCODER_SENTENCEPIECE_BPE;
-    int32_t i = json_object_get(L->text, L->tok, obj, "normalizer"), k;
+    int32_t i = colibri_json_object_get(L->text, L->tok, obj, "normalizer"), k;
     colibri_status st;
     enc->normalizer = COLIBRI_NORM_NONE;
     if (i >= 0) {
-        if (spm || L->tok[i].type != JSON_STRING || !json_string_equals(L->text, &L->tok[i], "nfc"))
+        if (spm || L->tok[i].type != JSON_STRING || !colibri_json_string_equals(L->text, &L->tok[i], "nfc"))
             return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.normalizer must be \"nfc\" (byte_level_bpe only)");
         enc->normalizer = COLIBRI_NORM_NFC;
     }
     enc->prepend = COLIBRI_PREPEND_NORMALIZER;
-    i = json_object_get(L->text, L->tok, obj, "prepend_scheme");
+    i = colibri_json_object_get(L->text, L->tok, obj, "prepend_scheme");
     if (i >= 0) {
-        for (k = 0; schemes[k] && (L->tok[i].type != JSON_STRING || !json_string_equals(L->text, &L->tok[i], schemes[k])); k++) {}
+        for (k = 0; schemes[k] && (L->tok[i].type != JSON_STRING || !colibri_json_string_equals(L->text, &L->tok[i], schemes[k])); k++) {}
         if (!spm || !schemes[k])
             return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.prepend_scheme must be \"always\", \"first\" or "
                                 "\"never\" (sentencepiece_bpe only)");
@@ -993,7 +993,7 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
                                         "prepend_scheme", "split", NULL };
     static const char *const schemes[] = { "always", "first", "never", NULL };
     colibri_encoder *enc = &m->enc;
-    int32_t obj = json_object_get(L->text, L->tok, root, "encoder"), i, k, kind = COLIBRI_ENCODER_BYTE_LEVEL_BPE;
+    int32_t obj = colibri_json_object_get(L->text, L->tok, root, "encoder"), i, k, kind = COLIBRI_ENCODER_BYTE_LEVEL_BPE;
     size_t added_bytes = 0, n_merge_order = 0;
     int64_t v;
     colibri_status st;
@@ -1012,13 +1012,13 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
     if (st) return st;
     st = colibri_get_field(L, obj, "model.encoder", "kind", JSON_STRING, &i);
     if (st) return st;
-    if (json_string_equals(L->text, &L->tok[i], "sentencepiece_bpe")) kind = COLIBRI_ENCODER_SENTENCEPIECE_BPE;
-    else if (!json_string_equals(L->text, &L->tok[i], "byte_level_bpe"))
+    if (colibri_json_string_equals(L->text, &L->tok[i], "sentencepiece_bpe")) kind = COLIBRI_ENCODER_SENTENCEPIECE_BPE;
+    else if (!colibri_json_string_equals(L->text, &L->tok[i], "byte_level_bpe"))
         return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.kind must be \"byte_level_bpe\" or \"sentencepiece_bpe\"");
     st = colibri_get_field(L, obj, "model.encoder", "pre_tokenizer", JSON_STRING, &i);
     if (st) return st;
     for (k = 0; k < COLIBRI_PRE_COUNT; k++)
-        if (json_string_equals(L->text, &L->tok[i], pre_names[k])) break;
+        if (colibri_json_string_equals(L->text, &L->tok[i], pre_names[k])) break;
     if (k == COLIBRI_PRE_COUNT)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.pre_tokenizer must be \"gpt2\", \"llama3\", \"deepseek\", "
                             "\"qwen2\" or \"metaspace\"");
@@ -1028,7 +1028,7 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
                             "\"sentencepiece_bpe\", and only with it");
     st = colibri_get_field(L, obj, "model.encoder", "bos", JSON_NUMBER, &i);
     if (st) return st;
-    if (!json_as_int64(L->text, &L->tok[i], &v) || v < -1 || v >= m->hp.vocab_size)
+    if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v < -1 || v >= m->hp.vocab_size)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "model.encoder.bos must be -1 or a token id below %d",
                             m->hp.vocab_size);
     enc->bos = (int32_t)v;
