@@ -87,8 +87,9 @@ def run_moe_ways(model, tokens):
     return out
 
 
-def texts():
-    """What colibri-infer and `colibri generate` print on the bundled model, greedy and sampled."""
+def texts(build_dir):
+    """What colibri-infer (built from the installed package's core, into build_dir) and `colibri
+    generate` print on the bundled model, greedy and sampled."""
     import subprocess
     out = {}
     for where in ("python", "native"):   # native: the colibri-infer this checkout builds
@@ -96,8 +97,8 @@ def texts():
                            ("ids", ["--temperature", "0.8", "--seed", "5", "--tokens", "1,2,3"])):
             argv = [sys.executable, "-m", "colibri", "generate", "--max-tokens", "40", *flags]
             argv += [] if how == "ids" else ["--prompt", "ROMEO:"]
-            argv += [] if where == "python" else ["--target", "native"]
-            out[f"text|{where}|{how}"] = subprocess.run(argv, capture_output=True, check=True, cwd=TESTS.parent).stdout
+            argv += [] if where == "python" else ["--target", "native", "--build-dir", str(build_dir)]
+            out[f"text|{where}|{how}"] = subprocess.run(argv, capture_output=True, check=True, cwd=TESTS).stdout
     return out
 
 
@@ -122,7 +123,7 @@ def save(root, out):
             arrays[f"{name}|strict|{way}"] = logits
         arrays[f"{name}|plan"] = np.array([plan], dtype=np.int64)
         print(f"{name}: {len(modes)} runs, plan {plan:,} B")
-    for key, text in texts().items():
+    for key, text in texts(Path(out).with_suffix('.build')).items():
         arrays[key] = np.frombuffer(text, np.uint8)
         print(f"{key}: {text[:60]!r}")
     np.savez(out, **arrays)
