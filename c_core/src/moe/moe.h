@@ -12,7 +12,6 @@
 #define COLIBRI_MOE_H
 
 #include "cache.h"
-#include "devices.h"
 #include "../model/model.h"
 #include "../ops/ops.h"
 
@@ -119,19 +118,39 @@ typedef struct colibri_moe_stream {
     void *context;
 } colibri_moe_stream;
 
-/* out (n, dim) = MoE(x (n, dim)) for one layer (block.c).  stream NULL: the experts are resident;
- * dev NULL: no drivers, every expert computes here.  A failed read (or, strict, a failed device) is
- * the status, with out unfinished. */
-colibri_status colibri_moe_forward(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
-                                   const colibri_layer_weights *lw, const colibri_moe_buffers *b, const colibri_routing *r,
-                                   const colibri_moe_stream *stream, colibri_devices *dev, const float *x, int32_t n,
-                                   float *out, uint64_t *profile, colibri_error *err);
+/* What one layer's MoE block computes with, built by its caller (runtime/forward.c) for each layer
+ * and passed by pointer: beside it the block's functions take the tokens x (n, dim) and their out. */
+typedef struct colibri_moe_context {
+    const colibri_moe *moe;                 /* the triad */
+    const colibri_compute *k;               /* the kernels, the thread pool */
+    const colibri_hparams *hp;
+    const colibri_layer_weights *lw;        /* the layer's */
+    const colibri_moe_buffers *b;
+    const colibri_routing *r;               /* NULL where nothing is routed (colibri_moe_expert_rows) */
+    const colibri_moe_stream *stream;       /* NULL: the experts are resident */
+    struct colibri_devices *dev;            /* NULL: no drivers, every expert computes here (src/devices/) */
+    uint64_t *profile;                      /* NULL: not profiled */
+    int32_t layer;
+} colibri_moe_context;
+
+/* out (n, dim) = MoE(x (n, dim)) for the context's layer (block.c).  A failed read (or, strict, a
+ * failed device) is the status, with out unfinished. */
+colibri_status colibri_moe_forward(const colibri_moe_context *c, const float *x, int32_t n, float *out,
+                                   colibri_error *err);
 
 /* y (m, dim) = expert e's FFN of x (m, dim) on the cpu, m <= b->n_batch, its weights through the
  * cache when streaming: what a device's failed call falls back to, and the cpu driver's compute. */
-colibri_status colibri_moe_expert_rows(const colibri_moe *moe, const colibri_compute *k, const colibri_hparams *hp,
-                                       const colibri_layer_weights *lw, const colibri_moe_buffers *b,
-                                       const colibri_moe_stream *stream, int32_t layer, int32_t e, const float *x,
-                                       int32_t m, float *y, colibri_error *err);
+colibri_status colibri_moe_expert_rows(const colibri_moe_context *c, int32_t e, const float *x, int32_t m, float *y,
+                                       colibri_error *err);
+
+/* Pairs expert e keeps in this chunk: [expert_start[e], dropped_from[e]). */
+static inline int32_t colibri_moe_kept(const colibri_moe_buffers *b, int32_t e)
+{
+    return b->dropped_from[e] - b->expert_start[e];
+}
+
+/* xe (m, dim) <- the rows of x (n, dim) that pairs [first, first + m) route (block.c): for the
+ * local experts and for the devices' calls. */
+void colibri_moe_gather(const colibri_moe_context *c, const float *x, int32_t first, int32_t m, float *xe);
 
 #endif

@@ -85,10 +85,8 @@ void colibri_guess_next_layer(void *context)
     colibri_top_k(s->guess_logits, E, K, s->guess_ids);
     if (s->devices) {   /* an expert a device in use computes is not read here */
         int32_t kept = 0;
-        for (j = 0; j < K; j++) {
-            int32_t on = s->devices->placement[(size_t)l * E + s->guess_ids[j]];
-            if (!on || s->devices->dev[on].bypassed) s->guess_ids[kept++] = s->guess_ids[j];
-        }
+        for (j = 0; j < K; j++)
+            if (!colibri_device_takes(s->devices, l, s->guess_ids[j])) s->guess_ids[kept++] = s->guess_ids[j];
         K = kept;
     }
     colibri_cache_guess(s->cache, l, s->guess_ids, K);
@@ -124,13 +122,15 @@ static colibri_status forward_chunk(colibri_session *s, const int32_t *tokens, i
             norm_row(s, s->xn + (size_t)t * d, s->x + (size_t)t * d, w[L_FFN_NORM], w[L_FFN_NORM_BIAS]);
         colibri_profile_add(s->profile, COLIBRI_PHASE_NORMS, &clock);
         if (lw->moe) {
+            const colibri_moe_context moe = { .moe = &s->moe, .k = k, .hp = hp, .lw = lw, .b = &s->moe_buf,
+                                              .r = &s->routing, .stream = s->cache ? &s->stream : NULL,
+                                              .dev = s->devices, .profile = s->profile, .layer = l };
+            colibri_status st;
             s->routing.tokens = tokens;
             s->routing.position = s->position;
             s->routing.layer = l;
             s->routing.dropped = s->expert_dropped + (size_t)l * hp->n_experts;
-            colibri_status st = colibri_moe_forward(&s->moe, k, hp, lw, &s->moe_buf, &s->routing,
-                                                    s->cache ? &s->stream : NULL, s->devices, s->xn, n, s->block_out,
-                                                    s->profile, err);
+            st = colibri_moe_forward(&moe, s->xn, n, s->block_out, err);
             if (st) return st;
             count_expert_load(s, l);
             clock = colibri_profile_start(s->profile);   /* the MoE block timed its own phases */

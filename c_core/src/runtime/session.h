@@ -4,6 +4,7 @@
 #ifndef COLIBRI_SESSION_H
 #define COLIBRI_SESSION_H
 
+#include "../devices/devices.h"
 #include "../mem/arena.h"
 #include "../model/model.h"
 #include "../moe/moe.h"

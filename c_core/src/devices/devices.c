@@ -147,6 +147,12 @@ uint64_t colibri_device_p90(const colibri_device_state *s)
     return sorted[(9 * n + 9) / 10 - 1];   /* the ceil(0.9 n)-th smallest */
 }
 
+int colibri_device_takes(const colibri_devices *d, int32_t layer, int32_t e)
+{
+    int32_t on = d->placement[(size_t)layer * d->n_experts + e];
+    return on && !d->dev[on].bypassed;
+}
+
 /* The lowest-P90 device other than `avoid`, in use and holding (layer, e); 0 (the cpu) if none. */
 static int32_t fallback_for(const colibri_devices *d, int32_t layer, int32_t e, int32_t avoid)
 {

@@ -1,8 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* A session's devices (colibri/device.h): the drivers, the placement, each device's latency ring
- * and the state of its call for the layer being computed.  The MoE block (block.c) asks which
- * device runs each hit expert (colibri_device_pick), starts the devices' calls, and records each
- * call's outcome (colibri_device_record), which is where a device gets bypassed and comes back. */
+/* A session's devices (colibri/device.h), their one room (c_core/src/devices/):
+ *
+ *   devices.c     the drivers, each device's latency ring and state; which device runs each hit
+ *                 expert (colibri_device_pick) and each call's outcome (colibri_device_record),
+ *                 which is where a device gets bypassed and comes back
+ *   calls.c       a chunk's calls for the MoE block: start, collect, drain
+ *   placement.c   the public entries: names, placement (by entry, table or file), statistics
+ *   cpu_driver.c  the cpu as a driver, computing experts for others */
 #ifndef COLIBRI_DEVICES_H
 #define COLIBRI_DEVICES_H
 
@@ -75,5 +79,29 @@ void colibri_device_record(colibri_devices *d, int32_t i, uint64_t latency_ns, i
 
 /* The 90th percentile of the ring's samples (the ceil(0.9 n)-th smallest); 0 when empty. */
 uint64_t colibri_device_p90(const colibri_device_state *s);
+
+/* 1 when expert (layer, e) is placed on a driver in use (not bypassed): the cpu need not read it. */
+int colibri_device_takes(const colibri_devices *d, int32_t layer, int32_t e);
+
+/* ---- a chunk's calls, for the MoE block (calls.c) ---- */
+struct colibri_moe_context;
+
+/* Picks each kept expert's device, then gathers each device's experts into its rows of d->x and
+ * starts its call: before the local experts run, so the devices compute while they do. */
+colibri_status colibri_devices_start_calls(const struct colibri_moe_context *c, const float *x, colibri_error *err);
+
+/* The device that runs expert e in this chunk (after colibri_devices_start_calls): 0, the cpu. */
+static inline int32_t colibri_device_of(const colibri_devices *d, int32_t e) { return d->run_on[e]; }
+
+/* Device i's outputs for this chunk ready in d->y: its call synced and recorded, or, when it
+ * failed, its experts computed here (colibri_moe_expert_rows).  _all: every device's. */
+colibri_status colibri_devices_collect(const struct colibri_moe_context *c, int32_t i, colibri_error *err);
+colibri_status colibri_devices_collect_all(const struct colibri_moe_context *c, colibri_error *err);
+
+/* Expert e's outputs (m, dim), once its device is collected. */
+const float *colibri_devices_output(const struct colibri_moe_context *c, int32_t e);
+
+/* After an error: every started call synced, its outputs dropped, so none outlives the chunk. */
+void colibri_devices_drain(colibri_devices *d);
 
 #endif

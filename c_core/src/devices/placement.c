@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* The devices' public entries (colibri/device.h): names, placement (by entry, table or file), the
- * statistics, and the cpu driver that computes experts for others. */
+ * statistics. */
 #include <string.h>
 
-#include "session.h"
+#include "devices.h"
+#include "../runtime/session.h"
 #include "../model/json.h"
 #include "../util.h"
 
@@ -269,62 +270,4 @@ void colibri_device_stats_clear(colibri_session *s)
         colibri_device_stats *st = &s->devices->dev[i].stats;
         st->calls = st->experts = st->rows = st->errors = st->slow = st->fallbacks = st->probes = st->bypassed = 0;
     }
-}
-
-/* ---- the cpu driver ---- */
-
-colibri_status colibri_experts_compute(colibri_session *s, colibri_device_task *t, colibri_error *err)
-{
-    const colibri_hparams *hp;
-    const colibri_layer_weights *lw;
-    int32_t j, r;
-    if (!s || !t) return colibri_fail(err, COLIBRI_E_ARG, "colibri_experts_compute: NULL argument");
-    hp = &s->model->hp;
-    if (t->layer < 0 || t->layer >= hp->n_layers)
-        return colibri_fail(err, COLIBRI_E_ARG, "layer %d out of range [0, %d)", t->layer, hp->n_layers);
-    lw = &s->model->layers[t->layer];
-    if (!lw->moe) return colibri_fail(err, COLIBRI_E_ARG, "layer %d is dense: it has no routed experts", t->layer);
-    if (t->hidden_size != hp->hidden_size)
-        return colibri_fail(err, COLIBRI_E_ARG, "hidden_size %d: the model's is %d", t->hidden_size, hp->hidden_size);
-    if (t->n_experts < 1 || t->n_experts > hp->n_experts || !t->experts || !t->rows || !t->x || !t->y)
-        return colibri_fail(err, COLIBRI_E_ARG, "%d experts: between 1 and %d, with experts, rows, x and y", t->n_experts,
-                            hp->n_experts);
-    if (t->rows[0] != 0 || t->rows[t->n_experts] != t->n_rows || t->n_rows < 1)
-        return colibri_fail(err, COLIBRI_E_ARG, "rows must run from 0 to n_rows = %d", t->n_rows);
-    for (j = 0; j < t->n_experts; j++) {
-        if (t->experts[j] < 0 || t->experts[j] >= hp->n_experts || (j && t->experts[j] <= t->experts[j - 1]))
-            return colibri_fail(err, COLIBRI_E_ARG, "experts[%d] = %d: ids in [0, %d), ascending", j, t->experts[j], hp->n_experts);
-        if (t->rows[j + 1] <= t->rows[j])
-            return colibri_fail(err, COLIBRI_E_ARG, "rows[%d] = %d after %d: each expert needs at least one row", j + 1,
-                                t->rows[j + 1], t->rows[j]);
-    }
-    for (j = 0; j < t->n_experts; j++)   /* each expert's rows, n_batch at a time: rows are independent */
-        for (r = t->rows[j]; r < t->rows[j + 1]; r += s->n_batch) {
-            int32_t m = t->rows[j + 1] - r < s->n_batch ? t->rows[j + 1] - r : s->n_batch;
-            size_t at = (size_t)r * hp->hidden_size;
-            colibri_status st = colibri_moe_expert_rows(&s->moe, &s->compute, hp, lw, &s->moe_buf, s->cache ? &s->stream : NULL,
-                                                        t->layer, t->experts[j], t->x + at, m, t->y + at, err);
-            if (st) return st;
-        }
-    return COLIBRI_OK;
-}
-
-static colibri_status cpu_compute(void *context, const colibri_device_task *t, colibri_error *err)
-{
-    (void)context; (void)t; (void)err;
-    return COLIBRI_OK;   /* synchronous: the work is sync's */
-}
-
-static colibri_status cpu_sync(void *context, colibri_device_task *t, colibri_error *err)
-{
-    return colibri_experts_compute(context, t, err);
-}
-
-void colibri_cpu_driver(colibri_session *s, colibri_device_driver *driver)
-{
-    memset(driver, 0, sizeof *driver);
-    driver->name = "cpu";
-    driver->context = s;
-    driver->compute = cpu_compute;
-    driver->sync = cpu_sync;
 }
