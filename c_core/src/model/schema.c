@@ -10,6 +10,7 @@
 #include "loader.h"
 #include "../util.h"
 #include "../ops/ops.h"
+#include "../moe/registry.h"
 
 /* Limits on hyper-parameters: far above any released MoE, low enough that sizes never overflow. */
 #define MAX_VOCAB        (1 << 24)
@@ -51,13 +52,6 @@ COLIBRI_TABLE_CHECK(rope_types, COLIBRI_ROPE_COUNT);
 COLIBRI_TABLE_CHECK(router_scores, COLIBRI_SCORE_COUNT);
 COLIBRI_TABLE_CHECK(router_weightings, COLIBRI_WEIGHTS_COUNT);
 COLIBRI_TABLE_CHECK(group_scores, COLIBRI_GROUP_COUNT);
-
-/* routing.type: "topk_softmax" is Mixtral's name for the top-k router. */
-enum { ROUTING_TOPK_SOFTMAX, ROUTING_TOPK, ROUTING_SPARSEMIXER, ROUTING_TYPES };
-static const char *const routing_types[] = {
-    [ROUTING_TOPK_SOFTMAX] = "topk_softmax", [ROUTING_TOPK] = "topk", [ROUTING_SPARSEMIXER] = "sparsemixer",
-};
-COLIBRI_TABLE_CHECK(routing_types, ROUTING_TYPES);
 
 /* experts.activation names the gate's activation and, for gpt-oss, the clamped SwiGLU. */
 enum { GATE_SILU, GATE_SWIGLU_CLAMPED, GATE_GELU, GATE_GELU_TANH, GATE_RELU, GATE_KINDS };
@@ -216,7 +210,7 @@ static colibri_status get_choice(loader *L, int32_t obj, const char *where, cons
                                  const char *const *names, int32_t count, int32_t *choice)
 {
     int32_t i = 0;
-    char text[40], list[128];
+    char text[40], list[COLIBRI_ERROR_MESSAGE_SIZE];
     colibri_status st = colibri_get_field(L, obj, where, key, JSON_STRING, &i);
     if (st) return st;
     *choice = find_name(L->text, &L->tok[i], names, count);
@@ -224,6 +218,18 @@ static colibri_status get_choice(loader *L, int32_t obj, const char *where, cons
     colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
     return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s: unsupported value \"%s\" (expected %s)", where, key, text,
                         colibri_list_names(list, sizeof list, names, count, 1));
+}
+
+/* routing.type: the name of a registered router (colibri/moe.h); *index its index in the registry. */
+static colibri_status get_router(loader *L, int32_t routing, int32_t *index)
+{
+    const char *names[COLIBRI_MOE_REGISTRY_SIZE];
+    int32_t count = 0;
+    while (count < COLIBRI_MOE_REGISTRY_SIZE && colibri_moe_router_at(count)) {
+        names[count] = colibri_moe_router_at(count)->name;
+        count++;
+    }
+    return get_choice(L, routing, "routing", "type", names, count, index);
 }
 
 /* Optional fields: absent means `fallback`; present, the field is checked as a required one. */
@@ -491,8 +497,7 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
 
     TRY(colibri_get_field(L, root, "model", "routing", JSON_OBJECT, &r));
     TRY(colibri_check_keys(L, r, "routing", routing_keys));
-    TRY(get_choice(L, r, "routing", "type", CHOICES(routing_types), &choice));
-    hp->router_kind = choice == ROUTING_SPARSEMIXER ? COLIBRI_ROUTER_SPARSEMIXER : COLIBRI_ROUTER_TOPK;
+    TRY(get_router(L, r, &hp->router_kind));
     TRY(colibri_get_field(L, root, "model", "experts", JSON_OBJECT, &e));
     TRY(colibri_check_keys(L, e, "experts", expert_keys));
     TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
@@ -536,7 +541,7 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     TRY(opt_float(L, r, "routing", "jitter_eps", 0.0, 1e6, 0.01f, &hp->jitter_eps));
     TRY(opt_bool(L, r, "routing", "gate_on_input", &hp->gate_on_input));
     TRY(opt_float(L, r, "routing", "capacity_factor", 0.0, 1e6, 0.0f, &hp->capacity_factor));
-    if (hp->router_kind == COLIBRI_ROUTER_SPARSEMIXER && hp->top_k != 2)
+    if (colibri_moe_router_at(hp->router_kind) == &colibri_router_sparsemixer && hp->top_k != 2)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d: the sparsemixer router chooses 2", hp->top_k);
     if (hp->n_experts % hp->n_groups != 0)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.groups = %d does not divide experts.count = %d",

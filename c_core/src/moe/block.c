@@ -46,8 +46,9 @@ static void route_part(void *context, int32_t part, int32_t parts)
         r.position += t0;
         if (r.tokens) r.tokens += t0;
     }
-    j->router->route(j->hp, j->lw, j->r ? &r : NULL, j->logits + (size_t)t0 * E, t1 - t0,
-                     j->scratch + (size_t)part * (E + j->hp->n_groups), j->ids + (size_t)t0 * K, j->gates + (size_t)t0 * K);
+    colibri_router_run(j->router, j->hp, j->lw, j->r ? &r : NULL, j->logits + (size_t)t0 * E, t1 - t0,
+                       j->scratch + (size_t)part * colibri_router_scratch_floats(j->router, j->hp), j->ids + (size_t)t0 * K,
+                       j->gates + (size_t)t0 * K);
 }
 
 void colibri_moe_route(const colibri_router *router, const colibri_compute *k, const colibri_hparams *hp,
@@ -162,7 +163,7 @@ colibri_status colibri_moe_expert_rows(const colibri_moe *moe, const colibri_com
         if (st) return st;
     }
     expert_weights(lw, stream, layer, e, &w);
-    moe->expert->forward(k, hp, &w, x, m, b->h1, b->h3, y);   /* (m, dim) */
+    colibri_expert_run(moe->expert, k, hp, &w, x, m, b->h1, b->h3, y);   /* (m, dim) */
     if (stream) colibri_cache_release(stream->cache, layer, e);
     return COLIBRI_OK;
 }
@@ -322,7 +323,7 @@ static colibri_status run_experts(const colibri_moe *moe, const colibri_compute 
         gather(hp, b, x, first, m, b->xe);                                            /* (m, dim) */
         colibri_profile_add(profile, COLIBRI_PHASE_DISPATCH, clock);
         expert_weights(lw, stream, layer, e, &w);
-        moe->expert->forward(k, hp, &w, b->xe, m, b->h1, b->h3, b->ye);               /* (m, dim) */
+        colibri_expert_run(moe->expert, k, hp, &w, b->xe, m, b->h1, b->h3, b->ye);    /* (m, dim) */
         if (stream) colibri_cache_release(stream->cache, layer, e);
         colibri_profile_add(profile, COLIBRI_PHASE_EXPERTS, clock);
         moe->aggregator->combine(out, b->ye, b->pair_token + first, b->pair_gate + first, m, d);
@@ -363,8 +364,8 @@ static void experts_part(void *context, int32_t part, int32_t parts)
         gather(j->hp, b, j->x, b->expert_start[e], 1, xe);
         if (j->stream) b->slot_wait[i] = colibri_cache_await(j->stream->cache, j->layer, e);
         expert_weights(j->lw, j->stream, j->layer, e, &w);
-        j->moe->expert->forward(&alone, j->hp, &w, xe, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
-                                b->ye + (size_t)i * d);
+        colibri_expert_run(j->moe->expert, &alone, j->hp, &w, xe, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
+                           b->ye + (size_t)i * d);
     }
 }
 
