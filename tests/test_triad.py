@@ -14,6 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 
+import colibri
 from bad_models import FIXTURE
 from colibri.targets import build
 
@@ -27,17 +28,19 @@ def programs():
     return tests / "mixtral_router", tests / "triad_cli"
 
 
-def _model(tmp_path, name, **routing):
+def _model(tmp_path, name, experts=None, **routing):
     d = tmp_path / name
     shutil.copytree(FIXTURE, d)
     doc = json.loads((d / "colibri_model.json").read_text())
     doc["routing"].update(routing)
+    doc["experts"].update(experts or {})
     (d / "colibri_model.json").write_text(json.dumps(doc))
     return d
 
 
-def _run(program, model, tmp_path, name):
-    """(logits (len(TOKENS) - half + 1, vocab), expert counts, the route log's lines)"""
+def _run(program, model, tmp_path, name, counted=None):
+    """(logits (len(TOKENS) - half + 1, vocab), expert counts, the route log's lines); counted: a
+    list given the rows the counting expert and aggregator saw"""
     prefix = tmp_path / name
     r = subprocess.run([str(program), str(model), str(prefix), *map(str, TOKENS)], capture_output=True, text=True,
                        timeout=60)
@@ -45,7 +48,10 @@ def _run(program, model, tmp_path, name):
     vocab = json.loads((model / "colibri_model.json").read_text())["hparams"]["vocab_size"]
     logits = np.fromfile(f"{prefix}.logits", np.float32).reshape(-1, vocab)
     log = (tmp_path / f"{name}.log").read_text().splitlines()
-    return logits, np.array(r.stdout.split(), np.int64), log
+    counts, rows = r.stdout.splitlines()
+    if counted is not None:
+        counted += map(int, rows.split())
+    return logits, np.array(counts.split(), np.int64), log
 
 
 def test_a_registered_router_runs_the_model_as_the_cores_own(programs, tmp_path):
@@ -82,6 +88,48 @@ def test_mixtral_top2_routes_as_numpy_says(programs, tmp_path):
     assert np.allclose(gates, e / e.sum(axis=1, keepdims=True), rtol=1e-6, atol=0)
     assert np.array_equal(counts, np.bincount(ids.ravel(), minlength=E))
     assert not np.allclose(top1, top2)
+
+
+def test_a_registered_expert_and_aggregator_run_the_model(programs, tmp_path):
+    """experts.type and routing.aggregator name the example's counting expert and aggregator, which
+    hand each call on to the core's swiglu and weighted_sum: the model's logits bit for bit, every
+    routed (token, expert) pair through both once."""
+    mixtral_router, _ = programs
+    own, _, _ = _run(mixtral_router, _model(tmp_path, "own"), tmp_path, "own")
+    counted = []
+    user, _, _ = _run(mixtral_router, _model(tmp_path, "user", {"type": "counting_swiglu"}, aggregator="counting_sum"),
+                      tmp_path, "user", counted)
+    assert np.array_equal(own.view(np.uint32), user.view(np.uint32))
+    doc = json.loads((FIXTURE / "colibri_model.json").read_text())
+    pairs = doc["hparams"]["num_layers"] * len(TOKENS) * doc["routing"]["top_k"]
+    assert counted == [pairs, pairs]
+
+
+def _fixture_logits(d):
+    return colibri.Model(d).session(ctx=16, kernels="reference").forward(TOKENS)
+
+
+def test_the_core_components_by_name_compute_the_fixture(tmp_path):
+    """Naming the defaults, and the sparse aggregator (softmax gates are never 0), changes no bit."""
+    want = _fixture_logits(FIXTURE)
+    for name, experts, routing in [("defaults", {"type": "swiglu"}, {"aggregator": "weighted_sum"}),
+                                   ("sparse", {}, {"aggregator": "sparse"})]:
+        got = _fixture_logits(_model(tmp_path, name, experts, **routing))
+        assert np.array_equal(want.view(np.uint32), got.view(np.uint32)), name
+
+
+@pytest.mark.parametrize("experts, routing, message", [
+    ({"type": "nobody"}, {}, 'experts.type: unsupported value "nobody" (expected "swiglu", "swiglu_clamped", '
+                             '"linear" or "mlp")'),
+    ({}, {"aggregator": "nobody"}, 'routing.aggregator: unsupported value "nobody" (expected "weighted_sum" or '
+                                   '"sparse")'),
+    ({"type": "linear"}, {}, 'experts.type "linear" multiplies by experts.w1 alone: it needs intermediate_size = '
+                             'hidden_size (96 != 64)'),
+])
+def test_unknown_or_unfit_components_are_refused_at_load(tmp_path, experts, routing, message):
+    with pytest.raises(colibri.Error) as e:
+        colibri.Model(_model(tmp_path, "refused", experts, **routing))
+    assert message in str(e.value)
 
 
 def test_registry_refuses_taken_names_a_full_table_and_unknown_types(programs, tmp_path):

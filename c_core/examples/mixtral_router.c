@@ -8,9 +8,16 @@
  *   "mixtral_top2"  Mixtral's: the two best experts, gates a softmax over their two logits; every
  *                   call is written to the log (layer, position, the logits, ids and gates)
  *
+ * and an expert and an aggregator that count the rows they see and hand them on to the core's own,
+ * found by name (a model names them in experts.type and routing.aggregator):
+ *
+ *   "counting_swiglu"  the core's "swiglu"
+ *   "counting_sum"     the core's "weighted_sum"
+ *
  *   mixtral_router MODEL_DIR OUT_PREFIX TOKEN...
  *       runs the tokens (the first half in one chunk, then one at a time) on one thread, writes
- *       OUT_PREFIX.logits (n_tokens, vocab) f32, OUT_PREFIX.log, and prints the expert counts
+ *       OUT_PREFIX.logits (n_tokens, vocab) f32, OUT_PREFIX.log, and prints the expert counts, then
+ *       the rows the counting expert and aggregator saw
  *   mixtral_router --registry MODEL_DIR
  *       checks the registry's refusals: a taken name, a full table, an unknown routing.type
  *
@@ -28,6 +35,9 @@
 
 static uint32_t expert_counts[MAX_EXPERTS];   /* the spec's load-balancing counters, over all layers */
 static FILE *route_log;
+static uint64_t expert_rows, aggregated_rows;
+static const colibri_expert_def *swiglu;
+static const colibri_aggregator_def *weighted_sum;
 
 /* Index of the largest of v (n), the lowest on ties, leaving out `skip` (-1: none). */
 static int32_t best(const float *v, int32_t n, int32_t skip)
@@ -81,8 +91,22 @@ static void route_mixtral_top2(const colibri_route_call *call, float *logits, in
     }
 }
 
+static void counting_swiglu(const colibri_expert_call *call, const float *x, int32_t m, float *h1, float *h3, float *y)
+{
+    expert_rows += (uint64_t)m;
+    swiglu->forward(call, x, m, h1, h3, y);
+}
+
+static void counting_sum(float *out, const float *y, const int32_t *rows, const float *gates, int32_t m, int32_t dim)
+{
+    aggregated_rows += (uint64_t)m;
+    weighted_sum->combine(out, y, rows, gates, m, dim);
+}
+
 static const colibri_router_def user_top1 = { "user_top1", route_top1, NULL };
 static const colibri_router_def mixtral_top2 = { "mixtral_top2", route_mixtral_top2, top2_scratch };
+static const colibri_expert_def counting_expert = { "counting_swiglu", counting_swiglu };
+static const colibri_aggregator_def counting_aggregator = { "counting_sum", counting_sum };
 
 static int failed(colibri_status st, const colibri_error *err, const char *what)
 {
@@ -106,6 +130,11 @@ static int run(const char *dir, const char *prefix, int n, char **words)
     for (i = 0; i < n; i++) tokens[i] = (int32_t)atoi(words[i]);
     if (failed(colibri_register_router(&user_top1, &err), &err, "register user_top1")) return 1;
     if (failed(colibri_register_router(&mixtral_top2, &err), &err, "register mixtral_top2")) return 1;
+    if (failed(colibri_register_expert(&counting_expert, &err), &err, "register counting_swiglu")) return 1;
+    if (failed(colibri_register_aggregator(&counting_aggregator, &err), &err, "register counting_sum")) return 1;
+    swiglu = colibri_find_expert("swiglu");
+    weighted_sum = colibri_find_aggregator("weighted_sum");
+    if (!swiglu || !weighted_sum) { fprintf(stderr, "mixtral_router: the core's swiglu or weighted_sum is missing\n"); return 1; }
     snprintf(path, sizeof path, "%s.log", prefix);
     if (!(route_log = fopen(path, "w"))) { perror(path); return 1; }
 
@@ -129,6 +158,7 @@ static int run(const char *dir, const char *prefix, int n, char **words)
     fclose(out);
     fclose(route_log);
     for (i = 0; i < E; i++) printf(i + 1 < E ? "%u " : "%u\n", (unsigned)expert_counts[i]);
+    printf("%llu %llu\n", (unsigned long long)expert_rows, (unsigned long long)aggregated_rows);
     colibri_session_destroy(s);
     colibri_model_close(model);
     return 0;

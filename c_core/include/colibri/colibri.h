@@ -151,9 +151,10 @@ typedef struct colibri_hparams {
     float routed_scale;                 /* the chosen weights' final factor */
     int32_t gate_on_input;              /* the weight scales the expert's input, not its output (Llama 4) */
     float capacity_factor;              /* routing.capacity_factor: the default of COLIBRI_ROUTING_CAPACITY; 0: none */
+    int32_t aggregator_kind;            /* routing.aggregator's: its index in the registry (colibri/moe.h) */
 
     /* The experts' FFN. */
-    int32_t expert_kind;                /* COLIBRI_EXPERT_*, the expert's index in the registry (colibri/moe.h) */
+    int32_t expert_kind;                /* experts.type's: its index in the registry (colibri/moe.h), COLIBRI_EXPERT_* for the core's */
     int32_t activation;                 /* COLIBRI_ACT_*: of the gate in every gated MLP (experts, shared, dense) */
     int32_t expert_bias;                /* biases on the experts' projections (experts.b1, b3, b2) */
     float swiglu_limit;                 /* clamped SwiGLU: gate <= limit, |up| <= limit */

@@ -8,10 +8,14 @@
  * The core's own components are registered from the start (routers "topk_softmax", "topk",
  * "sparsemixer"; experts "swiglu", "swiglu_clamped", "linear", "mlp"; aggregators "weighted_sum",
  * "sparse").  A program adds its own with colibri_register_* BEFORE it opens a model; the model's
- * colibri_model.json names the router it routes with (`routing.type`), and colibri_model_open
- * fails on a name that is not registered, listing those that are.  Nothing else changes: the
- * session sizes a router's scratch from its registration (colibri_session_plan includes it) and
- * the block drives the components as it drives the core's own.
+ * colibri_model.json names its router (`routing.type`), expert (`experts.type`, by default the
+ * gated FFN `experts.activation` implies) and aggregator (`routing.aggregator`, by default
+ * "weighted_sum"), and colibri_model_open fails on a name that is not registered, listing those
+ * that are.  Nothing else changes: the session sizes a router's scratch from its registration
+ * (colibri_session_plan includes it) and the block drives the components as it drives the core's
+ * own.  The core's own read call->core, which only the core fills: a program calls them through
+ * a call the core gave it (an expert of its own may hand its call on to colibri_find_expert
+ * ("swiglu")->forward).
  *
  * Lifetime: the registry keeps the pointer it is given, so a registration (and its name) lives in
  * static storage, as long as any model that uses it.  Registering is not thread-safe: do it once,

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The registry of routers, experts and aggregators by name (colibri/moe.h): static tables that start
- * with the core's own components and take a program's after them.  The model's routing.type is an
- * index into the routers (colibri_hparams.router_kind), its expert kind one into the experts; indices
- * stay put, since entries are only ever added. */
+ * with the core's own components and take a program's after them.  A loaded model holds its
+ * components' indices (colibri_hparams.router_kind, expert_kind, aggregator_kind), which stay put:
+ * entries are only ever added. */
 #include <string.h>
 
 #include "moe.h"
@@ -104,4 +104,9 @@ const colibri_router_def *colibri_moe_router_at(int32_t index)
 const colibri_expert_def *colibri_moe_expert_at(int32_t index)
 {
     return index >= 0 && index < n_experts ? experts[index] : NULL;
+}
+
+const colibri_aggregator_def *colibri_moe_aggregator_at(int32_t index)
+{
+    return index >= 0 && index < n_aggregators ? aggregators[index] : NULL;
 }

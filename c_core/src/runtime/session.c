@@ -377,7 +377,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     }
     s->moe.router = colibri_router_for(&model->hp, s->routing.mode);
     s->moe.expert = colibri_moe_expert_at(model->hp.expert_kind);
-    s->moe.aggregator = &colibri_aggr_weighted;
+    s->moe.aggregator = colibri_moe_aggregator_at(model->hp.aggregator_kind);
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
     s->arena_owned = owned;
