@@ -6,7 +6,8 @@
  *   expert      x (m, dim) of one expert -> y (m, dim)
  *   aggregator  y (m, dim), gates        -> out (n, dim) += gate * y, per routed token
  * and beside them, when the model has one, a shared expert every token goes through.  The block
- * (block.c) drives them.  The research routers are routers too; capacity routing (which pairs an
+ * (block.c) drives them; each is a definition of colibri/moe.h, found by name in the registry
+ * (registry.c), the model's choice by its index in colibri_hparams.  The research routers are routers too; capacity routing (which pairs an
  * expert keeps) is the block's dispatch. */
 #ifndef COLIBRI_MOE_H
 #define COLIBRI_MOE_H
