@@ -73,7 +73,7 @@ int main(void)
     lw.w[L_SELECTION_BIAS].dtype = COLIBRI_DTYPE_F32;
     lw.moe = 1;
 
-    colibri_router_topk.route(&hp, &lw, NULL, logits, n, scratch, ids, gates);
+    colibri_router_run(&colibri_router_topk, &hp, &lw, NULL, logits, n, scratch, ids, gates);
     for (t = 0; t < n; t++) {
         for (j = 0; j < hp.top_k; j++) printf("%d ", (int)ids[(size_t)t * hp.top_k + j]);
         for (j = 0; j < hp.top_k; j++) printf(j + 1 < hp.top_k ? "%.9g " : "%.9g\n", (double)gates[(size_t)t * hp.top_k + j]);

@@ -138,7 +138,7 @@ typedef struct colibri_hparams {
     int32_t lm_head_bias;               /* a bias on the logits (tensor lm_head_bias) */
 
     /* The router: score every expert, choose top_k (from the best groups), weigh the chosen. */
-    int32_t router_kind;                /* COLIBRI_ROUTER_*: the parameterised top-k below, or Phi's sparsemixer */
+    int32_t router_kind;                /* routing.type's router: its index in the registry (colibri/moe.h) */
     float jitter_eps;                   /* sparsemixer: how far below the best an expert may score and stay */
     int32_t router_score;               /* COLIBRI_SCORE_*: softmax or sigmoid of the logits, or the logits */
     int32_t router_weights;             /* COLIBRI_WEIGHTS_*: the chosen experts' scores, or a softmax over their logits */
@@ -151,9 +151,10 @@ typedef struct colibri_hparams {
     float routed_scale;                 /* the chosen weights' final factor */
     int32_t gate_on_input;              /* the weight scales the expert's input, not its output (Llama 4) */
     float capacity_factor;              /* routing.capacity_factor: the default of COLIBRI_ROUTING_CAPACITY; 0: none */
+    int32_t aggregator_kind;            /* routing.aggregator's: its index in the registry (colibri/moe.h) */
 
     /* The experts' FFN. */
-    int32_t expert_kind;                /* COLIBRI_EXPERT_*: SwiGLU, or gpt-oss's clamped SwiGLU */
+    int32_t expert_kind;                /* experts.type's: its index in the registry (colibri/moe.h), COLIBRI_EXPERT_* for the core's */
     int32_t activation;                 /* COLIBRI_ACT_*: of the gate in every gated MLP (experts, shared, dense) */
     int32_t expert_bias;                /* biases on the experts' projections (experts.b1, b3, b2) */
     float swiglu_limit;                 /* clamped SwiGLU: gate <= limit, |up| <= limit */
@@ -173,11 +174,10 @@ enum { COLIBRI_GROUP_MAX = 0, COLIBRI_GROUP_TOP2_SUM = 1, COLIBRI_GROUP_COUNT };
 enum { COLIBRI_ROPE_DEFAULT = 0, COLIBRI_ROPE_YARN = 1, COLIBRI_ROPE_LONGROPE = 2, COLIBRI_ROPE_LLAMA3 = 3,
        COLIBRI_ROPE_COUNT };
 enum { COLIBRI_NORM_RMS = 0, COLIBRI_NORM_LAYER = 1, COLIBRI_NORM_COUNT };
-enum { COLIBRI_ROUTER_TOPK = 0, COLIBRI_ROUTER_SPARSEMIXER = 1 };
 /* experts.weight_layout: each routed-expert tensor whole, its experts one after another ("stacked"),
  * or each expert's parts of all of them side by side in one extent ("interleaved"), docs/FORMAT.md */
 enum { COLIBRI_LAYOUT_STACKED = 0, COLIBRI_LAYOUT_INTERLEAVED = 1, COLIBRI_LAYOUT_COUNT };
-enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };
+enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };   /* SwiGLU, or gpt-oss's clamped SwiGLU */
 enum { COLIBRI_ACT_SILU = 0, COLIBRI_ACT_GELU = 1, COLIBRI_ACT_GELU_TANH = 2, COLIBRI_ACT_RELU = 3 };
 
 /* One tensor of the model, as described in colibri_model.json. */

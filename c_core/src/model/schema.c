@@ -10,6 +10,7 @@
 #include "loader.h"
 #include "../util.h"
 #include "../ops/ops.h"
+#include "../moe/registry.h"
 
 /* Limits on hyper-parameters: far above any released MoE, low enough that sizes never overflow. */
 #define MAX_VOCAB        (1 << 24)
@@ -51,13 +52,6 @@ COLIBRI_TABLE_CHECK(rope_types, COLIBRI_ROPE_COUNT);
 COLIBRI_TABLE_CHECK(router_scores, COLIBRI_SCORE_COUNT);
 COLIBRI_TABLE_CHECK(router_weightings, COLIBRI_WEIGHTS_COUNT);
 COLIBRI_TABLE_CHECK(group_scores, COLIBRI_GROUP_COUNT);
-
-/* routing.type: "topk_softmax" is Mixtral's name for the top-k router. */
-enum { ROUTING_TOPK_SOFTMAX, ROUTING_TOPK, ROUTING_SPARSEMIXER, ROUTING_TYPES };
-static const char *const routing_types[] = {
-    [ROUTING_TOPK_SOFTMAX] = "topk_softmax", [ROUTING_TOPK] = "topk", [ROUTING_SPARSEMIXER] = "sparsemixer",
-};
-COLIBRI_TABLE_CHECK(routing_types, ROUTING_TYPES);
 
 /* experts.activation names the gate's activation and, for gpt-oss, the clamped SwiGLU. */
 enum { GATE_SILU, GATE_SWIGLU_CLAMPED, GATE_GELU, GATE_GELU_TANH, GATE_RELU, GATE_KINDS };
@@ -216,7 +210,7 @@ static colibri_status get_choice(loader *L, int32_t obj, const char *where, cons
                                  const char *const *names, int32_t count, int32_t *choice)
 {
     int32_t i = 0;
-    char text[40], list[128];
+    char text[40], list[COLIBRI_ERROR_MESSAGE_SIZE];
     colibri_status st = colibri_get_field(L, obj, where, key, JSON_STRING, &i);
     if (st) return st;
     *choice = find_name(L->text, &L->tok[i], names, count);
@@ -224,6 +218,27 @@ static colibri_status get_choice(loader *L, int32_t obj, const char *where, cons
     colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
     return colibri_fail(L->err, COLIBRI_E_VALUE, "%s.%s: unsupported value \"%s\" (expected %s)", where, key, text,
                         colibri_list_names(list, sizeof list, names, count, 1));
+}
+
+/* A field naming a registered component (colibri/moe.h) of one kind, the registry's `entry_name`
+ * (index) giving each name: *index its index. */
+static colibri_status get_component(loader *L, int32_t obj, const char *where, const char *key,
+                                    const char *(*entry_name)(int32_t index), int32_t *index)
+{
+    const char *names[COLIBRI_MOE_REGISTRY_SIZE];
+    int32_t count = 0;
+    while (count < COLIBRI_MOE_REGISTRY_SIZE && entry_name(count)) {
+        names[count] = entry_name(count);
+        count++;
+    }
+    return get_choice(L, obj, where, key, names, count, index);
+}
+
+static const char *router_name(int32_t i) { return colibri_moe_router_at(i) ? colibri_moe_router_at(i)->name : NULL; }
+static const char *expert_name(int32_t i) { return colibri_moe_expert_at(i) ? colibri_moe_expert_at(i)->name : NULL; }
+static const char *aggregator_name(int32_t i)
+{
+    return colibri_moe_aggregator_at(i) ? colibri_moe_aggregator_at(i)->name : NULL;
 }
 
 /* Optional fields: absent means `fallback`; present, the field is checked as a required one. */
@@ -369,9 +384,9 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     static const char *const routing_keys[] = { "type", "top_k", "normalize", "score", "weights", "logit_bias",
                                                 "selection_bias", "groups", "topk_groups", "group_score",
                                                 "normalize_eps", "scale", "jitter_eps", "gate_on_input",
-                                                "capacity_factor", NULL };
+                                                "capacity_factor", "aggregator", NULL };
     static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", "shared",
-                                               "bias", "swiglu_limit", "swiglu_alpha", NULL };
+                                               "bias", "swiglu_limit", "swiglu_alpha", "type", NULL };
     static const char *const shared_keys[] = { "intermediate_size", "gate", NULL };
     const char *w = "hparams";
     int32_t h = 0, r = 0, e = 0, sh = 0, rs = 0, la = 0, choice = 0;
@@ -491,8 +506,7 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
 
     TRY(colibri_get_field(L, root, "model", "routing", JSON_OBJECT, &r));
     TRY(colibri_check_keys(L, r, "routing", routing_keys));
-    TRY(get_choice(L, r, "routing", "type", CHOICES(routing_types), &choice));
-    hp->router_kind = choice == ROUTING_SPARSEMIXER ? COLIBRI_ROUTER_SPARSEMIXER : COLIBRI_ROUTER_TOPK;
+    TRY(get_component(L, r, "routing", "type", router_name, &hp->router_kind));
     TRY(colibri_get_field(L, root, "model", "experts", JSON_OBJECT, &e));
     TRY(colibri_check_keys(L, e, "experts", expert_keys));
     TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
@@ -508,6 +522,10 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     TRY(get_choice(L, e, "experts", "activation", CHOICES(gate_names), &choice));
     hp->expert_kind = gates[choice].expert_kind;
     hp->activation = gates[choice].activation;
+    if (has_field(L, e, "type")) TRY(get_component(L, e, "experts", "type", expert_name, &hp->expert_kind));
+    if (colibri_moe_expert_at(hp->expert_kind) == &colibri_expert_linear && hp->intermediate_size != hp->hidden_size)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "experts.type \"linear\" multiplies by experts.w1 alone: it needs "
+                            "intermediate_size = hidden_size (%d != %d)", hp->intermediate_size, hp->hidden_size);
     TRY(opt_bool(L, e, "experts", "bias", &hp->expert_bias));
     TRY(opt_float(L, e, "experts", "swiglu_limit", 0.0, 1e6, 7.0f, &hp->swiglu_limit));
     TRY(opt_float(L, e, "experts", "swiglu_alpha", 0.0, 1e6, 1.702f, &hp->swiglu_alpha));
@@ -536,7 +554,9 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
     TRY(opt_float(L, r, "routing", "jitter_eps", 0.0, 1e6, 0.01f, &hp->jitter_eps));
     TRY(opt_bool(L, r, "routing", "gate_on_input", &hp->gate_on_input));
     TRY(opt_float(L, r, "routing", "capacity_factor", 0.0, 1e6, 0.0f, &hp->capacity_factor));
-    if (hp->router_kind == COLIBRI_ROUTER_SPARSEMIXER && hp->top_k != 2)
+    hp->aggregator_kind = 0;   /* weighted_sum */
+    if (has_field(L, r, "aggregator")) TRY(get_component(L, r, "routing", "aggregator", aggregator_name, &hp->aggregator_kind));
+    if (colibri_moe_router_at(hp->router_kind) == &colibri_router_sparsemixer && hp->top_k != 2)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d: the sparsemixer router chooses 2", hp->top_k);
     if (hp->n_experts % hp->n_groups != 0)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.groups = %d does not divide experts.count = %d",

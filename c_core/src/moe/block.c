@@ -46,8 +46,9 @@ static void route_part(void *context, int32_t part, int32_t parts)
         r.position += t0;
         if (r.tokens) r.tokens += t0;
     }
-    j->router->route(j->hp, j->lw, j->r ? &r : NULL, j->logits + (size_t)t0 * E, t1 - t0,
-                     j->scratch + (size_t)part * (E + j->hp->n_groups), j->ids + (size_t)t0 * K, j->gates + (size_t)t0 * K);
+    colibri_router_run(j->router, j->hp, j->lw, j->r ? &r : NULL, j->logits + (size_t)t0 * E, t1 - t0,
+                       j->scratch + (size_t)part * colibri_router_scratch_floats(j->router, j->hp), j->ids + (size_t)t0 * K,
+                       j->gates + (size_t)t0 * K);
 }
 
 void colibri_moe_route(const colibri_router *router, const colibri_compute *k, const colibri_hparams *hp,
@@ -161,7 +162,7 @@ colibri_status colibri_moe_expert_rows(const colibri_moe_context *c, int32_t e, 
         if (st) return st;
     }
     expert_weights(c, e, &w);
-    c->moe->expert->forward(c->k, c->hp, &w, x, m, c->b->h1, c->b->h3, y);   /* (m, dim) */
+    colibri_expert_run(c->moe->expert, c->k, c->hp, &w, x, m, c->b->h1, c->b->h3, y);   /* (m, dim) */
     if (c->stream) colibri_cache_release(c->stream->cache, c->layer, e);
     return COLIBRI_OK;
 }
@@ -220,7 +221,7 @@ static colibri_status run_experts(const colibri_moe_context *c, const float *x, 
         colibri_moe_gather(c, x, first, m, b->xe);                                     /* (m, dim) */
         colibri_profile_add(c->profile, COLIBRI_PHASE_DISPATCH, clock);
         expert_weights(c, e, &w);
-        c->moe->expert->forward(c->k, c->hp, &w, b->xe, m, b->h1, b->h3, b->ye);       /* (m, dim) */
+        colibri_expert_run(c->moe->expert, c->k, c->hp, &w, b->xe, m, b->h1, b->h3, b->ye);   /* (m, dim) */
         if (stream) colibri_cache_release(stream->cache, c->layer, e);
         colibri_profile_add(c->profile, COLIBRI_PHASE_EXPERTS, clock);
         c->moe->aggregator->combine(out, b->ye, b->pair_token + first, b->pair_gate + first, m, d);
@@ -256,8 +257,8 @@ static void experts_part(void *context, int32_t part, int32_t parts)
         colibri_moe_gather(c, j->x, b->expert_start[e], 1, xe);
         if (c->stream) b->slot_wait[i] = colibri_cache_await(c->stream->cache, c->layer, e);
         expert_weights(c, e, &w);
-        c->moe->expert->forward(&alone, c->hp, &w, xe, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
-                                b->ye + (size_t)i * d);
+        colibri_expert_run(c->moe->expert, &alone, c->hp, &w, xe, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
+                           b->ye + (size_t)i * d);
     }
 }
 

@@ -6,11 +6,13 @@
  *   expert      x (m, dim) of one expert -> y (m, dim)
  *   aggregator  y (m, dim), gates        -> out (n, dim) += gate * y, per routed token
  * and beside them, when the model has one, a shared expert every token goes through.  The block
- * (block.c) drives them.  The research routers are routers too; capacity routing (which pairs an
+ * (block.c) drives them; each is a definition of colibri/moe.h, found by name in the registry
+ * (registry.c), the model's choice by its index in colibri_hparams.  The research routers are routers too; capacity routing (which pairs an
  * expert keeps) is the block's dispatch. */
 #ifndef COLIBRI_MOE_H
 #define COLIBRI_MOE_H
 
+#include "registry.h"
 #include "cache.h"
 #include "../model/model.h"
 #include "../ops/ops.h"
@@ -28,35 +30,42 @@ typedef struct colibri_routing {
     uint64_t *dropped;          /* (n_experts) this layer's dropped-token counters */
 } colibri_routing;
 
-/* A router may overwrite its logits (noisy top-k adds the noise in place); the model's own routers
- * read neither them back nor `r`, which may be NULL for them.  scratch: (n_experts + n_groups) floats. */
-typedef struct colibri_router {
-    const char *name;
-    void (*route)(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
-                  float *logits, int32_t n, float *scratch, int32_t *ids, float *gates);
-} colibri_router;
+/* The components are colibri/moe.h's registered definitions; the block calls them by these names. */
+typedef colibri_router_def colibri_router;
+typedef colibri_expert_def colibri_expert;
+typedef colibri_aggregator_def colibri_aggregator;
 
-/* One expert, its weights where they lie (the mapped file or a cache slot); scratch h1, h3 (m, ffn). */
-typedef struct colibri_expert {
-    const char *name;
-    void (*forward)(const colibri_compute *k, const colibri_hparams *hp, const colibri_expert_weights *w,
-                    const float *x, int32_t m, float *h1, float *h3, float *y);
-} colibri_expert;
+/* What colibri_route_call.core and colibri_expert_call.core point to: the core's own components read
+ * the model's hyper-parameters and weights and the session's routing through them. */
+typedef struct colibri_route_core {
+    const colibri_hparams *hp;
+    const colibri_layer_weights *lw;
+    const colibri_routing *r;           /* NULL when the router runs alone (router_cli) */
+} colibri_route_core;
 
-typedef struct colibri_aggregator {
-    const char *name;
-    /* out (n, dim) += gates[i] * y (i, :) for i < m, into row rows[i] */
-    void (*combine)(float *out, const float *y, const int32_t *rows, const float *gates,
-                    int32_t m, int32_t dim);
-} colibri_aggregator;
+typedef struct colibri_expert_core {
+    const colibri_compute *k;
+    const colibri_hparams *hp;
+} colibri_expert_core;
 
-extern const colibri_router colibri_router_topk;
-extern const colibri_router colibri_router_sparsemixer;
-extern const colibri_router colibri_router_noisy;   /* research: seeded noise on the logits, then the model's router */
-extern const colibri_router colibri_router_hash;    /* research: experts fixed by the token id */
-extern const colibri_expert colibri_expert_swiglu;
-extern const colibri_expert colibri_expert_swiglu_clamped;
-extern const colibri_aggregator colibri_aggregator_weighted;
+extern const colibri_router_def colibri_router_topk_softmax;   /* colibri_router_topk under Mixtral's name */
+extern const colibri_router_def colibri_router_noisy;   /* research: seeded noise on the logits, then the model's router */
+extern const colibri_router_def colibri_router_hash;    /* research: experts fixed by the token id */
+extern const colibri_expert_def colibri_expert_swiglu;
+extern const colibri_expert_def colibri_expert_swiglu_clamped;
+
+colibri_moe_shape colibri_moe_shape_of(const colibri_hparams *hp);
+
+/* Floats of scratch one call of `router` takes on this model: its registration's bytes, rounded up. */
+size_t colibri_router_scratch_floats(const colibri_router_def *router, const colibri_hparams *hp);
+
+/* ids, gates (n, K) = router(logits (n, E)) over one run of tokens: the call built from hp, lw and r. */
+void colibri_router_run(const colibri_router_def *router, const colibri_hparams *hp, const colibri_layer_weights *lw,
+                        const colibri_routing *r, float *logits, int32_t n, float *scratch, int32_t *ids, float *gates);
+
+/* y (m, dim) = expert(x (m, dim)) with its weights w: the call built from k, hp and w. */
+void colibri_expert_run(const colibri_expert_def *expert, const colibri_compute *k, const colibri_hparams *hp,
+                        const colibri_expert_weights *w, const float *x, int32_t m, float *h1, float *h3, float *y);
 
 /* Index of the largest v[i] over i < n not yet in taken[0..n_taken), lowest index on ties; -1 when
  * all are taken: the routers' top-k, one pick at a time. */
@@ -66,8 +75,8 @@ int32_t colibri_best_untaken(const float *v, int32_t n, const int32_t *taken, in
 void colibri_top_k(const float *v, int32_t n, int32_t k, int32_t *ids);
 
 /* ids, gates (n, K) = router(logits (n, E)), the tokens shared among k's threads in COLIBRI_ROUTE_PARTS
- * runs (several tokens), each with its own (n_experts + n_groups) of scratch: the same bits as one call,
- * since a router routes each token alone. */
+ * runs (several tokens), each with its own colibri_router_scratch_floats of scratch: the same bits as
+ * one call, since a router routes each token alone. */
 #define COLIBRI_ROUTE_PARTS 4
 void colibri_moe_route(const colibri_router *router, const colibri_compute *k, const colibri_hparams *hp,
                        const colibri_layer_weights *lw, const colibri_routing *r, float *logits, int32_t n,
@@ -86,7 +95,7 @@ void colibri_swiglu(const colibri_compute *k, int activation, colibri_weight w1,
 /* Buffers of one MoE block, carved from the session arena. */
 typedef struct colibri_moe_buffers {
     float *router_logits;   /* (n_batch, n_experts) */
-    float *router_scratch;  /* (COLIBRI_ROUTE_PARTS, n_experts + n_groups) one token's choice values and group scores, per part */
+    float *router_scratch;  /* (COLIBRI_ROUTE_PARTS, the router's scratch floats) per part */
     int32_t *ids;           /* (n_batch, top_k) */
     float *gates;           /* (n_batch, top_k) */
     int32_t *expert_start;  /* (n_experts + 1): routed pairs grouped by expert */

@@ -10,7 +10,8 @@
  *             (+ normalize_eps) when asked; times routed_scale
  * Ties go to the lowest id, so every target chooses the same experts.  Phi-3.5-MoE's sparsemixer
  * is the other model router; the research routers (noisy top-k, hash routing) come last, and
- * colibri_router_for picks a session's. */
+ * colibri_router_for picks a session's.  Each is a colibri_router_def (colibri/moe.h): the model's
+ * are registered by name (registry.c), the research ones are session modes. */
 #include <math.h>
 
 #include "moe.h"
@@ -43,13 +44,20 @@ void colibri_top_k(const float *v, int32_t n, int32_t k, int32_t *ids)
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + colibri_expf(-x)); }
 
-static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
-                       float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
+/* (n_experts + n_groups) floats: one token's choice values and group scores */
+static size_t topk_scratch(const colibri_moe_shape *shape)
 {
+    return ((size_t)shape->n_experts + (size_t)shape->n_groups) * sizeof(float);
+}
+
+static void route_topk(const colibri_route_call *call, float *logits, int32_t n, void *scratch, int32_t *ids,
+                       float *gates)
+{
+    const colibri_route_core *core = call->core;
+    const colibri_hparams *hp = core->hp;
     int32_t E = hp->n_experts, K = hp->top_k, G = hp->n_groups, per_group = E / G, t, i, j, g;
-    float *choice = scratch, *group_value = scratch + E;   /* (E), (G) */
-    const colibri_weight *bias = &lw->w[L_SELECTION_BIAS];
-    (void)r;
+    float *choice = scratch, *group_value = choice + E;   /* (E), (G) */
+    const colibri_weight *bias = &core->lw->w[L_SELECTION_BIAS];
     for (t = 0; t < n; t++) {
         const float *lt = logits + (size_t)t * E;
         int32_t *id = ids + (size_t)t * K;
@@ -113,7 +121,8 @@ static void route_topk(const colibri_hparams *hp, const colibri_layer_weights *l
     }
 }
 
-const colibri_router colibri_router_topk = { "topk", route_topk };
+const colibri_router_def colibri_router_topk = { "topk", route_topk, topk_scratch };
+const colibri_router_def colibri_router_topk_softmax = { "topk_softmax", route_topk, topk_scratch };   /* Mixtral's name */
 
 /* One step of Phi-3.5-MoE's sparsemixer (eval mode) over scores s (E) with `out` (-1 or an
  * expert already chosen) left out: the best expert b, and its weight softmax(s)[b] over the experts
@@ -134,11 +143,12 @@ static int32_t sparsemixer_step(const float *s, int32_t E, int32_t out, float ji
 }
 
 /* Always two experts; weights not renormalised. */
-static void route_sparsemixer(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
-                              float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
+static void route_sparsemixer(const colibri_route_call *call, float *logits, int32_t n, void *scratch, int32_t *ids,
+                              float *gates)
 {
+    const colibri_hparams *hp = ((const colibri_route_core *)call->core)->hp;
     int32_t E = hp->n_experts, t;
-    (void)lw; (void)r; (void)scratch;
+    (void)scratch;
     for (t = 0; t < n; t++) {
         const float *s = logits + (size_t)t * E;
         ids[2 * t] = sparsemixer_step(s, E, -1, hp->jitter_eps, &gates[2 * t]);
@@ -146,11 +156,12 @@ static void route_sparsemixer(const colibri_hparams *hp, const colibri_layer_wei
     }
 }
 
-const colibri_router colibri_router_sparsemixer = { "sparsemixer", route_sparsemixer };
+const colibri_router_def colibri_router_sparsemixer = { "sparsemixer", route_sparsemixer, NULL };
 
-static const colibri_router *model_router(const colibri_hparams *hp)
+/* routing.type's router (the loader checked it is registered) */
+static const colibri_router_def *model_router(const colibri_hparams *hp)
 {
-    return hp->router_kind == COLIBRI_ROUTER_SPARSEMIXER ? &colibri_router_sparsemixer : &colibri_router_topk;
+    return colibri_moe_router_at(hp->router_kind);
 }
 
 /* Research routers (colibri_session_options.routing): they change what the model computes. */
@@ -168,9 +179,11 @@ static double uniform(uint64_t counter)
 /* Noisy top-k: logits (n, E) += noise * N(0, 1), then the model's router.  Each draw is a function of
  * (seed, layer, position, expert), through Box-Muller on our own log and cos, so every target adds
  * the same noise. */
-static void route_noisy(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
-                        float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
+static void route_noisy(const colibri_route_call *call, float *logits, int32_t n, void *scratch, int32_t *ids,
+                        float *gates)
 {
+    const colibri_routing *r = ((const colibri_route_core *)call->core)->r;
+    const colibri_hparams *hp = ((const colibri_route_core *)call->core)->hp;
     int32_t E = hp->n_experts, t, e;
     for (t = 0; t < n; t++)
         for (e = 0; e < E; e++) {
@@ -179,18 +192,20 @@ static void route_noisy(const colibri_hparams *hp, const colibri_layer_weights *
             double g = sqrt(-2.0 * colibri_log(uniform(2 * key))) * colibri_cos(6.283185307179586 * uniform(2 * key + 1));
             logits[(size_t)t * E + e] += (float)(r->noise * g);
         }
-    model_router(hp)->route(hp, lw, r, logits, n, scratch, ids, gates);
+    model_router(hp)->route(call, logits, n, scratch, ids, gates);
 }
 
-const colibri_router colibri_router_noisy = { "noisy", route_noisy };
+/* no scratch of its own: the session sizes the model router's */
+const colibri_router_def colibri_router_noisy = { "noisy", route_noisy, NULL };
 
 /* Hash routing: token id -> experts h, h + 1, ... (mod E), h = Knuth's multiplicative hash; weights
  * 1/k.  The logits are not read. */
-static void route_hash(const colibri_hparams *hp, const colibri_layer_weights *lw, const colibri_routing *r,
-                       float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
+static void route_hash(const colibri_route_call *call, float *logits, int32_t n, void *scratch, int32_t *ids,
+                       float *gates)
 {
-    int32_t E = hp->n_experts, K = hp->top_k, t, j;
-    (void)lw; (void)logits; (void)scratch;
+    const colibri_routing *r = ((const colibri_route_core *)call->core)->r;
+    int32_t E = call->shape.n_experts, K = call->shape.top_k, t, j;
+    (void)logits; (void)scratch;
     for (t = 0; t < n; t++) {
         uint32_t h = (uint32_t)r->tokens[t] * 2654435761u;
         for (j = 0; j < K; j++) {
@@ -200,11 +215,43 @@ static void route_hash(const colibri_hparams *hp, const colibri_layer_weights *l
     }
 }
 
-const colibri_router colibri_router_hash = { "hash", route_hash };
+const colibri_router_def colibri_router_hash = { "hash", route_hash, NULL };
 
-const colibri_router *colibri_router_for(const colibri_hparams *hp, int32_t mode)
+const colibri_router_def *colibri_router_for(const colibri_hparams *hp, int32_t mode)
 {
     if (mode == COLIBRI_ROUTING_NOISY) return &colibri_router_noisy;
     if (mode == COLIBRI_ROUTING_HASH) return &colibri_router_hash;
     return model_router(hp);   /* the model's, and capacity routing's */
+}
+
+colibri_moe_shape colibri_moe_shape_of(const colibri_hparams *hp)
+{
+    colibri_moe_shape shape;
+    shape.n_experts = hp->n_experts;
+    shape.top_k = hp->top_k;
+    shape.n_groups = hp->n_groups;
+    shape.dim = hp->hidden_size;
+    shape.ffn = hp->intermediate_size;
+    return shape;
+}
+
+size_t colibri_router_scratch_floats(const colibri_router_def *router, const colibri_hparams *hp)
+{
+    colibri_moe_shape shape = colibri_moe_shape_of(hp);
+    size_t bytes = router->scratch_bytes ? router->scratch_bytes(&shape) : 0;
+    return (bytes + sizeof(float) - 1) / sizeof(float);
+}
+
+void colibri_router_run(const colibri_router_def *router, const colibri_hparams *hp, const colibri_layer_weights *lw,
+                        const colibri_routing *r, float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
+{
+    colibri_route_core core;
+    colibri_route_call call;
+    core.hp = hp; core.lw = lw; core.r = r;
+    call.shape = colibri_moe_shape_of(hp);
+    call.layer = r ? r->layer : -1;
+    call.position = r ? r->position : 0;
+    call.tokens = r ? r->tokens : NULL;
+    call.core = &core;
+    router->route(&call, logits, n, scratch, ids, gates);
 }

@@ -61,6 +61,8 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     size_t FF = F;   /* the widest FFN: routed, shared or dense */
     size_t R = (size_t)hp->kv_lora_rank, DR = (size_t)hp->rope_dim, O = Q;   /* O: attention output width */
     size_t KW = R ? R : KV, VW = R ? DR : KV;   /* cache widths: latent attention keeps the latent and the rotary key */
+    /* floats of one routing part's scratch: routing.type's router's (the research routers take it or none) */
+    size_t RS = colibri_router_scratch_floats(colibri_moe_router_at(hp->router_kind), hp);
     int32_t l;
     if ((size_t)hp->shared_intermediate_size > FF) FF = (size_t)hp->shared_intermediate_size;
     if ((size_t)hp->dense_intermediate_size > FF) FF = (size_t)hp->dense_intermediate_size;
@@ -105,8 +107,8 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     s->moe_buf.router_logits = colibri_arena_carve(a, colibri_arena_bytes(a, B, E, f), ARENA_ROUTER, "router_logits", -1, "(n_batch, n_experts) f32");
     s->moe_buf.ids = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "expert_ids", -1, "(n_batch, top_k) i32");
     s->moe_buf.gates = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "gates", -1, "(n_batch, top_k) f32");
-    s->moe_buf.router_scratch = colibri_arena_carve(a, COLIBRI_ROUTE_PARTS * (E + (size_t)hp->n_groups) * f, ARENA_ROUTER, "router_scratch", -1,
-                                                     "(route parts, n_experts + n_groups) f32");
+    s->moe_buf.router_scratch = colibri_arena_carve(a, COLIBRI_ROUTE_PARTS * RS * f, ARENA_ROUTER, "router_scratch", -1,
+                                                     "(route parts, the router's scratch) f32");
     s->moe_buf.dropped_from = colibri_arena_carve(a, E * sizeof(int32_t), ARENA_ROUTER, "dropped_from", -1, "(n_experts) i32");
     s->expert_dropped = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_layers, E, sizeof(uint64_t)), ARENA_ROUTER,
                                             "expert_dropped", -1, "(n_layers, n_experts) u64");
@@ -305,11 +307,6 @@ colibri_status colibri_expert_slots(const colibri_model *model, const colibri_se
                                   NULL, err);
 }
 
-static const colibri_expert *hp_expert(const colibri_hparams *hp)
-{
-    return hp->expert_kind == COLIBRI_EXPERT_SWIGLU_CLAMPED ? &colibri_expert_swiglu_clamped : &colibri_expert_swiglu;
-}
-
 colibri_status colibri_session_create(const colibri_model *model, const colibri_session_options *options,
                                       colibri_session **out, colibri_error *err)
 {
@@ -379,8 +376,8 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
                                                                        : model->hp.capacity_factor;
     }
     s->moe.router = colibri_router_for(&model->hp, s->routing.mode);
-    s->moe.expert = hp_expert(&model->hp);
-    s->moe.aggregator = &colibri_aggregator_weighted;
+    s->moe.expert = colibri_moe_expert_at(model->hp.expert_kind);
+    s->moe.aggregator = colibri_moe_aggregator_at(model->hp.aggregator_kind);
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
     s->arena_owned = owned;
