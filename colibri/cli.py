@@ -39,6 +39,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import colibri
+from colibri import experts
 from colibri.demo import MODEL_DIR as BUNDLED_MODEL
 from colibri.tokenizer import read_regular_text
 
@@ -137,71 +138,6 @@ def parse_size(text, whole=None):
     return int(number * _UNITS[unit])
 
 
-def _moe_layers(model):
-    """The layers with routed experts (`layers.{i}.experts.*` tensors)."""
-    return sorted({int(m.group(1)) for t in model.tensors() if (m := re.match(r"layers\.(\d+)\.experts\.", t["name"]))})
-
-
-def read_load(path, model):
-    """int64 (n_layers, n_experts): the expert load `colibri stats --save-load` wrote, checked
-    against `model`.  ValueError says what does not fit."""
-    import numpy as np
-
-    try:
-        text = read_regular_text(path)
-    except OSError as e:
-        raise ValueError(f"cannot read the expert load {path}: {e.strerror or e}") from None
-    try:
-        doc = json.loads(text)
-        shape = (int(doc["n_layers"]), int(doc["n_experts"]))
-        load = np.array(doc["load"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not an expert load written by colibri stats --save-load ({e})") from None
-    cfg = model.config
-    if shape != (cfg["num_layers"], cfg["num_experts"]):
-        raise ValueError(f"{path}: the load of a model with {shape[0]} layers of {shape[1]} experts "
-                         f"({doc.get('model', '?')}), not this one's {cfg['num_layers']} of {cfg['num_experts']} "
-                         f"({model.path})")
-    if load.shape != shape or load.dtype.kind not in "iu" or (load < 0).any():
-        raise ValueError(f"{path}: \"load\" must be {shape[0]} rows of {shape[1]} token counts >= 0, "
-                         f"got shape {load.shape} of {load.dtype}")
-    return load.astype(np.int64)
-
-
-def choose_pins(load, top_k, slots, moe_layers, per_layer=False, count=None, share=None):
-    """The most loaded (layer, expert) pairs of `load` to pin in a cache of `slots` (whole; or split
-    evenly among `moe_layers` when `per_layer`): `count` of them, or `share` of the slots, or by
-    default the hot ones, those that took at least twice an even share of their layer's tokens (a
-    model that routes evenly gains nothing from pins: they only take slots from the cache), as many
-    as fit: the slots less one layer's top_k (per layer when `per_layer`).  Pairs that routed no
-    token are left out.  ValueError when `count` does not fit."""
-    import numpy as np
-
-    per = slots // max(len(moe_layers), 1) if per_layer else slots
-    room = max(per - top_k, 0) * (len(moe_layers) if per_layer else 1)
-    if count is None and share is None:
-        layer_tokens = load.sum(axis=1, keepdims=True)
-        hot = load * load.shape[1] >= 2 * np.maximum(layer_tokens, 1)
-        load = np.where(hot, load, 0)
-        count = room
-    elif count is None:
-        count = min(int(share * slots), room)
-    elif not 0 <= count <= room:
-        raise ValueError(f"{count} pins do not fit: at most {room} of the {slots} slots can be pinned "
-                         f"(one layer's top_k {top_k} stay free{' in each layer' if per_layer else ''})")
-    left = {layer: per - top_k for layer in moe_layers}
-    pins = []
-    for i in np.argsort(-load, axis=None, kind="stable"):
-        layer, expert = divmod(int(i), load.shape[1])
-        if len(pins) == count or load[layer, expert] == 0:
-            break
-        if per_layer and left.get(layer, 0) <= 0:
-            continue
-        left[layer] = left.get(layer, 0) - 1
-        pins.append((layer, expert))
-    return pins
-
-
 def _stream_options(model, args):
     """Model.session's expert streaming options from the --expert-budget, --expert-cache,
     --direct-io, --no-prefetch and --pin arguments ({} for a resident run)."""
@@ -217,22 +153,17 @@ def _stream_options(model, args):
     if args.pin_share is not None and not 0 <= args.pin_share <= 1:
         raise SystemExit(f"colibri {args.command}: --pin-share is a share of the slots, in [0, 1], not {args.pin_share}")
 
-    def routed_bytes():   # what slots for every routed expert take: 100%
-        return model.expert_slots(**opts)[0] * len(_moe_layers(model)) * model.config["num_experts"]
-
-    try:
-        opts["expert_budget"] = budget = parse_size(args.expert_budget, routed_bytes)
+    try:   # a percentage is of what slots for every routed expert take
+        opts["expert_budget"] = budget = parse_size(args.expert_budget, lambda: experts.routed_bytes(model, **opts))
         if args.pin is not None:
-            load = read_load(args.pin, model)
-            slot_bytes, min_budget = model.expert_slots(**opts)
+            load = experts.read_load(args.pin, model)
             if budget == 0:
                 raise ValueError("--pin needs an --expert-budget above 0 (a resident run has no cache to pin in)")
-            if budget < min_budget:
+            if budget < model.expert_slots(**opts)[1]:
                 return opts   # the session refuses it, naming the minimum
-            layers = _moe_layers(model)
-            slots = min(budget // slot_bytes, len(layers) * model.config["num_experts"])   # the pool, as the core sizes it
-            opts["pins"] = choose_pins(load, model.config["top_k"], slots, layers, args.expert_cache == "per_layer",
-                                       args.pin_count, args.pin_share)
+            opts["pins"] = experts.choose_pins(load, model.config["top_k"], model.expert_slot_count(**opts),
+                                               experts.moe_layers(model), args.expert_cache == "per_layer",
+                                               args.pin_count, args.pin_share)
     except ValueError as e:
         raise SystemExit(f"colibri {args.command}: {e}")
     return opts
@@ -518,8 +449,7 @@ def _firmware_session(args):
     budget = 0
     if args.expert_budget is not None:
         try:   # a percentage is of what slots for every routed expert take
-            budget = parse_size(args.expert_budget, lambda: model.expert_slots()[0] * len(_moe_layers(model)) *
-                                model.config["num_experts"])
+            budget = parse_size(args.expert_budget, lambda: experts.routed_bytes(model))
         except ValueError as e:
             raise SystemExit(f"colibri firmware: {e}")
     return args.board, model.path, args.ctx, args.batch, args.stack, budget
