@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import colibri
-from colibri.cli import parse_size
+from colibri.cli.options import parse_size
 from colibri.demo import MODEL_DIR
 from colibri.experts import choose_pins, read_load
 from support import infer
