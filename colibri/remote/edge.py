@@ -15,8 +15,8 @@ The first placement (placement="auto"): the `budget` hottest experts of a `colib
 --save-load` file when one is given (`load`), else the first budget // n_moe_layers experts of
 each MoE layer.  Without a measurement no expert is known to be hotter than another, and an even
 share per layer makes every layer equally likely to need the network; the orchestrator soon
-replaces it by measured load.  A budget is budget_bytes // expert_bytes experts: the cache's slots
-when streaming, every routed expert when resident.
+replaces it by measured load.  A budget is so many experts: the cache's slots when streaming (as
+the core counts them: colibri.experts.slot_count), every routed expert when resident.
 
 Generation runs token by token.  Between two tokens (never during a forward pass) the loop hands a
 heartbeat to a background thread every `heartbeat_tokens` tokens or `heartbeat_s` seconds, and
