@@ -432,10 +432,9 @@ cdef class Model:
         return b"".join(out).decode("utf-8", "replace")
 
     def memory_plan(self, *args, **options):
-        """memory_plan(ctx=0, batch=0, *, expert_budget=0, expert_cache="global", direct_io=False,
-        prefetch=True, pins=None, verify=False): exact arena bytes a session with this context and
-        batch needs (nothing is allocated); with an ``expert_budget``, its slot pool included (the
-        options: see Session)."""
+        """memory_plan(ctx, batch, **streaming options): exact arena bytes a session with this
+        context and batch needs (nothing is allocated); with an ``expert_budget``, its slot pool
+        included (the options and their defaults: SESSION_OPTIONS, STREAMING_OPTIONS; see Session)."""
         o = _bind("memory_plan", args, options, ("ctx", "batch"), ("ctx", "batch") + STREAMING_OPTIONS)
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
@@ -449,11 +448,10 @@ cdef class Model:
         return need
 
     def expert_slots(self, **options):
-        """expert_slots(*, expert_budget=0, expert_cache="global", direct_io=False, prefetch=True,
-        pins=None, verify=False): (slot_bytes, min_budget) for expert streaming with these options
-        (see Session): the bytes of one cache slot, and the smallest expert_budget a session accepts
-        (one layer's top_k slots; for every MoE layer with expert_cache="per_layer").
-        colibri.Error for a model without routed experts."""
+        """expert_slots(**streaming options): (slot_bytes, min_budget) for expert streaming with
+        these options (STREAMING_OPTIONS; see Session): the bytes of one cache slot, and the smallest
+        expert_budget a session accepts (one layer's top_k slots; for every MoE layer with
+        expert_cache="per_layer").  colibri.Error for a model without routed experts."""
         o = _bind("expert_slots", (), options, (), STREAMING_OPTIONS)
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
@@ -465,8 +463,8 @@ cdef class Model:
         return slot_bytes, min_budget
 
     def expert_slot_count(self, **options):
-        """expert_slot_count(*, expert_budget, ...): the cache slots a session with these streaming
-        options (those of expert_slots) makes: what ``expert_budget`` buys, at most every routed
+        """expert_slot_count(**streaming options): the cache slots a session with these options
+        (those of expert_slots) makes: what ``expert_budget`` buys, at most every routed
         expert, even shares of the MoE layers with expert_cache="per_layer"; 0 for a resident
         session.  colibri.Error for a budget under expert_slots()'s minimum."""
         o = _bind("expert_slot_count", (), options, (), STREAMING_OPTIONS)
@@ -508,7 +506,7 @@ cdef class Model:
         return need
 
     def session(self, *args, **options):
-        """session(ctx=0, batch=0, kernels="auto", **options): a new session: a KV cache for ``ctx``
+        """session(ctx, batch, kernels, **options): a new session: a KV cache for ``ctx``
         positions (0: the model's maximum, at most 4096), prefill computed ``batch`` tokens at a
         time (0: 64), with the fastest kernels this CPU runs (``kernels="auto"``) or the plain C
         reference (``"reference"``).  The other options (SESSION_OPTIONS: expert streaming, devices,
@@ -537,11 +535,9 @@ cdef class Session:
     cdef readonly uint64_t expert_budget
 
     def __cinit__(self, Model model not None, *args, **options):
-        """Session(model, ctx=0, batch=0, kernels="auto", routing="model", noise=1.0, noise_seed=0,
-        capacity_factor=1.0, profile=False, threads=None, *, expert_budget=0, expert_cache="global",
-        direct_io=False, prefetch=True, pins=None, verify=False, expert_read=None, devices=(),
-        placement=None, device_threshold_ms=5.0, device_probe_ms=250.0, strict=False): the options
-        and their defaults are SESSION_OPTIONS'; ``ctx``, ``batch``, ``kernels``: see Model.session.
+        """Session(model, ctx, batch, kernels, routing, noise, noise_seed, capacity_factor, profile,
+        threads, **options): SESSION_OPTIONS lists every option with its default; ``ctx``,
+        ``batch``, ``kernels``: see Model.session.
 
         ``routing``: "model" (the model's own router), or a research router that changes the
         model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
