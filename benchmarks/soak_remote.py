@@ -201,10 +201,11 @@ def main():
 
     import colibri
     from colibri.demo import MODEL_DIR
-    from colibri.remote import expert_layout, model_hash
+    from colibri import experts
+    from colibri.remote import model_hash
 
     m = colibri.Model(MODEL_DIR)
-    model = {"config": m.config, "hash": model_hash(MODEL_DIR), "moe_layers": sorted(expert_layout(m))}
+    model = {"config": m.config, "hash": model_hash(MODEL_DIR), "moe_layers": experts.moe_layers(m)}
     with tempfile.TemporaryDirectory() as tmp:
         ep, op = _free_port(), _free_port()
         procs = {"experts": start(["serve-experts", "--model", str(MODEL_DIR), "--listen", f"127.0.0.1:{ep}",

@@ -178,6 +178,11 @@ cdef extern from "colibri/colibri.h" nogil:
 
     colibri_status colibri_expert_slots(const colibri_model *model, const colibri_session_options *options,
                                         uint64_t *slot_bytes, uint64_t *min_budget, colibri_error *err)
+    colibri_status colibri_expert_slot_count(const colibri_model *model, const colibri_session_options *options,
+                                             int32_t *n_slots, colibri_error *err)
+    enum: COLIBRI_EXPERT_PARTS
+    colibri_status colibri_expert_location(const colibri_model *model, int32_t layer, int32_t expert,
+                                           uint64_t *offset, uint64_t *bytes, uint64_t *stride, int32_t *n_parts)
 
     ctypedef struct colibri_expert_cache_stats:
         uint64_t hits

@@ -88,6 +88,38 @@ cdef raise_error(c.colibri_error *err):
 
 _EXPERT_CACHES = {"global": c.COLIBRI_CACHE_GLOBAL, "per_layer": c.COLIBRI_CACHE_PER_LAYER}
 
+# A session's options, each declared here once with its default (Session's docstring says what each
+# does).  Session takes them all, the first nine also by position after the model; Model.session
+# passes them on (ctx, batch and kernels by position); Model.memory_plan takes ctx, batch and the
+# streaming ones, Model.expert_slots and .expert_slot_count the streaming ones.
+SESSION_OPTIONS = {
+    "ctx": 0, "batch": 0, "kernels": "auto", "routing": "model", "noise": 1.0, "noise_seed": 0,
+    "capacity_factor": 1.0, "profile": False, "threads": None,
+    # expert streaming
+    "expert_budget": 0, "expert_cache": "global", "direct_io": False, "prefetch": True, "pins": None,
+    "verify": False, "expert_read": None,
+    # devices
+    "devices": (), "placement": None, "device_threshold_ms": 5.0, "device_probe_ms": 250.0, "strict": False,
+}
+_POSITIONAL = ("ctx", "batch", "kernels", "routing", "noise", "noise_seed", "capacity_factor", "profile", "threads")
+STREAMING_OPTIONS = ("expert_budget", "expert_cache", "direct_io", "prefetch", "pins", "verify")
+
+
+def _bind(what, args, kwargs, positional, names):
+    """{name: value} of the options ``names``: ``args`` fill ``positional`` in order, ``kwargs``
+    any of ``names``, SESSION_OPTIONS' defaults the rest.  TypeError, as Python's own binding
+    raises it, for an argument too many or one not among ``names``."""
+    if len(args) > len(positional):
+        raise TypeError(f"{what}() takes at most {len(positional)} positional arguments ({len(args)} given)")
+    given = dict(zip(positional, args))
+    for name, value in kwargs.items():
+        if name not in names:
+            raise TypeError(f"{what}() got an unexpected keyword argument {name!r}")
+        if name in given:
+            raise TypeError(f"{what}() got multiple values for argument {name!r}")
+        given[name] = value
+    return {name: given.get(name, SESSION_OPTIONS[name]) for name in names}
+
 
 def _expert_pins(pins):
     """(n, 2) int32 (layer, expert) pairs from a sequence of pairs or an integer array."""
@@ -135,6 +167,12 @@ cdef object _expert_options(c.colibri_session_options *opts, expert_budget, str 
     opts.expert_pins = &pairs[0, 0]
     opts.n_expert_pins = <int32_t>arr.shape[0]
     return arr
+
+
+cdef object _streaming_options(c.colibri_session_options *opts, dict o):
+    """_expert_options from bound options (SESSION_OPTIONS' streaming ones)."""
+    return _expert_options(opts, o["expert_budget"], o["expert_cache"], o["direct_io"], o["prefetch"], o["pins"],
+                           o["verify"])
 
 
 # ---- devices: Python drivers behind the core's driver table (colibri/device.h) ----
@@ -393,35 +431,67 @@ cdef class Model:
             out.append(b)
         return b"".join(out).decode("utf-8", "replace")
 
-    def memory_plan(self, int ctx=0, int batch=0, *, expert_budget=0, str expert_cache="global",
-                    bint direct_io=False, bint prefetch=True, pins=None, bint verify=False):
-        """Exact arena bytes a session with this context and batch needs (nothing is allocated);
-        with an ``expert_budget``, its slot pool included (the options: see Session)."""
+    def memory_plan(self, *args, **options):
+        """memory_plan(ctx, batch, **streaming options): exact arena bytes a session with this
+        context and batch needs (nothing is allocated); with an ``expert_budget``, its slot pool
+        included (the options and their defaults: SESSION_OPTIONS, STREAMING_OPTIONS; see Session)."""
+        o = _bind("memory_plan", args, options, ("ctx", "batch"), ("ctx", "batch") + STREAMING_OPTIONS)
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef size_t need = 0
         memset(&opts, 0, sizeof(opts))
-        opts.n_ctx = ctx
-        opts.n_batch = batch
-        kept = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins, verify)
+        opts.n_ctx = o["ctx"]
+        opts.n_batch = o["batch"]
+        kept = _streaming_options(&opts, o)
         if c.colibri_session_plan(self._model, &opts, &need, &err) != c.COLIBRI_OK:
             raise_error(&err)
         return need
 
-    def expert_slots(self, *, expert_budget=0, str expert_cache="global", bint direct_io=False,
-                     bint prefetch=True, pins=None, bint verify=False):
-        """(slot_bytes, min_budget) for expert streaming with these options (see Session): the
-        bytes of one cache slot, and the smallest expert_budget a session accepts (one layer's
-        top_k slots; for every MoE layer with expert_cache="per_layer").  colibri.Error for a model
-        without routed experts."""
+    def expert_slots(self, **options):
+        """expert_slots(**streaming options): (slot_bytes, min_budget) for expert streaming with
+        these options (STREAMING_OPTIONS; see Session): the bytes of one cache slot, and the smallest
+        expert_budget a session accepts (one layer's top_k slots; for every MoE layer with
+        expert_cache="per_layer").  colibri.Error for a model without routed experts."""
+        o = _bind("expert_slots", (), options, (), STREAMING_OPTIONS)
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef uint64_t slot_bytes = 0, min_budget = 0
         memset(&opts, 0, sizeof(opts))
-        kept = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins)
+        kept = _streaming_options(&opts, o)
         if c.colibri_expert_slots(self._model, &opts, &slot_bytes, &min_budget, &err) != c.COLIBRI_OK:
             raise_error(&err)
         return slot_bytes, min_budget
+
+    def expert_slot_count(self, **options):
+        """expert_slot_count(**streaming options): the cache slots a session with these options
+        (those of expert_slots) makes: what ``expert_budget`` buys, at most every routed
+        expert, even shares of the MoE layers with expert_cache="per_layer"; 0 for a resident
+        session.  colibri.Error for a budget under expert_slots()'s minimum."""
+        o = _bind("expert_slot_count", (), options, (), STREAMING_OPTIONS)
+        cdef c.colibri_session_options opts
+        cdef c.colibri_error err
+        cdef int32_t n_slots = 0
+        memset(&opts, 0, sizeof(opts))
+        kept = _streaming_options(&opts, o)
+        if c.colibri_expert_slot_count(self._model, &opts, &n_slots, &err) != c.COLIBRI_OK:
+            raise_error(&err)
+        return n_slots
+
+    def expert_location(self, int layer, int expert):
+        """[(offset, size, stride)]: where expert ``expert`` of ``layer`` lies in weights.bin, in
+        file order: its bytes are these parts joined.  Interleaved, one part, its extent (padding
+        included); stacked, its slice of each of the layer's routed-expert tensors.  The next
+        expert's part lies ``stride`` bytes further.  [] for a layer without routed experts;
+        IndexError for a layer or expert out of range."""
+        cdef uint64_t offset[c.COLIBRI_EXPERT_PARTS]
+        cdef uint64_t size[c.COLIBRI_EXPERT_PARTS]
+        cdef uint64_t stride[c.COLIBRI_EXPERT_PARTS]
+        cdef int32_t n = 0
+        if c.colibri_expert_location(self._model, layer, expert, offset, size, stride, &n) != c.COLIBRI_OK:
+            hp = c.colibri_model_hparams(self._model)
+            raise IndexError(f"no expert {expert} of layer {layer}: the model has {hp.n_layers} layers of "
+                             f"{hp.n_experts} experts")
+        return [(offset[i], size[i], stride[i]) for i in range(n)]
 
     @property
     def metadata_bytes(self):
@@ -435,19 +505,13 @@ cdef class Model:
             raise_error(&err)
         return need
 
-    def session(self, int ctx=0, int batch=0, str kernels="auto", *, expert_budget=0, str expert_cache="global",
-                bint direct_io=False, bint prefetch=True, pins=None, bint verify=False, expert_read=None,
-                devices=(), placement=None, device_threshold_ms=5.0, device_probe_ms=250.0, bint strict=False,
-                **routing):
-        """A new session: a KV cache for ``ctx`` positions (0: the model's maximum, at most 4096),
-        prefill computed ``batch`` tokens at a time (0: 64), with the fastest kernels this CPU runs
-        (``kernels="auto"``) or the plain C reference (``"reference"``).  ``expert_budget`` (expert
-        streaming), ``devices`` (drivers beside the cpu) and ``routing`` (research routers, off by
-        default): see Session."""
-        return Session(self, ctx, batch, kernels, expert_budget=expert_budget, expert_cache=expert_cache,
-                       direct_io=direct_io, prefetch=prefetch, pins=pins, verify=verify, expert_read=expert_read,
-                       devices=devices, placement=placement, device_threshold_ms=device_threshold_ms,
-                       device_probe_ms=device_probe_ms, strict=strict, **routing)
+    def session(self, *args, **options):
+        """session(ctx, batch, kernels, **options): a new session: a KV cache for ``ctx``
+        positions (0: the model's maximum, at most 4096), prefill computed ``batch`` tokens at a
+        time (0: 64), with the fastest kernels this CPU runs (``kernels="auto"``) or the plain C
+        reference (``"reference"``).  The other options (SESSION_OPTIONS: expert streaming, devices,
+        research routing, off by default): see Session."""
+        return Session(self, **_bind("session", args, options, ("ctx", "batch", "kernels"), SESSION_OPTIONS))
 
 
 _ROUTINGS = {"model": 0, "noisy": 1, "hash": 2, "capacity": 3}   # COLIBRI_ROUTING_*
@@ -470,12 +534,12 @@ cdef class Session:
     cdef const c.colibri_device_driver **_driver_table
     cdef readonly uint64_t expert_budget
 
-    def __cinit__(self, Model model not None, int ctx=0, int batch=0, str kernels="auto", str routing="model",
-                  float noise=1.0, noise_seed=0, float capacity_factor=1.0, bint profile=False, threads=None, *,
-                  expert_budget=0, str expert_cache="global", bint direct_io=False, bint prefetch=True, pins=None,
-                  bint verify=False, expert_read=None, devices=(), placement=None, device_threshold_ms=5.0,
-                  device_probe_ms=250.0, bint strict=False):
-        """``routing``: "model" (the model's own router), or a research router that changes the
+    def __cinit__(self, Model model not None, *args, **options):
+        """Session(model, ctx, batch, kernels, routing, noise, noise_seed, capacity_factor, profile,
+        threads, **options): SESSION_OPTIONS lists every option with its default; ``ctx``,
+        ``batch``, ``kernels``: see Model.session.
+
+        ``routing``: "model" (the model's own router), or a research router that changes the
         model's output: "noisy" (Gaussian noise of std ``noise`` on the router logits, a function of
         ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
         1/top_k), "capacity" (each expert takes at most ceil(capacity_factor * n * top_k / n_experts)
@@ -502,6 +566,13 @@ cdef class Session:
         calls passes ``device_threshold_ms`` (or its own ``threshold_ms``), or whose call fails, is
         bypassed: its experts run on the cpu (the same bits) and it is probed again after
         ``device_probe_ms``, doubling while it stays slow.  ``strict``: fail instead."""
+        o = _bind("Session", args, options, _POSITIONAL, SESSION_OPTIONS)
+        cdef int ctx = o["ctx"], batch = o["batch"]
+        cdef str kernels = o["kernels"], routing = o["routing"]
+        cdef float noise = o["noise"], capacity_factor = o["capacity_factor"]
+        cdef bint profile = o["profile"], strict = o["strict"]
+        threads, expert_read, devices, placement = o["threads"], o["expert_read"], o["devices"], o["placement"]
+        device_threshold_ms, device_probe_ms = o["device_threshold_ms"], o["device_probe_ms"]
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef c.colibri_status st
@@ -517,7 +588,7 @@ cdef class Session:
         memset(&opts, 0, sizeof(opts))
         opts.routing = _ROUTINGS[routing]
         opts.routing_noise = noise
-        opts.routing_seed = <uint64_t>_seed_value(noise_seed, "noise_seed")
+        opts.routing_seed = <uint64_t>_seed_value(o["noise_seed"], "noise_seed")
         opts.capacity_factor = capacity_factor
         opts.profile = profile
         opts.threads = model.threads if threads is None else _threads_value(threads)
@@ -525,7 +596,7 @@ cdef class Session:
         opts.kernel_variant = NULL if kernels == "auto" else <const char *>kernel_name
         opts.n_ctx = ctx
         opts.n_batch = batch
-        self._pins = _expert_options(&opts, expert_budget, expert_cache, direct_io, prefetch, pins, verify)
+        self._pins = _streaming_options(&opts, o)
         self.expert_budget = opts.expert_budget
         self.model = model
         cdef const c.colibri_hparams *hp = c.colibri_model_hparams(model._model)

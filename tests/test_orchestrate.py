@@ -17,13 +17,14 @@ import pytest
 
 import colibri
 from colibri.convert import convert
+from colibri.experts import moe_layers
 from support import build
 
 grpc = pytest.importorskip("grpc")
 pb = pytest.importorskip("colibri.remote.colibri_remote_pb2")
 pbg = pytest.importorskip("colibri.remote.colibri_remote_pb2_grpc")
 
-from colibri.remote.edge import GRPC_FRAME, Edge, heartbeat_message, moe_layers   # noqa: E402
+from colibri.remote.edge import GRPC_FRAME, Edge, heartbeat_message   # noqa: E402
 from colibri.remote.orchestrator import MARGIN, MIN_GAIN, Orchestrator, place, serve   # noqa: E402
 from colibri.remote.server import start as start_server   # noqa: E402
 

@@ -49,7 +49,7 @@ def test_profile_without_a_file_writes_profile_json(tmp_path):
 
 def test_profile_show_prints_the_four_headline_lines(tmp_path):
     """Router, Expert Dispatch, Compute and Aggregation, each the sum of the phases it names."""
-    from colibri.cli import PROFILE_HEADLINES
+    from colibri.cli.measure import PROFILE_HEADLINES
 
     path = tmp_path / "p.json"
     phases = {"norms": 1000, "attention": 2000, "router": 3000, "dispatch": 4000, "experts": 5000, "aggregation": 6000,

@@ -16,9 +16,10 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 import colibri  # noqa: E402
+from colibri.experts import moe_layers  # noqa: E402
 from colibri.remote import colibri_remote_pb2 as pb  # noqa: E402
 from colibri.remote import colibri_remote_pb2_grpc as rpc  # noqa: E402
-from colibri.remote import expert_layout, model_hash  # noqa: E402
+from colibri.remote import model_hash  # noqa: E402
 from colibri.remote.driver import RemoteDriver, RemoteError, collect_extent  # noqa: E402
 from colibri.remote.server import ExpertsService  # noqa: E402
 from delay_proxy import DelayProxy  # noqa: E402
@@ -98,10 +99,6 @@ def serve():
     yield get
     for server in running.values():
         assert server.stop() == 0, "".join(server.lines)   # SIGTERM: a clean exit
-
-
-def moe_layers(model):
-    return sorted(expert_layout(model))
 
 
 def placement(model, kind):

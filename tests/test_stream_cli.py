@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import colibri
-from colibri.cli import choose_pins, parse_size, read_load
+from colibri.cli.options import parse_size
 from colibri.demo import MODEL_DIR
+from colibri.experts import choose_pins, read_load
 from support import infer
 
 PROMPT = "ROMEO:"

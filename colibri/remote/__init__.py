@@ -47,26 +47,3 @@ def read_token_file(path):
     if not token.isascii() or not token.decode("ascii").isprintable():
         raise ValueError(f"--token-file {path}: a token is printable ASCII on one line")
     return token.decode("ascii")
-
-
-def expert_layout(model):
-    """{layer: [(offset, size, step), ...]} for every layer with routed experts: expert e's bytes
-    are the parts (offset + e * step, size) of weights.bin in this order, the order FetchExpert
-    serves them.  Interleaved: one part, the expert's extent, padding included (step = size =
-    expert_stride).  Stacked: its slice of each of the layer's expert tensors, in the tensor
-    table's order (step = size = file_size / n_experts)."""
-    n_experts = model.config["num_experts"]
-    layers = {}
-    for t in model.tensors():
-        name = t["name"].split(".")
-        if len(name) == 4 and name[0] == "layers" and name[2] == "experts":
-            layers.setdefault(int(name[1]), []).append(t)
-    layout = {}
-    for layer, tensors in sorted(layers.items()):
-        if "expert_stride" in tensors[0]:
-            stride = tensors[0]["expert_stride"]
-            layout[layer] = [(min(t["file_offset"] for t in tensors), stride, stride)]
-        else:
-            layout[layer] = [(t["file_offset"], t["file_size"] // n_experts, t["file_size"] // n_experts)
-                             for t in tensors]
-    return layout

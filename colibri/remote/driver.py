@@ -136,7 +136,7 @@ class RemoteDriver:
 
     def fetch_expert(self, layer, expert, *, timeout_s=None):
         """bytes: expert `expert` of `layer` as the server's weights.bin holds it (colibri.remote.
-        expert_layout: its extent, or its parts of a stacked file joined), every chunk's CRC-32,
+        colibri.experts.layout: its extent, or its parts of a stacked file joined), every chunk's CRC-32,
         the offsets, the total and the whole's CRC-32 checked; RemoteError otherwise.  Paced to
         `bandwidth_mbit` when set.  `timeout_s`: default 30 s plus the time the cap takes."""
         if not self.info.fetch:

@@ -15,8 +15,8 @@ The first placement (placement="auto"): the `budget` hottest experts of a `colib
 --save-load` file when one is given (`load`), else the first budget // n_moe_layers experts of
 each MoE layer.  Without a measurement no expert is known to be hotter than another, and an even
 share per layer makes every layer equally likely to need the network; the orchestrator soon
-replaces it by measured load.  A budget is budget_bytes // expert_bytes experts: the cache's slots
-when streaming, every routed expert when resident.
+replaces it by measured load.  A budget is so many experts: the cache's slots when streaming (as
+the core counts them: colibri.experts.slot_count), every routed expert when resident.
 
 Generation runs token by token.  Between two tokens (never during a forward pass) the loop hands a
 heartbeat to a background thread every `heartbeat_tokens` tokens or `heartbeat_s` seconds, and
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri.cli import _moe_layers as moe_layers
+from colibri import experts
 from colibri.remote import model_hash
 
 HEARTBEAT_LIMIT = 200      # bytes on the wire: the message and gRPC's 5-byte frame header
@@ -49,12 +49,13 @@ def strip_experts(src, out):
     import colibri
 
     src, out = Path(src), Path(out)
-    tensors = colibri.Model(src).tensors()
-    experts = [t for t in tensors if ".experts." in t["name"]]
-    if not experts:
+    model = colibri.Model(src)
+    routed = experts.tensor_names(model)
+    if not routed:
         raise ValueError(f"{src}: the model has no routed experts to leave out")
-    first = min(t["file_offset"] for t in experts)
-    after = [t["name"] for t in tensors if ".experts." not in t["name"] and t["file_offset"] + t["file_size"] > first]
+    first = min(offset for parts in experts.layout(model).values() for offset, _, _ in parts)
+    after = [t["name"] for t in model.tensors()
+             if t["name"] not in routed and t["file_offset"] + t["file_size"] > first]
     if after:
         raise ValueError(f"{src}: {after[0]} (and {len(after) - 1} more) lies after the first routed expert: "
                          f"convert the model with --layout interleaved, which writes the experts last")
@@ -77,11 +78,10 @@ def initial_local(model, slots, load=None):
     lower id), else the first slots // n_moe_layers experts of each MoE layer (the first layers one
     more while slots remain)."""
     n_experts = model.config["num_experts"]
-    layers = moe_layers(model)
+    layers = experts.moe_layers(model)
     candidates = [layer * n_experts + e for layer in layers for e in range(n_experts)]
     if load is not None:
-        flat = np.asarray(load).reshape(-1)
-        return sorted(sorted(candidates, key=lambda i: (-flat[i], i))[:slots])
+        return sorted(experts.hottest(load, slots, among=candidates))
     share, extra = divmod(min(slots, len(candidates)), max(len(layers), 1))
     return sorted(layer * n_experts + e for j, layer in enumerate(layers) for e in range(share + (j < extra)))
 
@@ -91,7 +91,7 @@ def placement_table(model, local, remote_device=1, holds=None):
     (0) for the `local` ids, the dense layers and what it does not hold."""
     cfg = model.config
     table = np.zeros((cfg["num_layers"], cfg["num_experts"]), dtype=np.uint8)
-    table[moe_layers(model)] = remote_device
+    table[experts.moe_layers(model)] = remote_device
     if holds is not None:
         table[~np.asarray(holds, dtype=bool)] = 0
     flat = table.reshape(-1)
@@ -114,9 +114,7 @@ def heartbeat_message(edge, hash8, seq, p90_us, hit_permille, version, budget_by
     if len(msg.SerializeToString()) + GRPC_FRAME >= limit:
         raise ValueError(f"a heartbeat without loads is {len(msg.SerializeToString()) + GRPC_FRAME} bytes: "
                          f"the edge's name is too long")
-    for i in np.argsort(-pending, kind="stable"):
-        if pending[i] <= 0:
-            break
+    for i in experts.hottest(pending, len(pending)):
         n = int(min(pending[i], 2**32 - 1))
         msg.load_delta.extend((int(i), n))
         if len(msg.SerializeToString()) + GRPC_FRAME >= limit:
@@ -208,15 +206,13 @@ class Heartbeats:
 class ExpertFetcher:
     """A session's expert_read for a model directory without its routed experts: each read is
     served from its expert's bytes, fetched from the server by the driver (FetchExpert: the parts
-    colibri.remote.expert_layout names, joined in its order; the driver's bandwidth_mbit caps it); the
+    colibri.experts.layout names, joined in its order; the driver's bandwidth_mbit caps it); the
     last `keep` experts are kept for the reads that follow (a stacked layout reads an expert in
     several parts)."""
 
     def __init__(self, model, driver, keep=4):
-        from colibri.remote import expert_layout
-
         self.parts = []   # (offset, size, step, layer, where the part starts in the expert's bytes)
-        for layer, parts in expert_layout(model).items():
+        for layer, parts in experts.layout(model).items():
             at = 0
             for offset, size, step in parts:
                 self.parts.append((offset, size, step, layer, at))
@@ -263,6 +259,7 @@ class Edge:
                  deadline_ms=1000, device_threshold_ms=5.0, strict=False, heartbeat_tokens=16, heartbeat_s=1.0,
                  driver=None, **session_options):
         import colibri
+        from colibri._core import STREAMING_OPTIONS
         from colibri.remote.driver import RemoteDriver
 
         if not isinstance(model, colibri.Model):
@@ -283,18 +280,17 @@ class Edge:
                 raise ValueError("a model without its experts streams them: give an expert_budget")
             self.fetcher = ExpertFetcher(model, self.driver)
             stream["expert_read"] = self.fetcher
-        self.expert_bytes = model.expert_slots()[0]   # one expert: a slot of the expert cache
-        routed = len(moe_layers(model)) * self.n_experts
-        self.slots = min(expert_budget // self.expert_bytes, routed) if expert_budget else routed
+        streaming = {k: session_options[k] for k in STREAMING_OPTIONS if k in session_options}
+        self.expert_bytes = model.expert_slots(**streaming)[0]   # one expert: a slot of the expert cache
+        routed = experts.routed_count(model)
+        self.slots = experts.slot_count(model, expert_budget, **streaming) if expert_budget else routed
         self.budget_bytes = expert_budget or routed * self.expert_bytes
 
         holds = getattr(self.driver, "holds", None)
         self.holds = holds(cfg["num_layers"], self.n_experts) if holds is not None else None
         if isinstance(placement, str) and placement == "auto":
             if isinstance(load, (str, Path)):
-                from colibri.cli import read_load
-
-                load = read_load(load, model)
+                load = experts.read_load(load, model)
             placement = placement_table(model, initial_local(model, self.slots, load), holds=self.holds)
         self.session = model.session(devices=[self.driver], placement=placement,
                                      device_threshold_ms=device_threshold_ms, strict=strict,
@@ -323,7 +319,7 @@ class Edge:
         """Sorted ids (layer * n_experts + expert) of the routed experts placed on the cpu."""
         table = self.session.placement
         routed = np.zeros(table.shape, dtype=bool)
-        routed[moe_layers(self.model)] = True
+        routed[experts.moe_layers(self.model)] = True
         return [int(i) for i in np.flatnonzero((table == 0) & routed)]
 
     def set_local(self, local):

@@ -87,19 +87,14 @@ def place(load, local, slots, margin=MARGIN, min_gain=MIN_GAIN):
     anything come in; then the hottest remote expert takes the coldest local one's place while its
     load passes that one's by `margin` plus `min_gain` (hysteresis: two near-equal experts do not
     swap back and forth).  Ties go to the lower id."""
-    local = set(local)
+    from colibri.experts import hottest
 
-    def coldest_first(i):
-        return (load.get(i, 0.0), -i)
-
-    while len(local) > slots:
-        local.remove(min(local, key=coldest_first))
-    hot = sorted((i for i, x in load.items() if x > 0), key=lambda i: (-load[i], i))
-    remote = [i for i in hot if i not in local]
+    local = set(hottest(load, slots, among=local))   # over budget the coldest go
+    remote = [i for i in hottest(load, len(load)) if i not in local]
     room = slots - len(local)
     local.update(remote[:room])
     remote = remote[room:]
-    cold = sorted(local, key=coldest_first)
+    cold = hottest(load, len(local), among=local)[::-1]
     for promoted, demoted in zip(remote, cold):
         if load[promoted] <= load.get(demoted, 0.0) * (1 + margin) + min_gain:
             break   # remote descends, cold ascends: no later pair passes either

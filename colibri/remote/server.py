@@ -29,9 +29,10 @@ import grpc
 import numpy as np
 
 import colibri
+from colibri import experts
 from colibri.remote import colibri_remote_pb2 as pb
 from colibri.remote import colibri_remote_pb2_grpc as rpc
-from colibri.remote import expert_layout, model_hash, read_token_file
+from colibri.remote import model_hash, read_token_file
 
 CHUNK = 256 << 10       # FetchExpert's chunk
 SLACK = 64 << 10        # a message's bytes besides its tensor: ids, offsets, hash, framing
@@ -65,7 +66,7 @@ class ExpertsService(rpc.ExpertsServicer):
                 raise ValueError(f"a message of {max_message:,} bytes cannot carry one row of {row_bytes:,} "
                                  f"bytes (plus {SLACK:,} for the rest): raise --max-message")
         self.max_message = max_message or self.max_rows * row_bytes + SLACK
-        self.layout = expert_layout(self.model)
+        self.layout = experts.layout(self.model)
         self.expert_bytes = max((sum(size for _, size, _ in parts) for parts in self.layout.values()), default=0)
         self.fetch = fetch and bool(self.layout)
         self.weights = os.open(Path(model_dir) / "weights.bin", os.O_RDONLY)

@@ -376,6 +376,21 @@ colibri_status colibri_expert_dropped(const colibri_session *session, uint64_t *
  * for every MoE layer (per-layer cache).  COLIBRI_E_ARG for a model without routed experts. */
 colibri_status colibri_expert_slots(const colibri_model *model, const colibri_session_options *options,
                                     uint64_t *slot_bytes, uint64_t *min_budget, colibri_error *err);
+/* The slots options->expert_budget buys: the pool a session makes with these options (never more than
+ * the routed experts; with a per-layer cache, even shares of the MoE layers).  COLIBRI_E_ARG, naming the
+ * minimum, for a budget below colibri_expert_slots' (0: resident, no slots). */
+colibri_status colibri_expert_slot_count(const colibri_model *model, const colibri_session_options *options,
+                                         int32_t *n_slots, colibri_error *err);
+
+/* Where expert `expert` of layer `layer` lies in weights.bin, in file order: *n_parts parts (at most
+ * COLIBRI_EXPERT_PARTS), part i at offset[i] of bytes[i], the next expert's part stride[i] further.
+ * Interleaved: one part, the expert's extent (padding included); stacked: its slice of each of the
+ * layer's routed-expert tensors.  *n_parts = 0 for a layer without routed experts; COLIBRI_E_ARG for a
+ * layer or an expert out of range. */
+#define COLIBRI_EXPERT_PARTS 6
+colibri_status colibri_expert_location(const colibri_model *model, int32_t layer, int32_t expert,
+                                       uint64_t offset[COLIBRI_EXPERT_PARTS], uint64_t bytes[COLIBRI_EXPERT_PARTS],
+                                       uint64_t stride[COLIBRI_EXPERT_PARTS], int32_t *n_parts);
 
 typedef struct colibri_expert_cache_stats {
     uint64_t hits;              /* demanded experts found in a slot */

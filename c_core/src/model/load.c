@@ -283,6 +283,43 @@ colibri_status colibri_expert_extent(const colibri_model *model, int32_t layer, 
     return COLIBRI_OK;
 }
 
+/* every routed-expert tensor of a layer may be a part of its own */
+typedef char colibri_expert_parts_check[COLIBRI_EXPERT_PARTS >= L_EXPERT_KINDS ? 1 : -1];
+
+colibri_status colibri_expert_location(const colibri_model *model, int32_t layer, int32_t expert,
+                                       uint64_t offset[COLIBRI_EXPERT_PARTS], uint64_t bytes[COLIBRI_EXPERT_PARTS],
+                                       uint64_t stride[COLIBRI_EXPERT_PARTS], int32_t *n_parts)
+{
+    const colibri_layer_weights *lw;
+    int32_t k, n = 0, i;
+    if (!model || !offset || !bytes || !stride || !n_parts || layer < 0 || layer >= model->hp.n_layers ||
+        expert < 0 || expert >= model->hp.n_experts)
+        return COLIBRI_E_ARG;
+    lw = &model->layers[layer];
+    *n_parts = 0;
+    if (!lw->moe) return COLIBRI_OK;
+    if (colibri_expert_extent(model, layer, expert, &offset[0], &bytes[0]) == COLIBRI_OK) {   /* interleaved */
+        stride[0] = lw->extent_bytes;
+        *n_parts = 1;
+        return COLIBRI_OK;
+    }
+    for (k = 0; k < L_EXPERT_KINDS; k++) {   /* stacked: each tensor's part, inserted in file order */
+        uint64_t at, size;
+        if (colibri_expert_part(model, layer, L_EXPERT_FIRST + k, expert, &at, &size) != COLIBRI_OK) continue;
+        for (i = n; i > 0 && offset[i - 1] > at; i--) {
+            offset[i] = offset[i - 1];
+            bytes[i] = bytes[i - 1];
+            stride[i] = stride[i - 1];
+        }
+        offset[i] = at;
+        bytes[i] = size;
+        stride[i] = lw->expert_stride[k];
+        n++;
+    }
+    *n_parts = n;
+    return COLIBRI_OK;
+}
+
 colibri_status colibri_token_bytes(const colibri_model *model, int32_t token, const uint8_t **bytes, size_t *len)
 {
     if (!model || !bytes || !len) return COLIBRI_E_ARG;

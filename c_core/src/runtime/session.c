@@ -307,6 +307,14 @@ colibri_status colibri_expert_slots(const colibri_model *model, const colibri_se
                                   NULL, err);
 }
 
+colibri_status colibri_expert_slot_count(const colibri_model *model, const colibri_session_options *options,
+                                         int32_t *n_slots, colibri_error *err)
+{
+    if (!model || !options || !n_slots) return colibri_fail(err, COLIBRI_E_ARG, "colibri_expert_slot_count: NULL argument");
+    return colibri_cache_geometry(model, options->expert_cache, (options->expert_io & COLIBRI_EXPERT_IO_DIRECT) != 0,
+                                  options->expert_budget, NULL, NULL, n_slots, err);
+}
+
 colibri_status colibri_session_create(const colibri_model *model, const colibri_session_options *options,
                                       colibri_session **out, colibri_error *err)
 {

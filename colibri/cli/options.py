@@ -1,0 +1,177 @@
+"""What several commands share: the model they run (the bundled one unless given), integer and size
+arguments, the prompt and sampling options, expert streaming's options, and the prompt's token ids."""
+import argparse
+import os
+import re
+from fractions import Fraction
+
+import colibri
+from colibri import experts
+from colibri.demo import MODEL_DIR as BUNDLED_MODEL
+
+
+def open_model(path, verify=False, experts_elsewhere=False):
+    if path is None:
+        path = BUNDLED_MODEL
+        if not (path / "colibri_model.json").exists():
+            raise SystemExit(f"colibri: the bundled model is missing from {path}; give one with --model")
+    if experts_elsewhere:
+        return colibri.Model(path, verify=verify, experts_elsewhere=True)
+    return colibri.Model(path, verify=verify)
+
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def count_in(lo, hi):
+    """An argparse type: an integer in [lo, hi]; argparse names the option when it is not one."""
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects an integer, got {text!r}") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{n} is outside [{lo}, {hi}]")
+        return n
+    parse.__name__ = "integer"
+    return parse
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text, whole=None):
+    """Bytes from a SIZE: plain bytes ("1048576"), binary units ("512K", "512M", "2G", "1.5G"; "MiB",
+    "MB" read alike, 1024-based) or a percentage ("50%") of `whole` bytes (a callable is called only
+    for a percentage).  ValueError names what is wrong."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(?:i?b)?|(%)|b?)\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"{text!r} is not a size: give bytes, or K, M, G units (512M, 2G), or a percentage (50%)")
+    number, unit, percent = Fraction(m.group(1)), (m.group(2) or "").lower(), m.group(3)
+    if percent:
+        total = whole() if callable(whole) else whole
+        if total is None:
+            raise ValueError(f"{text!r}: a percentage needs the whole it is of")
+        return int(number * total / 100)
+    if number.denominator != 1 and not unit:
+        raise ValueError(f"{text!r}: bytes are whole")
+    return int(number * _UNITS[unit])
+
+
+def checkout_names(module, name):
+    """targets.TARGETS or firmware.BOARDS, for argparse's choices; None without the C sources
+    (any name then: the command says why it cannot build)."""
+    from colibri.targets import TargetError
+
+    try:
+        return list(getattr(module, name))
+    except TargetError:
+        return None
+
+
+def generation_arguments(p, tokens_help):
+    """The prompt and sampling options `generate` and `firmware run` share."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="prompt text, encoded by the encoder the model carries")
+    src.add_argument("--tokens", help=tokens_help)
+    p.add_argument("--max-tokens", type=count_in(0, INT32_MAX), default=64, help="tokens to generate (default 64)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
+    p.add_argument("--top-k", type=count_in(0, INT32_MAX), default=40, help="0 = no limit (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+
+
+def build_dir_argument(p):
+    p.add_argument("--build-dir", metavar="DIR", help="where the builds go, one folder each (default: "
+                   "$COLIBRI_BUILD_DIR, else build/ of a checkout, else ~/.cache/colibri/)")
+
+
+def streaming_arguments(p):
+    """Expert streaming, which `generate` and `memdump` share."""
+    s = p.add_argument_group("expert streaming", "the routed experts read from storage into a cache in the "
+                             "arena instead of being used where weights.bin is mapped; the output is the same")
+    s.add_argument("--expert-budget", metavar="SIZE",
+                   help="bytes of cache slots: plain bytes, K/M/G binary units (512M, 2G), or a percentage "
+                        "of what every routed expert takes (50%%); at least one layer's top-k experts "
+                        "(default: resident, no cache)")
+    s.add_argument("--expert-cache", choices=["global", "per_layer"], default="global",
+                   help="one pool for every layer (default) or the slots split evenly among the MoE layers")
+    s.add_argument("--direct-io", action="store_true", help="read with O_DIRECT, past the page cache")
+    s.add_argument("--no-prefetch", action="store_true",
+                   help="read only the experts a token needs (no guess of the next layer's)")
+    s.add_argument("--verify-experts", action="store_true",
+                   help="check each expert's extent against its CRC-32 when first read (interleaved files)")
+    s.add_argument("--pin", metavar="LOAD.json",
+                   help="pin the most loaded experts of a load colibri stats --save-load wrote: read at the "
+                        "start, never evicted (default: the hot ones, with at least twice an even share of "
+                        "their layer's tokens, as many as fit: the slots less one layer's top-k)")
+    pin = s.add_mutually_exclusive_group()
+    pin.add_argument("--pin-count", type=count_in(0, INT32_MAX), metavar="N", help="pin the N most loaded experts")
+    pin.add_argument("--pin-share", type=float, metavar="F",
+                     help="pin a share F of the slots (0 to 1; at most the slots less one layer's top-k)")
+
+
+def stream_options(model, args):
+    """Model.session's expert streaming options from the --expert-budget, --expert-cache,
+    --direct-io, --no-prefetch and --pin arguments ({} for a resident run)."""
+    opts = dict(expert_cache=args.expert_cache, direct_io=args.direct_io, prefetch=not args.no_prefetch,
+                verify=args.verify_experts)
+    pin_choice = args.pin_count is not None or args.pin_share is not None
+    if args.pin is None and pin_choice:
+        raise SystemExit(f"colibri {args.command}: --pin-count and --pin-share choose from a --pin FILE; give it")
+    if args.expert_budget is None:
+        if args.pin is not None:
+            raise SystemExit(f"colibri {args.command}: --pin needs --expert-budget (a resident run has no cache to pin in)")
+        return {}
+    if args.pin_share is not None and not 0 <= args.pin_share <= 1:
+        raise SystemExit(f"colibri {args.command}: --pin-share is a share of the slots, in [0, 1], not {args.pin_share}")
+
+    try:   # a percentage is of what slots for every routed expert take
+        opts["expert_budget"] = budget = parse_size(args.expert_budget, lambda: experts.routed_bytes(model, **opts))
+        if args.pin is not None:
+            load = experts.read_load(args.pin, model)
+            if budget == 0:
+                raise ValueError("--pin needs an --expert-budget above 0 (a resident run has no cache to pin in)")
+            if budget < model.expert_slots(**opts)[1]:
+                return opts   # the session refuses it, naming the minimum
+            opts["pins"] = experts.choose_pins(load, model.config["top_k"], model.expert_slot_count(**opts),
+                                               experts.moe_layers(model), args.expert_cache == "per_layer",
+                                               args.pin_count, args.pin_share)
+    except ValueError as e:
+        raise SystemExit(f"colibri {args.command}: {e}")
+    return opts
+
+
+def prompt_ids(model, args):
+    if args.tokens is not None:
+        try:
+            ids = [int(t) for t in args.tokens.split(",") if t.strip()]
+        except ValueError:
+            raise SystemExit(f"colibri {args.command}: --tokens expects comma-separated integers, got {args.tokens!r}")
+        if not ids:
+            raise SystemExit(f"colibri {args.command}: --tokens {args.tokens!r} holds no token id")
+        outside = [t for t in ids if not 0 <= t < model.vocab_size]
+        if outside:
+            raise SystemExit(f"colibri {args.command}: --tokens: id {outside[0]} is outside the vocabulary "
+                             f"[0, {model.vocab_size})")
+        return ids
+    from colibri import Error
+
+    prompt = os.fsencode(args.prompt)   # argv's bytes as given, invalid UTF-8 included, as colibri-infer
+    try:   # the core's encoder (colibri_tokenize), as the model's tokenizer encodes
+        ids = model.tokenize(prompt)
+    except Error:   # a model converted before models carried one
+        if model.tokenizer is None:
+            raise SystemExit(f"colibri: {model.path} has no tokenizer.json; give the prompt as ids with --tokens")
+        try:
+            ids = model.tokenizer.encode(prompt.decode("utf-8")).ids
+        except UnicodeDecodeError as e:
+            raise SystemExit(f"colibri: the prompt is not UTF-8 (byte {e.start}) and {model.path} has no byte "
+                             f"table for the core's encoder: reconvert it with colibri convert")
+    if not ids:
+        bos = model.config["bos_token_id"]
+        if bos < 0:
+            raise SystemExit("colibri: the prompt is empty and the model has no BOS token")
+        ids = [bos]
+    return ids

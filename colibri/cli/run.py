@@ -1,0 +1,185 @@
+"""colibri generate and colibri memdump: text from a prompt (natively, under QEMU for another
+target, or with experts on an expert server), and the memory a session needs before any token."""
+import os
+import sys
+import time
+
+from colibri.cli.options import (INT32_MAX, build_dir_argument, checkout_names, count_in, generation_arguments,
+                                 open_model, prompt_ids, stream_options, streaming_arguments)
+
+
+def _cache_counters(stats):
+    """One line of the expert cache's counters, for --verbose."""
+    demanded = stats["hits"] + stats["misses"]
+    return (f"[expert cache: {stats['slots']} slots of {stats['slot_bytes']:,} B, {stats['pinned']} pinned; "
+            f"{stats['hits']} hits, {stats['misses']} misses ({stats['hits'] / max(demanded, 1):.1%} hit rate), "
+            f"{stats['prefetches']} prefetches, {stats['prefetch_hits']} prefetch hits; "
+            f"{stats['bytes_read'] / 1e6:.2f} MB read in {stats['reads']} reads, "
+            f"{stats['io_wait_ns'] / 1e6:.1f} ms I/O wait]")
+
+
+def generate_on_target(model, ids, args):
+    """The same run through colibri-infer built for another target, under QEMU."""
+    import subprocess
+
+    from colibri import targets
+
+    if not 0 <= args.seed <= INT32_MAX:   # what colibri-infer takes; the Python API takes any integer mod 2**64
+        raise SystemExit(f"colibri generate: --seed {args.seed}: a --target run takes 0 to {INT32_MAX}")
+    command = targets.infer_command(args.target) + [
+        "--model", model.path, "--tokens", ",".join(map(str, ids)), "--max_tokens", str(args.max_tokens),
+        "--temperature", str(args.temperature), "--top_k", str(args.top_k), "--top_p", str(args.top_p),
+        "--seed", str(args.seed), "--ctx", str(args.ctx or min(model.config["max_position_embeddings"], 4096))]
+    if args.batch:
+        command += ["--batch", str(args.batch)]
+    if args.ignore_eos:
+        command.append("--ignore_eos")
+    if args.tokens is not None:
+        command.append("--ids")
+    if args.verbose:
+        command.append("--verbose")
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    stream = stream_options(model, args)
+    if "pins" in stream:
+        raise SystemExit("colibri generate: --pin runs natively only (colibri-infer takes no pins)")
+    if stream:
+        command += ["--expert_budget", str(stream["expert_budget"]), "--expert_cache", stream["expert_cache"]]
+        command += ["--direct_io"] * stream["direct_io"] + ["--no_prefetch"] * (not stream["prefetch"])
+        command += ["--verify_experts"] * stream["verify"]
+    return subprocess.run(command, env=targets.env_for(args.target)).returncode
+
+
+def cmd_generate(args):
+    model = open_model(args.model, experts_elsewhere=args.remote is not None and args.experts_elsewhere)
+    ids = prompt_ids(model, args)
+    if args.target != "native":
+        if args.remote is not None:
+            raise SystemExit("colibri generate: --remote runs natively only")
+        return generate_on_target(model, ids, args)
+    if args.remote is not None:
+        edge = _edge(model, args)
+        session = edge.session
+    else:
+        edge = None
+        session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, **stream_options(model, args))
+    decode = None   # text out: the core's byte table, else the tokenizer library; ids for --tokens
+    if args.tokens is None:
+        decode = model.detokenize if model.token_bytes(0) is not None else model.tokenizer.decode
+    out = sys.stdout
+    if decode is not None:
+        out.flush()
+        out.buffer.write(os.fsencode(args.prompt))   # the prompt's own bytes back
+    out.flush()
+
+    generated, printed = [], ""
+    start = time.perf_counter()
+    for token in (edge or session).stream(ids, max_tokens=args.max_tokens, temperature=args.temperature,
+                                          top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                          stop_at_eos=not args.ignore_eos):
+        generated.append(token)
+        if decode is None:
+            out.write(("," if len(generated) > 1 else "") + str(token))
+        else:
+            # decode the whole continuation, print what is new once it is whole UTF-8
+            text = decode(generated)
+            if not text.endswith("\ufffd"):
+                out.write(text[len(printed):])
+                printed = text
+        out.flush()
+    elapsed = time.perf_counter() - start
+    out.write("\n")
+    if args.verbose:
+        print(f"[{len(ids)} prompt tokens, {len(generated)} generated in {elapsed * 1e3:.0f} ms, "
+              f"{(len(ids) + len(generated)) / elapsed:.1f} tok/s overall]", file=sys.stderr)
+        if session.expert_budget:
+            print(_cache_counters(session.expert_cache_stats()), file=sys.stderr)
+        for line in edge.counters() if edge else ():
+            print(line, file=sys.stderr)
+    if edge:
+        edge.close()
+    return 0
+
+
+def _edge(model, args):
+    """colibri.remote.Edge from generate's --remote arguments (the edge and cloud group)."""
+    from colibri.remote.driver import RemoteError
+    from colibri.remote.edge import Edge
+
+    if args.placement_load is not None and args.placement != "auto":
+        raise SystemExit("colibri generate: --placement-load chooses the first placement of --placement auto")
+    stream = stream_options(model, args)
+    try:
+        return Edge(model, args.remote, placement=args.placement, load=args.placement_load,
+                    orchestrator=args.orchestrator, name=args.edge_name,
+                    expert_budget=stream.pop("expert_budget", None),
+                    experts_elsewhere=args.experts_elsewhere, fetch_mbit=args.fetch_mbit, token=args.token,
+                    tls_ca=args.tls_ca, deadline_ms=args.device_deadline_ms,
+                    device_threshold_ms=args.device_threshold_ms, strict=args.strict,
+                    ctx=args.ctx, batch=args.batch, threads=args.threads, **stream)
+    except (ValueError, OSError, RemoteError) as e:
+        raise SystemExit(f"colibri generate: {e}")
+
+
+def edge_arguments(p):
+    """generate's edge and cloud options: experts computed on an expert server (docs/DEVICES.md)."""
+    import os
+
+    e = p.add_argument_group("edge and cloud", "experts computed by a `colibri serve-experts` server, placed by "
+                             "measured load; the text is the local run's when both compute with the same kernels")
+    e.add_argument("--remote", metavar="HOST:PORT", help="the expert server: experts placed there are computed there")
+    e.add_argument("--placement", default="auto", metavar="FILE|auto",
+                   help="a placement JSON file, or auto (default): the budget's hottest experts of --placement-load "
+                        "local, else the first budget's share of each layer's experts")
+    e.add_argument("--placement-load", metavar="LOAD.json",
+                   help="the expert load (colibri stats --save-load) --placement auto starts from")
+    e.add_argument("--orchestrator", metavar="HOST:PORT",
+                   help="send heartbeats there and run the placements it pushes (colibri orchestrate)")
+    e.add_argument("--edge-name", metavar="N", help="this edge's name at the orchestrator (default: the host name)")
+    e.add_argument("--experts-elsewhere", action="store_true",
+                   help="the model directory lacks the routed experts: local ones are fetched from the server "
+                        "(needs --expert-budget)")
+    e.add_argument("--fetch-mbit", type=float, metavar="M", help="at most M Mbit/s of expert fetches (default: no cap)")
+    e.add_argument("--device-threshold-ms", type=float, default=5.0, metavar="T",
+                   help="a device whose P90 latency passes T ms is bypassed: its experts run here (default 5)")
+    e.add_argument("--device-deadline-ms", type=float, default=1000, metavar="D",
+                   help="a remote call not answered in D ms fails (and falls back; default 1000)")
+    e.add_argument("--strict", action="store_true", help="a failed or slow device call fails the run instead")
+    e.add_argument("--token", default=os.environ.get("COLIBRI_TOKEN"),
+                   help="the shared token of the server and the orchestrator (default: $COLIBRI_TOKEN)")
+    e.add_argument("--tls-ca", metavar="PEM", help="the CA of their TLS certificates (needed off loopback)")
+
+
+def cmd_memdump(args):
+    model = open_model(args.model)
+    session = model.session(ctx=args.ctx, batch=args.batch, **stream_options(model, args))
+    sys.stdout.write(session.memdump())
+    return 0
+
+
+def add_generate(sub):
+    g = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
+    g.add_argument("--model", help="colibri model directory (default: the bundled Shakespeare model)")
+    generation_arguments(g, "prompt as comma-separated token ids; prints ids")
+    g.add_argument("--ctx", type=count_in(0, INT32_MAX), default=0, help="context to reserve (default: model's, at most 4096)")
+    g.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
+    g.add_argument("--threads", type=count_in(0, 256), default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
+    g.add_argument("--verbose", action="store_true", help="timings (and the expert cache's counters) on stderr")
+    from colibri import targets
+
+    g.add_argument("--target", default="native", choices=checkout_names(targets, "TARGETS"),
+                   help="run the core built for this target, under QEMU (needs meson, ninja and the target's "
+                        "toolchain)")
+    build_dir_argument(g)
+    streaming_arguments(g)
+    edge_arguments(g)
+    g.set_defaults(func=cmd_generate)
+
+
+def add_memdump(sub):
+    m = sub.add_parser("memdump", help="the memory a model and context need, before any token")
+    m.add_argument("--model", help="colibri model directory (default: the bundled model)")
+    m.add_argument("--ctx", type=count_in(0, INT32_MAX), default=0, help="context length (default: the model's, at most 4096)")
+    m.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
+    streaming_arguments(m)
+    m.set_defaults(func=cmd_memdump)
