@@ -519,30 +519,6 @@ static int prompt_ids(const colibri_model *model, const char *text, size_t len, 
     return 0;
 }
 
-/* The prompt's logits, every position's, to --logits FILE (only once computed: a failed prefill
- * leaves no file); the session then holds the prompt.  0, or the exit code. */
-static int prefill_with_logits(const options *o, const colibri_model *model, colibri_session *session,
-                               const int32_t *prompt, size_t n_prompt)
-{
-    size_t count = n_prompt * (size_t)colibri_model_hparams(model)->vocab_size;
-    float *all = malloc(count * sizeof(float));   /* (n_prompt, vocab) */
-    colibri_error err;
-    FILE *f;
-    int regular, rc = 0;
-    if (!all) { fprintf(stderr, "colibri-infer: out of memory for the logits\n"); return 1; }
-    if (colibri_forward(session, prompt, n_prompt, all, &err)) { free(all); return fail("prefill failed", &err); }
-    f = fopen(o->logits_path, "wb");
-    if (!f || fwrite(all, sizeof(float), count, f) != count) rc = 1;
-    regular = f && is_regular(f);
-    if (f && fclose(f) != 0) rc = 1;
-    free(all);
-    if (rc) {
-        fprintf(stderr, "colibri-infer: --logits %s: cannot write it: %s\n", o->logits_path, strerror(errno));
-        if (regular) remove(o->logits_path);
-    }
-    return rc;
-}
-
 /* Writes `n` items of `size` bytes to `path`, removing a regular file it failed to write. */
 static int write_file(const char *flag, const char *path, const void *data, size_t size, size_t n)
 {
@@ -555,6 +531,22 @@ static int write_file(const char *flag, const char *path, const void *data, size
         fprintf(stderr, "colibri-infer: %s %s: cannot write it: %s\n", flag, path, strerror(errno));
         if (regular) remove(path);
     }
+    return rc;
+}
+
+/* The prompt's logits, every position's, to --logits FILE (only once computed: a failed prefill
+ * leaves no file); the session then holds the prompt.  0, or the exit code. */
+static int prefill_with_logits(const options *o, const colibri_model *model, colibri_session *session,
+                               const int32_t *prompt, size_t n_prompt)
+{
+    size_t count = n_prompt * (size_t)colibri_model_hparams(model)->vocab_size;
+    float *all = malloc(count * sizeof(float));   /* (n_prompt, vocab) */
+    colibri_error err;
+    int rc;
+    if (!all) { fprintf(stderr, "colibri-infer: out of memory for the logits\n"); return 1; }
+    if (colibri_forward(session, prompt, n_prompt, all, &err)) { free(all); return fail("prefill failed", &err); }
+    rc = write_file("--logits", o->logits_path, all, sizeof(float), count);
+    free(all);
     return rc;
 }
 
