@@ -210,6 +210,29 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_sample(colibri_session *session, const colibri_sampling *params,
                                   uint64_t *rng, int32_t *token, colibri_error *err)
 
+    ctypedef enum colibri_stop:
+        COLIBRI_STOP_NONE
+        COLIBRI_STOP_EOS
+        COLIBRI_STOP_MAX_TOKENS
+        COLIBRI_STOP_CONTEXT_FULL
+        COLIBRI_STOP_ERROR
+
+    ctypedef struct colibri_generate_options:
+        int32_t max_tokens
+        colibri_sampling sampling
+        uint64_t seed
+        int stop_at_eos
+
+    ctypedef struct colibri_generation:
+        uint64_t rng
+        int32_t generated
+        colibri_stop stop
+
+    colibri_status colibri_generate_start(colibri_generation *g, colibri_session *session,
+                                          const colibri_generate_options *options, const int32_t *prompt,
+                                          size_t n_prompt, colibri_error *err)
+    colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, colibri_error *err)
+
     colibri_status colibri_memdump(const colibri_session *session, char *buf, size_t cap, size_t *len)
 
     ctypedef struct colibri_memory_totals:

@@ -968,22 +968,51 @@ cdef class Session:
         return nxt
 
     def stream(self, prompt, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
-               seed=None, bint stop_at_eos=True):
-        """Prefills ``prompt`` and yields up to ``max_tokens`` generated token ids."""
+               seed=None, bint stop_at_eos=True, between_tokens=None):
+        """Prefills ``prompt`` and yields up to ``max_tokens`` generated token ids (the core's
+        generation loop: colibri_generate_next).  between_tokens(), when given, is called before
+        each step that computes a token after the first."""
+        cdef c.colibri_generation g
+        cdef c.colibri_generate_options o
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        cdef int32_t token = -1
         if seed is not None:
             self.seed(seed)
-        eos = c.colibri_model_hparams(self.model._model).eos_token_id
-        self.prefill(prompt)
-        if max_tokens <= 0:
-            return
-        token = self.sample(temperature, top_k, top_p)
-        for i in range(max_tokens):
+        cdef int32_t[::1] ids = _token_ids(prompt)
+        cdef size_t n = ids.shape[0]
+        o.max_tokens = max_tokens
+        o.sampling.temperature = temperature
+        o.sampling.top_k = top_k
+        o.sampling.top_p = top_p
+        o.stop_at_eos = stop_at_eos
+        self._enter()
+        try:
+            o.seed = self._rng
+            with nogil:
+                st = c.colibri_generate_start(&g, self._session, &o, &ids[0], n, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+        while True:
+            self._enter()
+            try:
+                g.rng = self._rng   # the session's generator: seed() between tokens takes effect
+                with nogil:
+                    st = c.colibri_generate_next(&g, &token, &err)
+                self._rng = g.rng
+            finally:
+                self._busy = False
+            if st != c.COLIBRI_OK:
+                raise_error(&err)
+            if token < 0:
+                return
             yield token
-            if (stop_at_eos and token == eos) or i + 1 == max_tokens:
+            if g.stop != c.COLIBRI_STOP_NONE:
                 return
-            if self.position >= self.n_ctx:
-                return
-            token = self.step(token, temperature, top_k, top_p)
+            if between_tokens is not None:
+                between_tokens()
 
     def generate(self, prompt, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
                  seed=None, bint stop_at_eos=True):

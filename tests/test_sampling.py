@@ -141,3 +141,33 @@ def test_non_finite_logits_are_an_error_not_a_token(tmp_path):
         with pytest.raises(colibri.Error) as e:
             s.sample(**kw)
         assert e.value.status == "COLIBRI_E_VALUE" and "not finite" in e.value.detail
+
+
+def hand_stream(s, prompt, max_tokens, temperature, top_k, top_p, seed):
+    """The loop Session.stream ran in Python before the core had one: prefill, sample, step."""
+    s.seed(seed)
+    s.prefill(prompt)
+    eos, out = s.model.config["eos_token_id"], []
+    if max_tokens <= 0:
+        return out
+    token = s.sample(temperature, top_k, top_p)
+    for i in range(max_tokens):
+        out.append(token)
+        if token == eos or i + 1 == max_tokens or s.position >= s.n_ctx:
+            break
+        token = s.step(token, temperature, top_k, top_p)
+    return out
+
+
+@pytest.mark.parametrize("ctx, max_tokens", [(64, 20), (12, 20), (64, 1), (64, 0)])   # 12: the context fills
+def test_stream_is_the_hand_run_loop_and_calls_between_tokens_before_each_step(ctx, max_tokens):
+    model = colibri.Model(FIXTURE)
+    hand, core = model.session(ctx=ctx), model.session(ctx=ctx)
+    want = hand_stream(hand, PROMPT, max_tokens, 0.9, 20, 0.95, 5)
+    got, hooks = [], []
+    for token in core.stream(PROMPT, max_tokens, 0.9, 20, 0.95, seed=5,
+                             between_tokens=lambda: hooks.append((len(got), core.position))):
+        got.append(token)
+    assert got == want and core.position == hand.position
+    assert hooks == [(k, len(PROMPT) + k - 1) for k in range(1, len(got))]   # before each step, none after the last
+    assert core.sample(1.0) == hand.sample(1.0)   # the generator's state goes on as the hand-run loop left it

@@ -55,6 +55,40 @@ static long decode_counting(colibri_session *session, const char *what)
     return calls;
 }
 
+static void count_bytes(void *context, const char *bytes, size_t len)
+{
+    (void)bytes;
+    *(size_t *)context += len;
+}
+
+/* Allocator calls in a generation (colibri_generate_start/_next, 64 sampled tokens after the same
+ * prompt) writing its text through a colibri_text_sink; -1 when a call fails. */
+static long generation_counting(const colibri_model *model, colibri_session *session)
+{
+    static const int32_t prompt[8] = { 1, 17, 42, 99, 5, 250, 3, 64 };
+    colibri_generate_options options = { 64, { 0.9f, 50, 0.9f }, 7, 0 };
+    colibri_generation g;
+    colibri_text_sink sink;
+    colibri_error err;
+    size_t written = 0;
+    int32_t token;
+    colibri_session_reset(session);
+    colibri_text_sink_init(&sink, count_bytes, &written);
+    calls = 0;
+    counting = 1;
+    if (colibri_generate_start(&g, session, &options, prompt, 8, &err)) token = -2;
+    else do {
+        if (colibri_generate_next(&g, &token, &err)) token = -2;
+        else if (token >= 0) colibri_text_put_token(&sink, model, token);
+    } while (token >= 0);
+    colibri_text_flush(&sink);
+    counting = 0;
+    if (token == -2) { fprintf(stderr, "generation: %s\n", err.message); return -1; }
+    if (g.generated != 64) { fprintf(stderr, "generation: %d tokens, not 64\n", (int)g.generated); return -1; }
+    printf("allocator calls during a generation of 64 tokens: %ld (%zu bytes of text)\n", calls, written);
+    return calls;
+}
+
 int main(int argc, char **argv)
 {
     colibri_model *model;
@@ -70,6 +104,7 @@ int main(int argc, char **argv)
     so.n_ctx = 128;
     if (colibri_session_create(model, &so, &session, &err)) { fprintf(stderr, "%s\n", err.message); return 1; }
     if (decode_counting(session, "resident") != 0) return 1;
+    if (generation_counting(model, session) != 0) return 1;
     colibri_session_destroy(session);
 
     /* the same with the experts streamed: reads, guesses and evictions allocate nothing either */

@@ -3,6 +3,7 @@ arguments, the prompt and sampling options, expert streaming's options, and the 
 import argparse
 import os
 import re
+import sys
 from fractions import Fraction
 
 import colibri
@@ -72,7 +73,7 @@ def checkout_names(module, name):
 def generation_arguments(p, tokens_help):
     """The prompt and sampling options `generate` and `firmware run` share."""
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", default="", help="prompt text, encoded by the encoder the model carries")
+    src.add_argument("--prompt", default="", help="prompt text, encoded by the encoder the model carries; - reads standard input")
     src.add_argument("--tokens", help=tokens_help)
     p.add_argument("--max-tokens", type=count_in(0, INT32_MAX), default=64, help="tokens to generate (default 64)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
@@ -158,7 +159,8 @@ def prompt_ids(model, args):
         return ids
     from colibri import Error
 
-    prompt = os.fsencode(args.prompt)   # argv's bytes as given, invalid UTF-8 included, as colibri-infer
+    # argv's bytes as given, invalid UTF-8 included, or standard input's for "-": as colibri-infer
+    prompt = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     try:   # the core's encoder (colibri_tokenize), as the model's tokenizer encodes
         ids = model.tokenize(prompt)
     except Error:   # a model converted before models carried one

@@ -404,22 +404,11 @@ class Edge:
 
     def stream(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True):
         """Session.stream's tokens, with the placement kept between tokens."""
-        s = self.session
-        if seed is not None:
-            s.seed(seed)
-        eos = self.model.config["eos_token_id"]
         self.between_tokens()
-        s.prefill(prompt)
-        if max_tokens <= 0:
-            return
-        token = s.sample(temperature, top_k, top_p)
-        for i in range(max_tokens):
+        for token in self.session.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos,
+                                         between_tokens=self.between_tokens):
             self.generated += 1
             yield token
-            if (stop_at_eos and token == eos) or i + 1 == max_tokens or s.position >= s.n_ctx:
-                return
-            self.between_tokens()
-            token = s.step(token, temperature, top_k, top_p)
 
     def generate(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True):
         return list(self.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos))

@@ -105,38 +105,12 @@ static int failed(const char *step, const colibri_error *err)
     return 1;
 }
 
-/* Text goes out as it comes, but an unfinished UTF-8 character (at most 3 bytes) waits for the
- * token that completes it, so no write splits a character (as colibri-infer prints). */
-static uint8_t held[4];
-static size_t n_held;
-
-static void put_text(const uint8_t *bytes, size_t len)
+/* Text goes out as it comes (colibri_text_sink holds back an unfinished UTF-8 character). */
+static void write_stdout(void *context, const char *bytes, size_t len)
 {
-    while (len > 0) {
-        size_t take = len < sizeof held - n_held ? len : sizeof held - n_held, whole;
-        memcpy(held + n_held, bytes, take);
-        n_held += take;
-        bytes += take;
-        len -= take;
-        whole = colibri_utf8_whole(held, n_held);
-        fwrite(held, 1, whole, stdout);
-        memmove(held, held + whole, n_held - whole);
-        n_held -= whole;
-    }
+    (void)context;
+    fwrite(bytes, 1, len, stdout);
     fflush(stdout);
-}
-
-static void flush_text(void)
-{
-    fwrite(held, 1, n_held, stdout);
-    n_held = 0;
-}
-
-static void put_token_text(const colibri_model *model, int32_t token)
-{
-    const uint8_t *bytes;
-    size_t len;
-    if (colibri_token_bytes(model, token, &bytes, &len) == COLIBRI_OK) put_text(bytes, len);
 }
 
 /* The text prompt to ids in r->prompt, with the encoder the model carries. */
@@ -221,11 +195,14 @@ int fw_generate(fw_request *r, fw_token_hook hook, void *context, size_t (*stack
     colibri_session_options so;
     colibri_expert_cache_stats cache;
     colibri_error err;
+    colibri_generation g;
+    colibri_generate_options go;
+    colibri_text_sink text;
     fw_storage storage;
     const uint8_t *unused;
     size_t meta_needed, arena_needed, unused_len, i;
-    uint64_t rng = r->seed, t0, t1, t2;
-    int32_t token, generated = 0, vocab;
+    uint64_t t0, t1, t2;
+    int32_t token, vocab;
     int logits_fd = -1, report_fd = -1, rc = 0, ids;
 
     /* a streaming image reads its experts from storage, which must be there before anything runs */
@@ -273,34 +250,35 @@ int fw_generate(fw_request *r, fw_token_hook hook, void *context, size_t (*stack
         printf("cannot write %s\n", r->logits_path);
         return 1;
     }
-    if (r->text && !ids) put_text((const uint8_t *)r->text, r->text_len);   /* as given, as colibri generate */
-    else for (i = 0; i < r->n_prompt && !ids; i++) put_token_text(model, r->prompt[i]);
+    colibri_text_sink_init(&text, write_stdout, NULL);
+    if (r->text && !ids) colibri_text_put(&text, (const uint8_t *)r->text, r->text_len);   /* as given, as colibri generate */
+    else for (i = 0; i < r->n_prompt && !ids; i++) colibri_text_put_token(&text, model, r->prompt[i]);
 
     /* prefill: one chunked forward, or position by position when every row's logits are wanted */
     t0 = fw_ticks();
-    if (logits_fd < 0) {
-        if (colibri_forward(session, r->prompt, r->n_prompt, NULL, &err)) return failed("prefill", &err);
-    } else {
-        for (i = 0; i < r->n_prompt; i++) {
-            if (colibri_forward(session, &r->prompt[i], 1, NULL, &err)) return failed("prefill", &err);
-            if (write_all(logits_fd, colibri_session_logits(session), (size_t)vocab * sizeof(float))) rc = 1;
-        }
+    for (i = 0; logits_fd >= 0 && i < r->n_prompt; i++) {
+        if (colibri_forward(session, &r->prompt[i], 1, NULL, &err)) return failed("prefill", &err);
+        if (write_all(logits_fd, colibri_session_logits(session), (size_t)vocab * sizeof(float))) rc = 1;
     }
+    go.max_tokens = r->max_tokens;
+    go.sampling = r->sampling;
+    go.seed = r->seed;
+    go.stop_at_eos = r->stop_at_eos;
+    if (colibri_generate_start(&g, session, &go, r->prompt, logits_fd < 0 ? r->n_prompt : 0, &err))
+        return failed("prefill", &err);
     t1 = fw_ticks();
-    while (generated < r->max_tokens) {
-        if (colibri_sample(session, &r->sampling, &rng, &token, &err)) return failed("sampling", &err);
-        if (ids) printf(generated ? ",%ld" : "%ld", (long)token);
-        else put_token_text(model, token);
-        generated++;
-        if (hook) hook(generated - 1, context);
-        if (r->stop_at_eos && token == colibri_model_hparams(model)->eos_token_id) break;
-        if (generated == r->max_tokens || colibri_session_position(session) >= colibri_session_n_ctx(session)) break;
-        if (colibri_forward(session, &token, 1, NULL, &err)) return failed("decode", &err);
-        if (logits_fd >= 0 && write_all(logits_fd, colibri_session_logits(session), (size_t)vocab * sizeof(float)))
+    for (;;) {   /* each token after the first fed back the one before: its logits are that position's */
+        if (colibri_generate_next(&g, &token, &err)) return failed(g.generated ? "decode" : "sampling", &err);
+        if (token < 0) break;
+        if (logits_fd >= 0 && g.generated > 1 &&
+            write_all(logits_fd, colibri_session_logits(session), (size_t)vocab * sizeof(float)))
             rc = 1;
+        if (ids) printf(g.generated > 1 ? ",%ld" : "%ld", (long)token);
+        else colibri_text_put_token(&text, model, token);
+        if (hook) hook(g.generated - 1, context);
     }
     t2 = fw_ticks();
-    flush_text();
+    colibri_text_flush(&text);
     printf("\n");
     if (logits_fd >= 0 && close(logits_fd) != 0) rc = 1;
     if (rc) printf("colibri firmware: short write to %s\n", r->logits_path);
@@ -319,7 +297,7 @@ int fw_generate(fw_request *r, fw_token_hook hook, void *context, size_t (*stack
     report_line(report_fd, "stack_used", stack_used ? stack_used() : 0);
     report_line(report_fd, "prompt_tokens", r->n_prompt);
     report_line(report_fd, "prefill_ticks", t1 - t0);
-    report_line(report_fd, "generated_tokens", (uint64_t)generated);
+    report_line(report_fd, "generated_tokens", (uint64_t)g.generated);
     report_line(report_fd, "decode_ticks", t2 - t1);   /* generated - 1 forwards and generated samples */
     report_line(report_fd, "meta_reserved", img->meta_bytes);
     report_line(report_fd, "meta_needed", meta_needed);

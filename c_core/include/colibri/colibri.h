@@ -428,6 +428,65 @@ typedef struct colibri_sampling {
 colibri_status colibri_sample(colibri_session *session, const colibri_sampling *params,
                               uint64_t *rng, int32_t *token, colibri_error *err);
 
+/* ---- generation ------------------------------------------------------- */
+
+/* One sequence's generation, driven by the caller one token at a time: colibri_generate_start
+ * prefills the prompt, each colibri_generate_next feeds the last token back (none the first
+ * time), samples the next one and says whether it is the last.  The caller owns the struct, so
+ * any number of generations run side by side, each on its own session; nothing is allocated.
+ * A generation ends after a token that is the model's end of sequence (with stop_at_eos), the
+ * max_tokens-th, or one the context has no room to feed back. */
+typedef enum colibri_stop {
+    COLIBRI_STOP_NONE = 0,          /* more tokens may come */
+    COLIBRI_STOP_EOS,               /* the last token was the model's eos_token_id */
+    COLIBRI_STOP_MAX_TOKENS,        /* max_tokens were generated (at once for max_tokens <= 0) */
+    COLIBRI_STOP_CONTEXT_FULL,      /* the KV cache holds n_ctx positions */
+    COLIBRI_STOP_ERROR              /* a call failed: start again (after colibri_session_reset) */
+} colibri_stop;
+
+typedef struct colibri_generate_options {
+    int32_t max_tokens;             /* tokens to generate; <= 0: none (the prompt is still prefilled) */
+    colibri_sampling sampling;
+    uint64_t seed;                  /* the sampler's state to start from (a generation's rng goes on) */
+    int stop_at_eos;
+} colibri_generate_options;
+
+typedef struct colibri_generation { /* caller-owned; read between calls, never written */
+    colibri_session *session;
+    colibri_generate_options options;
+    uint64_t rng;                   /* the sampler's state now */
+    int32_t eos_token_id;           /* the model's, -1: none */
+    int32_t generated;              /* tokens returned so far */
+    int32_t last;                   /* the last token returned, fed back by the next call */
+    colibri_stop stop;              /* known with the last token: the next call returns none */
+} colibri_generation;
+
+/* Appends the prompt (n_prompt tokens; 0: the session already holds it, e.g. fed position by
+ * position for every position's logits) to the session's KV cache and readies `g`. */
+colibri_status colibri_generate_start(colibri_generation *g, colibri_session *session,
+                                      const colibri_generate_options *options, const int32_t *prompt,
+                                      size_t n_prompt, colibri_error *err);
+/* *token: the next token, or -1 once g->stop is set (then nothing is computed).  After a token,
+ * colibri_session_logits holds the logits it was drawn from. */
+colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, colibri_error *err);
+
+/* Streamed text: each token's bytes (colibri_token_bytes) go to `write` as they come, but an
+ * unfinished UTF-8 character (at most 3 bytes) waits for the bytes that complete it, so no write
+ * splits a character.  colibri_text_flush writes what still waits, at the end. */
+typedef void (*colibri_write_fn)(void *context, const char *bytes, size_t len);
+typedef struct colibri_text_sink {  /* caller-owned */
+    colibri_write_fn write;
+    void *context;
+    uint8_t held[4];
+    size_t n_held;
+} colibri_text_sink;
+
+void colibri_text_sink_init(colibri_text_sink *sink, colibri_write_fn write, void *context);
+void colibri_text_put(colibri_text_sink *sink, const uint8_t *bytes, size_t len);
+/* A token's bytes; COLIBRI_E_TENSOR (nothing written) when the model has no vocabulary. */
+colibri_status colibri_text_put_token(colibri_text_sink *sink, const colibri_model *model, int32_t token);
+void colibri_text_flush(colibri_text_sink *sink);
+
 /* ---- memory report ---------------------------------------------------- */
 
 /* Writes the memory tree (weights by tensor, arena by group and buffer, metadata) as

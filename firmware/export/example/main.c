@@ -24,23 +24,10 @@ static int32_t prompt[MAX_PROMPT];
 
 static void say(const char *text) { colibri_port_write(text, strlen(text)); }
 
-/* An unfinished UTF-8 character (at most 3 bytes) waits for the token that completes it. */
-static uint8_t held[4];
-static size_t n_held;
-
-static void put_text(const uint8_t *bytes, size_t len)
+static void port_write(void *context, const char *bytes, size_t len)
 {
-    while (len > 0) {
-        size_t take = len < sizeof held - n_held ? len : sizeof held - n_held, whole;
-        memcpy(held + n_held, bytes, take);
-        n_held += take;
-        bytes += take;
-        len -= take;
-        whole = colibri_utf8_whole(held, n_held);
-        colibri_port_write((const char *)held, whole);
-        memmove(held, held + whole, n_held - whole);
-        n_held -= whole;
-    }
+    (void)context;
+    colibri_port_write(bytes, len);
 }
 
 static int failed(const char *step, const colibri_error *err)
@@ -66,15 +53,16 @@ static void say_number(uint64_t n)
 int main(void)
 {
     const char *text = COLIBRI_EXAMPLE_PROMPT;
-    const uint8_t *bytes;
     colibri_model *model;
     colibri_session *session;
     colibri_session_options so;
-    colibri_sampling sampling;
+    colibri_generate_options options;
+    colibri_generation g;
+    colibri_text_sink out;
     colibri_error err;
-    uint64_t rng = 0, t0;
-    size_t n_prompt, len;
-    int32_t token, generated = 0;
+    uint64_t t0;
+    size_t n_prompt;
+    int32_t token;
 
     if (!colibri_plan_matches(colibri_model_json, COLIBRI_PLAN_JSON_BYTES)) {
         say("colibri: the linked model is not the one colibri_plan.h was planned for (" COLIBRI_PLAN_MODEL ")\n");
@@ -92,27 +80,25 @@ int main(void)
     if (colibri_tokenize(model, text, strlen(text), prompt, MAX_PROMPT, &n_prompt, &err))
         return failed("tokenize", &err);
 
-    put_text((const uint8_t *)text, strlen(text));
+    colibri_text_sink_init(&out, port_write, NULL);
+    colibri_text_put(&out, (const uint8_t *)text, strlen(text));
+    memset(&options, 0, sizeof options);   /* temperature 0: greedy */
+    options.max_tokens = COLIBRI_EXAMPLE_TOKENS;
+    options.sampling.top_p = 1.0f;
+    options.stop_at_eos = 1;
     t0 = colibri_port_ticks();
-    if (colibri_forward(session, prompt, n_prompt, NULL, &err)) return failed("prefill", &err);
-    memset(&sampling, 0, sizeof sampling);   /* temperature 0: greedy */
-    sampling.top_p = 1.0f;
-    while (generated < COLIBRI_EXAMPLE_TOKENS) {
-        if (colibri_sample(session, &sampling, &rng, &token, &err)) return failed("sampling", &err);
-        if (colibri_token_bytes(model, token, &bytes, &len) == COLIBRI_OK) put_text(bytes, len);
-        generated++;
-        if (token == colibri_model_hparams(model)->eos_token_id) break;
-        if (generated == COLIBRI_EXAMPLE_TOKENS || colibri_session_position(session) >= colibri_session_n_ctx(session))
-            break;
-        if (colibri_forward(session, &token, 1, NULL, &err)) return failed("decode", &err);
-    }
-    colibri_port_write((const char *)held, n_held);
+    if (colibri_generate_start(&g, session, &options, prompt, n_prompt, &err)) return failed("prefill", &err);
+    do {
+        if (colibri_generate_next(&g, &token, &err)) return failed("decode", &err);
+        if (token >= 0) colibri_text_put_token(&out, model, token);
+    } while (token >= 0);
+    colibri_text_flush(&out);
     say("\n");
 #ifdef COLIBRI_EXAMPLE_VERBOSE
     say("[");
     say_number((uint64_t)n_prompt);
     say(" prompt tokens, ");
-    say_number((uint64_t)generated);
+    say_number((uint64_t)g.generated);
     say(" generated in ");
     say_number((colibri_port_ticks() - t0) * 1000u / colibri_port_ticks_per_second());
     say(" ms]\n");
