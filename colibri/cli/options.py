@@ -159,8 +159,9 @@ def prompt_ids(model, args):
         return ids
     from colibri import Error
 
-    # argv's bytes as given, invalid UTF-8 included, or standard input's for "-": as colibri-infer
-    prompt = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
+    if args.prompt == "-":   # standard input's bytes, as colibri-infer reads --prompt -
+        args.prompt = os.fsdecode(sys.stdin.buffer.read())
+    prompt = os.fsencode(args.prompt)   # argv's bytes as given, invalid UTF-8 included, as colibri-infer
     try:   # the core's encoder (colibri_tokenize), as the model's tokenizer encodes
         ids = model.tokenize(prompt)
     except Error:   # a model converted before models carried one
