@@ -76,6 +76,31 @@ cdef extern from "colibri/colibri.h" nogil:
         const void *data
         uint64_t expert_stride
 
+    ctypedef enum colibri_field_type:
+        COLIBRI_FIELD_INTEGER
+        COLIBRI_FIELD_NUMBER
+        COLIBRI_FIELD_BOOLEAN
+        COLIBRI_FIELD_CHOICE
+        COLIBRI_FIELD_OBJECT
+        COLIBRI_FIELD_OTHER
+
+    ctypedef struct colibri_field_info:
+        const char *path
+        colibri_field_type type
+        double min
+        double max
+        const char *max_of
+        int32_t required
+        double fallback
+        const char *fallback_of
+        const char *const *choices
+        int32_t n_choices
+
+    int32_t colibri_schema_count()
+    colibri_status colibri_schema_field(int32_t index, colibri_field_info *info)
+    colibri_status colibri_hparams_read(const char *json, size_t json_len, void *meta, size_t meta_bytes,
+                                        colibri_hparams *hp, colibri_error *err)
+
     enum: COLIBRI_LOAD_VERIFY
 
     colibri_status colibri_model_meta_bytes(const char *json, size_t json_len, size_t *meta_bytes,

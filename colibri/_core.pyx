@@ -86,6 +86,60 @@ cdef raise_error(c.colibri_error *err):
                 err.message.decode("utf-8", "replace"))
 
 
+_FIELD_TYPES = {c.COLIBRI_FIELD_INTEGER: "integer", c.COLIBRI_FIELD_NUMBER: "number", c.COLIBRI_FIELD_BOOLEAN: "boolean",
+                c.COLIBRI_FIELD_CHOICE: "choice", c.COLIBRI_FIELD_OBJECT: "object", c.COLIBRI_FIELD_OTHER: "other"}
+
+
+def schema():
+    """The core's schema of colibri_model.json's hyper-parameters (model/schema.c), one dict per
+    field in the loader's order: path, type (integer, number, boolean, choice, object, other),
+    min and max (integer: min <= v <= max; number: min < v <= max; None for the other types),
+    max_of (the path whose value the bound max is added to, else None), required, default
+    (None where required; default_of: the path whose value it takes instead) and choices (a
+    choice's default is its name)."""
+    cdef c.colibri_field_info f
+    cdef int32_t i
+    rows = []
+    for i in range(c.colibri_schema_count()):
+        c.colibri_schema_field(i, &f)
+        kind = _FIELD_TYPES[f.type]
+        ranged = kind in ("integer", "number")
+        as_value = int if kind in ("integer", "boolean", "choice") else float
+        rows.append({
+            "path": f.path.decode(), "type": kind,
+            "min": as_value(f.min) if ranged else None, "max": as_value(f.max) if ranged else None,
+            "max_of": f.max_of.decode() if f.max_of is not NULL else None,
+            "required": bool(f.required),
+            "default": None if f.required or f.fallback_of is not NULL or kind in ("object", "other")
+                       else bool(f.fallback) if kind == "boolean"
+                       else f.choices[<int32_t>f.fallback].decode() if kind == "choice" else as_value(f.fallback),
+            "default_of": f.fallback_of.decode() if f.fallback_of is not NULL else None,
+            "choices": [f.choices[k].decode() for k in range(f.n_choices)],
+        })
+    return rows
+
+
+def check_hparams(json_text):
+    """Raise Error with the loader's message where the hyper-parameters (hparams, routing,
+    experts) of a colibri_model.json text, tensors aside, are not what colibri_model_load reads."""
+    cdef bytes text = json_text.encode() if isinstance(json_text, str) else bytes(json_text)
+    cdef c.colibri_error err
+    cdef c.colibri_hparams hp
+    cdef size_t meta_bytes = 0
+    cdef c.colibri_status st = c.colibri_model_meta_bytes(text, len(text), &meta_bytes, &err)
+    if st:
+        raise_error(&err)
+    cdef char *room = <char *>malloc(meta_bytes + 16)
+    if room is NULL:
+        raise MemoryError()
+    try:   # meta starts at the first 16-byte boundary of room
+        st = c.colibri_hparams_read(text, len(text), room + (-<size_t>room & 15), meta_bytes, &hp, &err)
+        if st:
+            raise_error(&err)
+    finally:
+        free(room)
+
+
 _EXPERT_CACHES = {"global": c.COLIBRI_CACHE_GLOBAL, "per_layer": c.COLIBRI_CACHE_PER_LAYER}
 
 # A session's options, each declared here once with its default (Session's docstring says what each

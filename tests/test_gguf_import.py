@@ -419,8 +419,9 @@ def test_metadata_larger_than_the_file_or_not_gguf_is_refused_before_it_is_read(
 
 
 def test_a_tensor_table_longer_than_any_model_is_refused_before_it_is_read(tmp_path):
-    from colibri.convert.limits import MAX_LAYERS
+    from colibri.convert.limits import integer_range
 
+    MAX_LAYERS = integer_range("hparams.num_layers")[1]
     data = bytearray(raw_gguf(tmp_path / "m.gguf").read_bytes())
     struct.pack_into("<Q", data, 8, MAX_LAYERS * 64 + 1)   # the tensor count
     (tmp_path / "m.gguf").write_bytes(bytes(data))

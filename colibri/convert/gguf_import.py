@@ -23,7 +23,7 @@ import numpy as np
 from .errors import ConvertError
 from . import gguf_arch
 from .gguf_vocab import gguf_vocabulary
-from .limits import MAX_LAYERS, check as check_limits
+from .limits import check as check_limits, integer_range
 from .writer import INTEGER_DTYPES, Stored, write_model
 
 STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",   # GGUF type -> colibri dtype
@@ -35,9 +35,10 @@ LAYER_TENSORS = {   # GGUF name (after blk.N.) -> colibri name (after layers.N.)
     "ffn_gate_inp": "router", "ffn_gate_exps": "experts.w1", "ffn_up_exps": "experts.w3", "ffn_down_exps": "experts.w2",
 }
 GLOBAL_TENSORS = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "lm_head"}
-# the most tensors a file colibri imports can hold: its layers (limits.MAX_LAYERS), each of fewer than
-# 64 (gguf_arch.LAYER_TENSORS); the table is refused before its entries are read (about 0.1 ms each)
-MAX_TENSORS = MAX_LAYERS * 64
+# the most tensors a file colibri imports can hold: its layers (at most the schema's hparams.num_layers),
+# each of fewer than 64 (gguf_arch.LAYER_TENSORS); the table is refused before its entries are read
+# (about 0.1 ms each)
+TENSORS_PER_LAYER = 64
 
 
 def _describe(meta, arch, tensors):
@@ -182,9 +183,10 @@ def _reader(path):
 
         def _build_tensor_info(self, offs, count):
             self.part = "the tensor table"
-            if count > MAX_TENSORS:
-                raise ValueError(f"the tensor table: {count} tensors, more than the {MAX_TENSORS} of a model colibri "
-                                 f"loads ({MAX_LAYERS} layers of at most 64)")
+            max_layers = integer_range("hparams.num_layers")[1]
+            if count > max_layers * TENSORS_PER_LAYER:
+                raise ValueError(f"the tensor table: {count} tensors, more than the {max_layers * TENSORS_PER_LAYER} of "
+                                 f"a model colibri loads ({max_layers} layers of at most {TENSORS_PER_LAYER})")
             return super()._build_tensor_info(offs, count)
 
         def _build_tensors(self, start_offs, fields):

@@ -180,6 +180,39 @@ enum { COLIBRI_LAYOUT_STACKED = 0, COLIBRI_LAYOUT_INTERLEAVED = 1, COLIBRI_LAYOU
 enum { COLIBRI_EXPERT_SWIGLU = 0, COLIBRI_EXPERT_SWIGLU_CLAMPED = 1 };   /* SwiGLU, or gpt-oss's clamped SwiGLU */
 enum { COLIBRI_ACT_SILU = 0, COLIBRI_ACT_GELU = 1, COLIBRI_ACT_GELU_TANH = 2, COLIBRI_ACT_RELU = 3 };
 
+/* The schema of colibri_model.json's hyper-parameters (hparams, routing, experts): one row per
+ * field, the table the loader reads and checks them by (model/schema.c).  A converter asks it
+ * for the ranges instead of keeping a copy. */
+typedef enum colibri_field_type {
+    COLIBRI_FIELD_INTEGER,   /* min <= value <= max */
+    COLIBRI_FIELD_NUMBER,    /* min < value <= max, and a normal float32 */
+    COLIBRI_FIELD_BOOLEAN,
+    COLIBRI_FIELD_CHOICE,    /* a string, one of choices */
+    COLIBRI_FIELD_OBJECT,    /* a section: the rows below its path are its fields, and its only ones */
+    COLIBRI_FIELD_OTHER      /* checked by the loader's code: per-layer lists, experts.quantization */
+} colibri_field_type;
+
+typedef struct colibri_field_info {
+    const char *path;               /* "hparams.rope_scaling.factor" */
+    colibri_field_type type;
+    double min, max;                /* INTEGER, NUMBER */
+    const char *max_of;             /* INTEGER: non-NULL, the bound is max plus this field's value */
+    int32_t required;               /* where its section is present; hparams.rope_scaling's fields
+                                       belong to some of its types only */
+    double fallback;                /* absent and optional (a CHOICE: the index of its choice) */
+    const char *fallback_of;        /* non-NULL: absent, it takes this field's value instead */
+    const char *const *choices;     /* CHOICE: (n_choices) spellings */
+    int32_t n_choices;
+} colibri_field_info;
+
+int32_t colibri_schema_count(void);
+colibri_status colibri_schema_field(int32_t index, colibri_field_info *info);   /* COLIBRI_E_ARG past the end */
+/* The hyper-parameters of a colibri_model.json text, read and checked as colibri_model_load reads
+ * them, the header and tensors left unread: a converter's check of what it is about to write.
+ * `meta`: colibri_model_meta_bytes long, 16-byte aligned, scratch. */
+colibri_status colibri_hparams_read(const char *json, size_t json_len, void *meta, size_t meta_bytes,
+                                    colibri_hparams *hp, colibri_error *err);
+
 /* One tensor of the model, as described in colibri_model.json. */
 typedef struct colibri_tensor_info {
     const char *name;

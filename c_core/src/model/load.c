@@ -23,6 +23,7 @@ COLIBRI_SLOT_CHECK(colibri_layer_weights, COLIBRI_LAYER_SLOT);
 typedef struct meta_layout {
     size_t tensors, layers, order, tokens, total;   /* byte offsets */
     uint32_t max_tensors, max_layers;               /* table capacities */
+    uint32_t n_tokens;
 } meta_layout;
 
 static meta_layout layout_for(uint32_t n_tokens)
@@ -31,6 +32,7 @@ static meta_layout layout_for(uint32_t n_tokens)
      * tensors, so n_tokens / 14 bounds both tables without reading the JSON first. */
     uint32_t max_tensors = n_tokens / 14 + 1;
     meta_layout l;
+    l.n_tokens = n_tokens;
     l.max_tensors = max_tensors;
     l.max_layers = max_tensors / MIN_LAYER_TENSORS + 1;
     l.tensors = colibri_align_up(COLIBRI_MODEL_SLOT, 16);
@@ -57,20 +59,130 @@ colibri_status colibri_model_meta_bytes(const char *json, size_t json_len, size_
     return COLIBRI_OK;
 }
 
+/* json's tokens into meta, laid out for them and zeroed: the first step of every reading. */
+static colibri_status parse_into_meta(const char *json, size_t json_len, void *meta, size_t meta_bytes,
+                                      meta_layout *lay, json_token **tokens, colibri_error *err)
+{
+    uint32_t n_tokens;
+    colibri_status st = colibri_json_parse(json, json_len, NULL, 0, &n_tokens, err);
+    if (st) return st;
+    *lay = layout_for(n_tokens);
+    if (meta_bytes < lay->total)
+        return colibri_fail(err, COLIBRI_E_NOMEM, "model metadata needs %zu bytes, %zu given", lay->total, meta_bytes);
+    memset(meta, 0, lay->total);
+    *tokens = (json_token *)((uint8_t *)meta + lay->tokens);
+    return colibri_json_parse(json, json_len, *tokens, n_tokens, &n_tokens, err);
+}
+
+colibri_status colibri_hparams_read(const char *json, size_t json_len, void *meta, size_t meta_bytes,
+                                    colibri_hparams *hp, colibri_error *err)
+{
+    meta_layout lay;
+    json_token *tokens = NULL;
+    loader L;
+    colibri_status st;
+    if (!json || !meta || !hp) return colibri_fail(err, COLIBRI_E_ARG, "colibri_hparams_read: NULL argument");
+    if ((uintptr_t)meta % 16 != 0)
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_hparams_read: meta buffer must be 16-byte aligned");
+    st = parse_into_meta(json, json_len, meta, meta_bytes, &lay, &tokens, err);
+    if (st) return st;
+    L.text = json; L.tok = tokens; L.err = err;
+    memset(hp, 0, sizeof *hp);
+    return colibri_read_hparams(&L, 0, hp);
+}
+
+/* Where the forward pass finds the tensor in slot `slot`: w for the matrices and vectors, the
+ * vocabulary's and the encoder's tables as their element types. */
+static void place_tensor(colibri_model *m, const colibri_tensor *t, int64_t slot, colibri_weight w)
+{
+    const void *p = m->weights + t->file_offset;
+    if (colibri_slot_is_routed_expert(slot))
+        m->layers[(slot - T_GLOBAL) / L_KINDS].expert_offset[(slot - T_GLOBAL) % L_KINDS - L_EXPERT_FIRST] = t->file_offset;
+    if (slot == G_TOK_EMBEDDINGS) m->tok_embeddings = w;
+    else if (slot == G_NORM) m->norm = w;
+    else if (slot == G_LM_HEAD) m->lm_head = w;
+    else if (slot == G_NORM_BIAS) m->norm_bias = w;
+    else if (slot == G_LM_HEAD_BIAS) m->lm_head_bias = w;
+    else if (slot == G_ROPE_FACTORS) m->rope_factors = w;
+    else if (slot == G_TOKEN_BYTES) m->token_bytes = (const uint8_t *)p;
+    else if (slot == G_TOKEN_OFFSETS) m->token_offsets = (const int32_t *)p;
+    else if (slot >= G_MERGES && slot <= G_VOCAB_ORDER) {   /* the encoder's tables: text/tokenize.c checks them */
+        if (slot == G_MERGES) m->enc.merges = (const int32_t *)p, m->enc.n_merges = (int32_t)t->shape[0];
+        else if (slot == G_MERGE_ORDER) m->enc.merge_order = (const int32_t *)p;
+        else if (slot == G_BYTE_IDS) m->enc.byte_ids = (const int32_t *)p;
+        else if (slot == G_ADDED) m->enc.added = (const int32_t *)p, m->enc.n_added = (int32_t)t->shape[0];
+        else if (slot == G_ADDED_BYTES) m->enc.added_bytes = (const uint8_t *)p;
+        else m->enc.vocab_order = (const int32_t *)p, m->enc.n_vocab_order = (int32_t)t->shape[0];
+    }
+    else m->layers[(slot - T_GLOBAL) / L_KINDS].w[(slot - T_GLOBAL) % L_KINDS] = w;
+}
+
+/* Each entry of model.tensors (token tensors_tok) into m->tensors and its slot; seen: one byte per slot. */
+static colibri_status read_tensor_table(loader *L, int32_t tensors_tok, colibri_model *m, unsigned flags,
+                                        uint8_t *seen)
+{
+    int32_t k, entry;
+    colibri_status st;
+    for (k = 0, entry = tensors_tok + 1; k < m->n_tensors; k++, entry += (int32_t)L->tok[entry].subtree) {
+        colibri_tensor *t = &m->tensors[k];
+        int64_t slot = 0;
+        colibri_weight w;
+        int elsewhere;
+        st = colibri_read_tensor(L, entry, (uint32_t)k, m, t, &slot);
+        if (st) return st;
+        if (seen[slot])
+            return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `%s` is listed twice", t->name);
+        seen[slot] = 1;
+        if (t->file_offset % COLIBRI_ALIGNMENT != 0)
+            return colibri_fail(L->err, COLIBRI_E_ALIGN, "tensor `%s`: file_offset %llu is not a multiple of %d",
+                                t->name, (unsigned long long)t->file_offset, COLIBRI_ALIGNMENT);
+        t->slot = (int32_t)slot;
+        elsewhere = (flags & COLIBRI_LOAD_EXPERTS_ELSEWHERE) && colibri_slot_is_routed_expert(slot);
+        if (elsewhere) {   /* read through the session's reader, which checks each read's length */
+            if (t->file_offset + t->span < t->file_offset)
+                return colibri_fail(L->err, COLIBRI_E_BOUNDS, "tensor `%s`: bytes past 2^64", t->name);
+        } else if (t->file_offset > m->weights_len || t->span > m->weights_len - t->file_offset)   /* span: all its parts */
+            return colibri_fail(L->err, COLIBRI_E_BOUNDS, "tensor `%s`: bytes [%llu, %llu) lie past the end of weights.bin (%zu bytes)",
+                                t->name, (unsigned long long)t->file_offset,
+                                (unsigned long long)(t->file_offset + t->span), m->weights_len);
+        w.data = elsewhere ? m->weights : m->weights + t->file_offset;   /* elsewhere: a placeholder, never read */
+        w.dtype = t->dtype;
+        place_tensor(m, t, slot, w);
+    }
+    return COLIBRI_OK;
+}
+
+/* Every tensor the hyper-parameters call for was listed (seen: one byte per slot), the vocabulary's
+ * two or neither. */
+static colibri_status check_tensors_present(const colibri_model *m, const uint8_t *seen, colibri_error *err)
+{
+    int64_t s, n_slots = T_GLOBAL + (int64_t)m->hp.n_layers * L_KINDS;
+    for (s = 0; s < n_slots; s++) {
+        if (seen[s] || colibri_slot_optional(s) || !colibri_slot_used(s, m)) continue;
+        if (s < T_GLOBAL)
+            return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is missing", colibri_global_tensor_names[s]);
+        return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `layers.%lld.%s` is missing",
+                            (long long)((s - T_GLOBAL) / L_KINDS), colibri_layer_tensor_names[(s - T_GLOBAL) % L_KINDS]);
+    }
+    if (seen[G_TOKEN_BYTES] != seen[G_TOKEN_OFFSETS])
+        return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is missing: the vocabulary needs both tokenizer tensors",
+                            colibri_global_tensor_names[seen[G_TOKEN_BYTES] ? G_TOKEN_OFFSETS : G_TOKEN_BYTES]);
+    return COLIBRI_OK;
+}
+
 colibri_status colibri_model_load(const char *json, size_t json_len, const void *weights, size_t weights_len,
                                   unsigned flags, void *meta, size_t meta_bytes, colibri_model **out,
                                   colibri_error *err)
 {
-    uint32_t n_tokens, k, n_tensors;
+    uint32_t k, n_tensors;
     meta_layout lay;
     colibri_model *m;
-    json_token *tokens;
-    int32_t *order;
+    json_token *tokens = NULL;
     loader L;
-    int32_t tensors_tok = 0, entry;
+    int32_t tensors_tok = 0;
     colibri_hparams *hp;
     colibri_status st;
-    int64_t n_slots;
+    int32_t *order;
     uint8_t *seen;
 
     if (!json || !meta || !out || (!weights && weights_len))
@@ -81,17 +193,10 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     if ((uintptr_t)weights % COLIBRI_ALIGNMENT != 0)   /* tensor offsets are aligned relative to it */
         return colibri_fail(err, COLIBRI_E_ALIGN, "colibri_model_load: weights must start at a %d-byte boundary",
                             COLIBRI_ALIGNMENT);
-    st = colibri_json_parse(json, json_len, NULL, 0, &n_tokens, err);
+    st = parse_into_meta(json, json_len, meta, meta_bytes, &lay, &tokens, err);
     if (st) return st;
-    lay = layout_for(n_tokens);
-    if (meta_bytes < lay.total)
-        return colibri_fail(err, COLIBRI_E_NOMEM, "model metadata needs %zu bytes, %zu given", lay.total, meta_bytes);
-    memset(meta, 0, lay.total);
     m = (colibri_model *)meta;
-    tokens = (json_token *)((uint8_t *)meta + lay.tokens);
-    order = (int32_t *)((uint8_t *)meta + lay.order);
-    st = colibri_json_parse(json, json_len, tokens, n_tokens, &n_tokens, err);
-    if (st) return st;
+    order = (int32_t *)(void *)((uint8_t *)meta + lay.order);
 
     L.text = json; L.tok = tokens; L.err = err;
     hp = &m->hp;
@@ -103,12 +208,11 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     st = colibri_get_field(&L, 0, "model", "tensors", JSON_ARRAY, &tensors_tok);
     if (st) return st;
     n_tensors = tokens[tensors_tok].n_children;
-    n_slots = T_GLOBAL + (int64_t)hp->n_layers * L_KINDS;
     /* A valid entry takes at least 14 tokens and a layer at least MIN_LAYER_TENSORS entries, so these
      * hold only for a broken tensor table or one too short for num_layers. */
     if (n_tensors > lay.max_tensors)
         return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u entries, more than its %u JSON tokens "
-                            "hold as tensor entries (14 or more each)", n_tensors, n_tokens);
+                            "hold as tensor entries (14 or more each)", n_tensors, lay.n_tokens);
     if ((uint32_t)hp->n_layers > lay.max_layers)
         return colibri_fail(err, COLIBRI_E_TENSOR, "model.tensors lists %u entries, too few for a %d-layer model",
                             n_tensors, hp->n_layers);
@@ -124,69 +228,12 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
 
     st = colibri_read_layer_kinds(&L, 0, m);
     if (st) return st;
-    seen = (uint8_t *)order;   /* one byte per slot; the overlap sort reuses the room later */
-    memset(seen, 0, (size_t)n_slots);
-
-    for (k = 0, entry = tensors_tok + 1; k < n_tensors; k++, entry += (int32_t)tokens[entry].subtree) {
-        colibri_tensor *t = &m->tensors[k];
-        int64_t slot = 0;
-        colibri_weight w;
-        int elsewhere;
-        st = colibri_read_tensor(&L, entry, k, m, t, &slot);
-        if (st) return st;
-        if (seen[slot])
-            return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is listed twice", t->name);
-        seen[slot] = 1;
-        if (t->file_offset % COLIBRI_ALIGNMENT != 0)
-            return colibri_fail(err, COLIBRI_E_ALIGN, "tensor `%s`: file_offset %llu is not a multiple of %d",
-                                t->name, (unsigned long long)t->file_offset, COLIBRI_ALIGNMENT);
-        t->slot = (int32_t)slot;
-        elsewhere = (flags & COLIBRI_LOAD_EXPERTS_ELSEWHERE) && colibri_slot_is_routed_expert(slot);
-        if (elsewhere) {   /* read through the session's reader, which checks each read's length */
-            if (t->file_offset + t->span < t->file_offset)
-                return colibri_fail(err, COLIBRI_E_BOUNDS, "tensor `%s`: bytes past 2^64", t->name);
-        } else if (t->file_offset > weights_len || t->span > weights_len - t->file_offset)   /* span: all its parts */
-            return colibri_fail(err, COLIBRI_E_BOUNDS, "tensor `%s`: bytes [%llu, %llu) lie past the end of weights.bin (%zu bytes)",
-                                t->name, (unsigned long long)t->file_offset,
-                                (unsigned long long)(t->file_offset + t->span), weights_len);
-        w.data = elsewhere ? m->weights : m->weights + t->file_offset;   /* elsewhere: a placeholder, never read */
-        w.dtype = t->dtype;
-        if (colibri_slot_is_routed_expert(slot))
-            m->layers[(slot - T_GLOBAL) / L_KINDS].expert_offset[(slot - T_GLOBAL) % L_KINDS - L_EXPERT_FIRST] = t->file_offset;
-        if (slot == G_TOK_EMBEDDINGS) m->tok_embeddings = w;
-        else if (slot == G_NORM) m->norm = w;
-        else if (slot == G_LM_HEAD) m->lm_head = w;
-        else if (slot == G_NORM_BIAS) m->norm_bias = w;
-        else if (slot == G_LM_HEAD_BIAS) m->lm_head_bias = w;
-        else if (slot == G_ROPE_FACTORS) m->rope_factors = w;
-        else if (slot == G_TOKEN_BYTES) m->token_bytes = m->weights + t->file_offset;
-        else if (slot == G_TOKEN_OFFSETS) m->token_offsets = (const int32_t *)(const void *)(m->weights + t->file_offset);
-        else if (slot >= G_MERGES && slot <= G_VOCAB_ORDER) {   /* the encoder's tables: text/tokenize.c checks them */
-            const void *p = m->weights + t->file_offset;
-            if (slot == G_MERGES) m->enc.merges = (const int32_t *)p, m->enc.n_merges = (int32_t)t->shape[0];
-            else if (slot == G_MERGE_ORDER) m->enc.merge_order = (const int32_t *)p;
-            else if (slot == G_BYTE_IDS) m->enc.byte_ids = (const int32_t *)p;
-            else if (slot == G_ADDED) m->enc.added = (const int32_t *)p, m->enc.n_added = (int32_t)t->shape[0];
-            else if (slot == G_ADDED_BYTES) m->enc.added_bytes = (const uint8_t *)p;
-            else m->enc.vocab_order = (const int32_t *)p, m->enc.n_vocab_order = (int32_t)t->shape[0];
-        }
-        else m->layers[(slot - T_GLOBAL) / L_KINDS].w[(slot - T_GLOBAL) % L_KINDS] = w;
-    }
-    {
-        int64_t s;
-        for (s = 0; s < n_slots; s++) {
-            if (seen[s] || colibri_slot_optional(s) || !colibri_slot_used(s, m)) continue;
-            if (s < T_GLOBAL)
-                return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is missing", colibri_global_tensor_names[s]);
-            return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `layers.%lld.%s` is missing",
-                                (long long)((s - T_GLOBAL) / L_KINDS),
-                                colibri_layer_tensor_names[(s - T_GLOBAL) % L_KINDS]);
-        }
-    }
+    seen = (uint8_t *)order;   /* one byte per slot, zeroed; the overlap sort reuses the room later */
+    st = read_tensor_table(&L, tensors_tok, m, flags, seen);
+    if (st) return st;
+    st = check_tensors_present(m, seen, err);
+    if (st) return st;
     if (hp->tie_word_embeddings) m->lm_head = m->tok_embeddings;
-    if (seen[G_TOKEN_BYTES] != seen[G_TOKEN_OFFSETS])
-        return colibri_fail(err, COLIBRI_E_TENSOR, "tensor `%s` is missing: the vocabulary needs both tokenizer tensors",
-                            colibri_global_tensor_names[seen[G_TOKEN_BYTES] ? G_TOKEN_OFFSETS : G_TOKEN_BYTES]);
     if (m->token_offsets) {
         st = colibri_check_vocabulary(m, err);
         if (st) return st;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* colibri_model.json's fields: the typed readers, the choices of the string fields, and the
- * sections that fill colibri_hparams and each layer's kinds.
+/* colibri_model.json's fields: the typed readers, the choices of the string fields, the schema
+ * table that fills colibri_hparams (and that colibri_schema_field hands to the converter), and
+ * each layer's kinds.
  *
  * Every field is checked once here, its type and range; a message names the field and what it
  * must be. */
@@ -59,15 +60,17 @@ static const char *const gate_names[] = {
     [GATE_SILU] = "silu", [GATE_SWIGLU_CLAMPED] = "swiglu_clamped", [GATE_GELU] = "gelu",
     [GATE_GELU_TANH] = "gelu_tanh", [GATE_RELU] = "relu",
 };
-static const struct { int32_t expert_kind, activation; } gates[] = {
-    [GATE_SILU] = { COLIBRI_EXPERT_SWIGLU, COLIBRI_ACT_SILU },
-    [GATE_SWIGLU_CLAMPED] = { COLIBRI_EXPERT_SWIGLU_CLAMPED, COLIBRI_ACT_SILU },
-    [GATE_GELU] = { COLIBRI_EXPERT_SWIGLU, COLIBRI_ACT_GELU },
-    [GATE_GELU_TANH] = { COLIBRI_EXPERT_SWIGLU, COLIBRI_ACT_GELU_TANH },
-    [GATE_RELU] = { COLIBRI_EXPERT_SWIGLU, COLIBRI_ACT_RELU },
+static const int32_t expert_kind_of_gate[] = {
+    [GATE_SILU] = COLIBRI_EXPERT_SWIGLU, [GATE_SWIGLU_CLAMPED] = COLIBRI_EXPERT_SWIGLU_CLAMPED,
+    [GATE_GELU] = COLIBRI_EXPERT_SWIGLU, [GATE_GELU_TANH] = COLIBRI_EXPERT_SWIGLU, [GATE_RELU] = COLIBRI_EXPERT_SWIGLU,
+};
+static const int32_t activation_of_gate[] = {
+    [GATE_SILU] = COLIBRI_ACT_SILU, [GATE_SWIGLU_CLAMPED] = COLIBRI_ACT_SILU, [GATE_GELU] = COLIBRI_ACT_GELU,
+    [GATE_GELU_TANH] = COLIBRI_ACT_GELU_TANH, [GATE_RELU] = COLIBRI_ACT_RELU,
 };
 COLIBRI_TABLE_CHECK(gate_names, GATE_KINDS);
-COLIBRI_TABLE_CHECK(gates, GATE_KINDS);
+COLIBRI_TABLE_CHECK(expert_kind_of_gate, GATE_KINDS);
+COLIBRI_TABLE_CHECK(activation_of_gate, GATE_KINDS);
 
 /* hparams.attention_layers, per layer. */
 enum { ATTENTION_FULL, ATTENTION_SLIDING, ATTENTION_CHUNKED, ATTENTION_KINDS };
@@ -241,42 +244,14 @@ static const char *aggregator_name(int32_t i)
     return colibri_moe_aggregator_at(i) ? colibri_moe_aggregator_at(i)->name : NULL;
 }
 
-/* Optional fields: absent means `fallback`; present, the field is checked as a required one. */
 static int has_field(loader *L, int32_t obj, const char *key) { return colibri_json_object_get(L->text, L->tok, obj, key) >= 0; }
 
-static colibri_status opt_int(loader *L, int32_t obj, const char *where, const char *key, int64_t lo, int64_t hi,
-                              int32_t fallback, int32_t *value)
-{
-    *value = fallback;
-    return has_field(L, obj, key) ? get_int(L, obj, where, key, lo, hi, value) : COLIBRI_OK;
-}
-
-static colibri_status opt_float(loader *L, int32_t obj, const char *where, const char *key, double lo, double hi,
-                                float fallback, float *value)
-{
-    *value = fallback;
-    return has_field(L, obj, key) ? get_float(L, obj, where, key, lo, hi, value) : COLIBRI_OK;
-}
-
-static colibri_status opt_bool(loader *L, int32_t obj, const char *where, const char *key, int32_t *value)
-{
-    *value = 0;
-    return has_field(L, obj, key) ? get_bool(L, obj, where, key, value) : COLIBRI_OK;
-}
-
-/* Absent: 0, with any range. */
+/* Optional, absent: 0, with any range. */
 static colibri_status opt_int_any(loader *L, int32_t obj, const char *where, const char *key, int64_t lo, int64_t hi,
                                   int32_t *value)
 {
-    return opt_int(L, obj, where, key, lo, hi, 0, value);
-}
-
-/* Absent: the table's first value, each enum's default. */
-static colibri_status opt_choice(loader *L, int32_t obj, const char *where, const char *key,
-                                 const char *const *names, int32_t count, int32_t *value)
-{
     *value = 0;
-    return has_field(L, obj, key) ? get_choice(L, obj, where, key, names, count, value) : COLIBRI_OK;
+    return has_field(L, obj, key) ? get_int(L, obj, where, key, lo, hi, value) : COLIBRI_OK;
 }
 
 /* ---- sections ---- */
@@ -363,52 +338,49 @@ colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
     return COLIBRI_OK;
 }
 
-colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp)
-{
-    static const char *const keys[] = { "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                                        "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings",
-                                        "rope_theta", "rms_norm_eps", "sliding_window",
-                                        "tie_word_embeddings", "bos_token_id", "eos_token_id",
-                                        "mlp_layers", "attention_layers", "dense_intermediate_size", "attention_bias",
-                                        "attention_out_bias", "qk_norm", "rope_dim", "rope_interleaved",
-                                        "clip_qkv", "attention_scale", "embedding_multiplier",
-                                        "residual_multiplier", "logits_divisor", "rope_scaling",
-                                        "attention_sinks", "latent_attention", "norm", "lm_head_bias",
-                                        "attention_chunk", "position_layers", "nope_temperature",
-                                        "operator_layers", "conv_kernel", "conv_bias", NULL };
-    static const char *const temperature_keys[] = { "floor_scale", "attn_scale", NULL };
-    static const char *const latent_keys[] = { "q_lora_rank", "kv_lora_rank", "v_head_dim", "norm_eps", NULL };
-    static const char *const rope_keys[] = { "type", "factor", "original_max_position_embeddings", "beta_fast",
-                                             "beta_slow", "truncate", "attention_factor", "short_mscale",
-                                             "long_mscale", "low_freq_factor", "high_freq_factor", NULL };
-    static const char *const routing_keys[] = { "type", "top_k", "normalize", "score", "weights", "logit_bias",
-                                                "selection_bias", "groups", "topk_groups", "group_score",
-                                                "normalize_eps", "scale", "jitter_eps", "gate_on_input",
-                                                "capacity_factor", "aggregator", NULL };
-    static const char *const expert_keys[] = { "count", "weight_layout", "quantization", "activation", "shared",
-                                               "bias", "swiglu_limit", "swiglu_alpha", "type", NULL };
-    static const char *const shared_keys[] = { "intermediate_size", "gate", NULL };
-    const char *w = "hparams";
-    int32_t h = 0, r = 0, e = 0, sh = 0, rs = 0, la = 0, choice = 0;
-    colibri_status st;
+/* ---- the schema of hparams, routing and experts: one row per field ----
+ *
+ * colibri_read_hparams walks the rows in order.  A section (OBJECT) is looked up and its keys
+ * checked against the rows under its path; each field is read, its type and range checked, into
+ * colibri_hparams at `dest`.  An absent optional field takes its fallback; the fields of an absent
+ * section take theirs, or stay 0 if required.  A rule over several fields is the `then` of the row
+ * after which the loader has always checked it, so that of two faults the same one is named.
+ * colibri_schema_field hands the rows to the converter. */
 
-#define TRY(call) do { st = (call); if (st) return st; } while (0)
-    TRY(colibri_get_field(L, root, "model", "hparams", JSON_OBJECT, &h));
-    TRY(colibri_check_keys(L, h, w, keys));
-    TRY(get_int(L, h, w, "vocab_size", 1, MAX_VOCAB, &hp->vocab_size));
-    TRY(get_int(L, h, w, "hidden_size", 1, MAX_HIDDEN, &hp->hidden_size));
-    TRY(get_int(L, h, w, "intermediate_size", 1, MAX_FFN, &hp->intermediate_size));
-    TRY(get_int(L, h, w, "num_layers", 1, MAX_LAYERS, &hp->n_layers));
-    TRY(get_int(L, h, w, "num_heads", 1, MAX_HEADS, &hp->n_heads));
-    TRY(get_int(L, h, w, "num_kv_heads", 1, MAX_HEADS, &hp->n_kv_heads));
-    TRY(get_int(L, h, w, "head_dim", 2, MAX_HEAD_DIM, &hp->head_dim));
-    TRY(get_int(L, h, w, "max_position_embeddings", 1, MAX_POSITIONS, &hp->max_position_embeddings));
-    TRY(get_float(L, h, w, "rope_theta", 0.0, 1e12, &hp->rope_theta));
-    TRY(get_float(L, h, w, "rms_norm_eps", 0.0, 1.0, &hp->rms_norm_eps));
-    TRY(get_int(L, h, w, "sliding_window", 0, MAX_POSITIONS, &hp->sliding_window));
-    TRY(get_bool(L, h, w, "tie_word_embeddings", &hp->tie_word_embeddings));
-    TRY(get_int(L, h, w, "bos_token_id", -1, hp->vocab_size - 1, &hp->bos_token_id));
-    TRY(get_int(L, h, w, "eos_token_id", -1, hp->vocab_size - 1, &hp->eos_token_id));
+typedef struct schema_row {
+    colibri_field_info info;
+    size_t dest;                     /* offsetof(colibri_hparams, ...): an int32_t, a float for NUMBER */
+    const int32_t *map;              /* CHOICE: the value stored for each choice; NULL: the choice's index */
+    const int32_t *also_map;         /* CHOICE: non-NULL, a second field set from the choice, at `also` */
+    size_t also;
+    uint32_t rope_types;             /* bit t: read when hparams.rope_scaling.type is t; 0: always */
+    /* CHOICE of a registered component (colibri/moe.h): the registry's names, the index stored;
+     * absent, the field is left as it is (0: the first registered, or what an earlier row set) */
+    const char *(*component)(int32_t index);
+    /* OTHER: its code, given the section it sits in; NULL: read elsewhere (the per-layer lists) */
+    colibri_status (*read)(loader *L, int32_t obj, const char *where, const char *key);
+    /* a rule over several fields, checked once this row is passed (read, fallen back on or skipped) */
+    colibri_status (*then)(loader *L, int32_t root, colibri_hparams *hp);
+} schema_row;
+
+/* experts.quantization: "none", or an object checked against the tensors' dtypes once they are read
+ * (colibri_check_quantization). */
+static colibri_status read_quantization_claim(loader *L, int32_t obj, const char *where, const char *key)
+{
+    int32_t q = colibri_json_object_get(L->text, L->tok, obj, key), choice = 0;
+    if (q >= 0 && L->tok[q].type != JSON_OBJECT && L->tok[q].type != JSON_STRING)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s.%s must be \"none\" or an object "
+                            "{\"enabled\", \"bits\", \"group_size\"}", where, key);
+    if (q < 0 || L->tok[q].type == JSON_STRING)   /* absent: get_choice says it is missing */
+        return get_choice(L, obj, where, key, CHOICES(quantizations), &choice);
+    return COLIBRI_OK;
+}
+
+/* ---- the rules over several fields, each checked where the walk has read what it needs ---- */
+
+static colibri_status check_heads(loader *L, int32_t root, colibri_hparams *hp)
+{
+    (void)root;
     if (hp->n_heads % hp->n_kv_heads != 0)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.num_heads = %d is not a multiple of num_kv_heads = %d",
                             hp->n_heads, hp->n_kv_heads);
@@ -416,146 +388,80 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
         return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.head_dim = %d must be even for RoPE", hp->head_dim);
     if ((int64_t)hp->n_heads * hp->head_dim > MAX_FFN)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.num_heads * head_dim exceeds %d", MAX_FFN);
-    TRY(opt_int(L, h, w, "dense_intermediate_size", 1, MAX_FFN, 0, &hp->dense_intermediate_size));
-    TRY(opt_bool(L, h, w, "attention_bias", &hp->attention_bias));
-    TRY(opt_bool(L, h, w, "attention_out_bias", &hp->attention_out_bias));
-    TRY(opt_choice(L, h, w, "qk_norm", CHOICES(qk_norms), &hp->qk_norm));
-    TRY(opt_int(L, h, w, "rope_dim", 2, hp->head_dim, hp->head_dim, &hp->rope_dim));
+    return COLIBRI_OK;
+}
+
+static colibri_status check_rope_dim(loader *L, int32_t root, colibri_hparams *hp)
+{
+    (void)root;
     if (hp->rope_dim % 2 != 0)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.rope_dim = %d must be even", hp->rope_dim);
-    TRY(opt_bool(L, h, w, "rope_interleaved", &hp->rope_interleaved));
-    TRY(opt_float(L, h, w, "clip_qkv", 0.0, 1e30, 0.0f, &hp->clip_qkv));
-    TRY(opt_float(L, h, w, "attention_scale", 0.0, 1e6, (float)(1.0 / sqrt((double)hp->head_dim)), &hp->attention_scale));
-    TRY(opt_float(L, h, w, "embedding_multiplier", 0.0, 1e6, 1.0f, &hp->embedding_multiplier));
-    TRY(opt_float(L, h, w, "residual_multiplier", 0.0, 1e6, 1.0f, &hp->residual_multiplier));
-    TRY(opt_float(L, h, w, "logits_divisor", 0.0, 1e6, 1.0f, &hp->logits_divisor));
-    TRY(opt_bool(L, h, w, "attention_sinks", &hp->attention_sinks));
-    TRY(opt_choice(L, h, w, "norm", CHOICES(norm_kinds), &hp->norm_kind));
-    TRY(opt_int(L, h, w, "attention_chunk", 1, MAX_POSITIONS, 0, &hp->attention_chunk));
-    TRY(opt_int(L, h, w, "conv_kernel", 1, 64, 0, &hp->conv_kernel));
-    TRY(opt_bool(L, h, w, "conv_bias", &hp->conv_bias));
-    if (has_field(L, h, "nope_temperature")) {
-        int32_t nt = 0;
-        TRY(colibri_get_field(L, h, w, "nope_temperature", JSON_OBJECT, &nt));
-        TRY(colibri_check_keys(L, nt, "hparams.nope_temperature", temperature_keys));
-        TRY(get_float(L, nt, "hparams.nope_temperature", "floor_scale", 0.0, 1e12, &hp->nope_temperature_floor));
-        TRY(get_float(L, nt, "hparams.nope_temperature", "attn_scale", 0.0, 1e6, &hp->nope_temperature_scale));
-    }
-    TRY(opt_bool(L, h, w, "lm_head_bias", &hp->lm_head_bias));
-    if (has_field(L, h, "latent_attention")) {   /* MLA: head_dim = nope + rope dimensions, every head its own key */
-        const char *where = "hparams.latent_attention";
-        TRY(colibri_get_field(L, h, w, "latent_attention", JSON_OBJECT, &la));
-        TRY(colibri_check_keys(L, la, where, latent_keys));
-        TRY(get_int(L, la, where, "q_lora_rank", 0, MAX_FFN, &hp->q_lora_rank));
-        TRY(get_int(L, la, where, "kv_lora_rank", 1, MAX_FFN, &hp->kv_lora_rank));
-        TRY(get_int(L, la, where, "v_head_dim", 1, MAX_HEAD_DIM, &hp->v_head_dim));
-        TRY(get_float(L, la, where, "norm_eps", 0.0, 1.0, &hp->latent_norm_eps));
-        if (!has_field(L, h, "rope_dim") || hp->rope_dim >= hp->head_dim || hp->n_kv_heads != hp->n_heads)
-            return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.latent_attention needs rope_dim < head_dim and num_kv_heads = num_heads");
-        hp->nope_dim = hp->head_dim - hp->rope_dim;
-    }
-    hp->rope_attention_factor = 1.0f;
-    if (has_field(L, h, "rope_scaling")) {
-        const char *where = "hparams.rope_scaling";
-        TRY(colibri_get_field(L, h, w, "rope_scaling", JSON_OBJECT, &rs));
-        TRY(colibri_check_keys(L, rs, where, rope_keys));
-        TRY(get_choice(L, rs, where, "type", CHOICES(rope_types), &hp->rope_type));
-        TRY(opt_float(L, rs, where, "attention_factor", 0.0, 1e6, 1.0f, &hp->rope_attention_factor));
-        if (hp->rope_type == COLIBRI_ROPE_YARN) {
-            TRY(get_float(L, rs, where, "factor", 0.0, 1e6, &hp->rope_factor));
-            TRY(get_int(L, rs, where, "original_max_position_embeddings", 1, MAX_POSITIONS, &hp->rope_original_max));
-            TRY(opt_float(L, rs, where, "beta_fast", 0.0, 1e6, 32.0f, &hp->rope_beta_fast));
-            TRY(opt_float(L, rs, where, "beta_slow", 0.0, 1e6, 1.0f, &hp->rope_beta_slow));
-            hp->rope_truncate = 1;
-            if (has_field(L, rs, "truncate")) TRY(get_bool(L, rs, where, "truncate", &hp->rope_truncate));
-        } else if (hp->rope_type == COLIBRI_ROPE_LLAMA3) {
-            TRY(get_float(L, rs, where, "factor", 0.0, 1e6, &hp->rope_factor));
-            TRY(get_int(L, rs, where, "original_max_position_embeddings", 1, MAX_POSITIONS, &hp->rope_original_max));
-            TRY(get_float(L, rs, where, "low_freq_factor", 0.0, 1e6, &hp->rope_low_freq_factor));
-            TRY(get_float(L, rs, where, "high_freq_factor", 0.0, 1e6, &hp->rope_high_freq_factor));
-            if (!(hp->rope_high_freq_factor > hp->rope_low_freq_factor))
-                return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: high_freq_factor must exceed low_freq_factor", where);
-        } else if (hp->rope_type == COLIBRI_ROPE_LONGROPE) {   /* the per-frequency factors are tensor rope.factors */
-            TRY(get_int(L, rs, where, "original_max_position_embeddings", 1, MAX_POSITIONS, &hp->rope_original_max));
-            TRY(get_float(L, rs, where, "short_mscale", 0.0, 1e6, &hp->rope_short_mscale));
-            TRY(get_float(L, rs, where, "long_mscale", 0.0, 1e6, &hp->rope_long_mscale));
-        }
-    }
-    {   /* the largest RoPE angle, max_position_embeddings * the fastest inv_freq (1/theta^(2j/d), divided
-         * by YaRN's or Llama 3's factor), stays within 2^31, the range ops/math.c reduces as it always did */
-        double limit = 2147483648.0, angle = hp->max_position_embeddings;
-        int32_t scaled = hp->rope_type == COLIBRI_ROPE_YARN || hp->rope_type == COLIBRI_ROPE_LLAMA3;
-        const char *name = NULL;
-        int32_t at = -1;
-        if (hp->rope_theta < 1.0f) angle /= hp->rope_theta;
-        if (angle > limit) {
-            name = "rope_theta";
-            at = colibri_json_object_get(L->text, L->tok, h, "rope_theta");
-        } else if (scaled && hp->rope_factor < 1.0f && angle / hp->rope_factor > limit) {
-            name = "rope_scaling.factor";
-            at = colibri_json_object_get(L->text, L->tok, rs, "factor");
-        }
-        if (name) {
-            char text[32];
-            colibri_copy_token_text(text, sizeof text, L->text, &L->tok[at]);
-            return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.%s = %s turns RoPE angles past 2^31 within "
-                                "max_position_embeddings = %d (needs max_position_embeddings * max(1, 1/rope_theta) "
-                                "* max(1, 1/factor) <= 2^31)", name, text, hp->max_position_embeddings);
-        }
-    }
+    return COLIBRI_OK;
+}
 
-    TRY(colibri_get_field(L, root, "model", "routing", JSON_OBJECT, &r));
-    TRY(colibri_check_keys(L, r, "routing", routing_keys));
-    TRY(get_component(L, r, "routing", "type", router_name, &hp->router_kind));
-    TRY(colibri_get_field(L, root, "model", "experts", JSON_OBJECT, &e));
-    TRY(colibri_check_keys(L, e, "experts", expert_keys));
-    TRY(get_int(L, e, "experts", "count", 1, MAX_EXPERTS, &hp->n_experts));
-    TRY(get_choice(L, e, "experts", "weight_layout", CHOICES(layout_names), &choice));
-    hp->expert_layout = layout_of[choice];
-    choice = colibri_json_object_get(L->text, L->tok, e, "quantization");
-    if (choice >= 0 && L->tok[choice].type != JSON_OBJECT && L->tok[choice].type != JSON_STRING)
-        return colibri_fail(L->err, COLIBRI_E_TYPE, "experts.quantization must be \"none\" or an object "
-                            "{\"enabled\", \"bits\", \"group_size\"}");
-    if (choice < 0 || L->tok[choice].type == JSON_STRING)   /* absent: get_choice says it is missing */
-        TRY(get_choice(L, e, "experts", "quantization", CHOICES(quantizations), &choice));
-    /* the object form is checked against the tensors' dtypes once they are read (colibri_check_quantization) */
-    TRY(get_choice(L, e, "experts", "activation", CHOICES(gate_names), &choice));
-    hp->expert_kind = gates[choice].expert_kind;
-    hp->activation = gates[choice].activation;
-    if (has_field(L, e, "type")) TRY(get_component(L, e, "experts", "type", expert_name, &hp->expert_kind));
-    if (colibri_moe_expert_at(hp->expert_kind) == &colibri_expert_linear && hp->intermediate_size != hp->hidden_size)
-        return colibri_fail(L->err, COLIBRI_E_VALUE, "experts.type \"linear\" multiplies by experts.w1 alone: it needs "
-                            "intermediate_size = hidden_size (%d != %d)", hp->intermediate_size, hp->hidden_size);
-    TRY(opt_bool(L, e, "experts", "bias", &hp->expert_bias));
-    TRY(opt_float(L, e, "experts", "swiglu_limit", 0.0, 1e6, 7.0f, &hp->swiglu_limit));
-    TRY(opt_float(L, e, "experts", "swiglu_alpha", 0.0, 1e6, 1.702f, &hp->swiglu_alpha));
-    if (has_field(L, e, "shared")) {
-        TRY(colibri_get_field(L, e, "experts", "shared", JSON_OBJECT, &sh));
-        TRY(colibri_check_keys(L, sh, "experts.shared", shared_keys));
-        TRY(get_int(L, sh, "experts.shared", "intermediate_size", 1, MAX_FFN, &hp->shared_intermediate_size));
-        TRY(opt_choice(L, sh, "experts.shared", "gate", CHOICES(shared_gates), &hp->shared_gate));
+/* Absent, attention_scale is 1/sqrt(head_dim) (present, it is positive). */
+static colibri_status default_attention_scale(loader *L, int32_t root, colibri_hparams *hp)
+{
+    (void)L; (void)root;
+    if (hp->attention_scale == 0.0f) hp->attention_scale = (float)(1.0 / sqrt((double)hp->head_dim));
+    return COLIBRI_OK;
+}
+
+/* MLA: head_dim = nope + rope dimensions, every head its own key. */
+static colibri_status check_latent_attention(loader *L, int32_t root, colibri_hparams *hp)
+{
+    int32_t h = colibri_json_object_get(L->text, L->tok, root, "hparams");
+    if (!hp->kv_lora_rank) return COLIBRI_OK;   /* no latent_attention (present, kv_lora_rank >= 1) */
+    if (!has_field(L, h, "rope_dim") || hp->rope_dim >= hp->head_dim || hp->n_kv_heads != hp->n_heads)
+        return colibri_fail(L->err, COLIBRI_E_VALUE,
+                            "hparams.latent_attention needs rope_dim < head_dim and num_kv_heads = num_heads");
+    hp->nope_dim = hp->head_dim - hp->rope_dim;
+    return COLIBRI_OK;
+}
+
+static colibri_status check_rope(loader *L, int32_t root, colibri_hparams *hp)
+{
+    int32_t h = colibri_json_object_get(L->text, L->tok, root, "hparams");
+    int32_t rs = colibri_json_object_get(L->text, L->tok, h, "rope_scaling");
+    /* the largest RoPE angle, max_position_embeddings * the fastest inv_freq (1/theta^(2j/d), divided
+     * by YaRN's or Llama 3's factor), stays within 2^31, the range ops/math.c reduces as it always did */
+    double limit = 2147483648.0, angle = hp->max_position_embeddings;
+    int32_t scaled = hp->rope_type == COLIBRI_ROPE_YARN || hp->rope_type == COLIBRI_ROPE_LLAMA3;
+    const char *name = NULL;
+    int32_t at = -1;
+    if (hp->rope_type == COLIBRI_ROPE_LLAMA3 && !(hp->rope_high_freq_factor > hp->rope_low_freq_factor))
+        return colibri_fail(L->err, COLIBRI_E_VALUE,
+                            "hparams.rope_scaling: high_freq_factor must exceed low_freq_factor");
+    if (hp->rope_theta < 1.0f) angle /= hp->rope_theta;
+    if (angle > limit) {
+        name = "rope_theta";
+        at = colibri_json_object_get(L->text, L->tok, h, "rope_theta");
+    } else if (scaled && hp->rope_factor < 1.0f && angle / hp->rope_factor > limit) {
+        name = "rope_scaling.factor";
+        at = colibri_json_object_get(L->text, L->tok, rs, "factor");
     }
-    TRY(get_int(L, r, "routing", "top_k", 1, MAX_TOP_K, &hp->top_k));
+    if (name) {
+        char text[32];
+        colibri_copy_token_text(text, sizeof text, L->text, &L->tok[at]);
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.%s = %s turns RoPE angles past 2^31 within "
+                            "max_position_embeddings = %d (needs max_position_embeddings * max(1, 1/rope_theta) "
+                            "* max(1, 1/factor) <= 2^31)", name, text, hp->max_position_embeddings);
+    }
+    return COLIBRI_OK;
+}
+
+static colibri_status check_top_k(loader *L, int32_t root, colibri_hparams *hp)
+{
+    (void)root;
     if (hp->top_k > hp->n_experts)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d exceeds experts.count = %d",
                             hp->top_k, hp->n_experts);
-    hp->normalize_topk = 1;
-    if (has_field(L, r, "normalize"))
-        TRY(get_bool(L, r, "routing", "normalize", &hp->normalize_topk));
-    TRY(opt_choice(L, r, "routing", "score", CHOICES(router_scores), &hp->router_score));
-    TRY(opt_choice(L, r, "routing", "weights", CHOICES(router_weightings), &hp->router_weights));
-    TRY(opt_bool(L, r, "routing", "logit_bias", &hp->router_logit_bias));
-    TRY(opt_bool(L, r, "routing", "selection_bias", &hp->router_selection_bias));
-    TRY(opt_int(L, r, "routing", "groups", 1, MAX_EXPERTS, 1, &hp->n_groups));
-    TRY(opt_int(L, r, "routing", "topk_groups", 1, hp->n_groups, hp->n_groups, &hp->topk_groups));
-    TRY(opt_choice(L, r, "routing", "group_score", CHOICES(group_scores), &hp->group_score));
-    TRY(opt_float(L, r, "routing", "normalize_eps", -1.0, 1.0, 0.0f, &hp->normalize_eps));
-    TRY(opt_float(L, r, "routing", "scale", 0.0, 1e6, 1.0f, &hp->routed_scale));
-    TRY(opt_float(L, r, "routing", "jitter_eps", 0.0, 1e6, 0.01f, &hp->jitter_eps));
-    TRY(opt_bool(L, r, "routing", "gate_on_input", &hp->gate_on_input));
-    TRY(opt_float(L, r, "routing", "capacity_factor", 0.0, 1e6, 0.0f, &hp->capacity_factor));
-    hp->aggregator_kind = 0;   /* weighted_sum */
-    if (has_field(L, r, "aggregator")) TRY(get_component(L, r, "routing", "aggregator", aggregator_name, &hp->aggregator_kind));
+    return COLIBRI_OK;
+}
+
+static colibri_status check_routing(loader *L, int32_t root, colibri_hparams *hp)
+{
+    (void)root;
     if (colibri_moe_router_at(hp->router_kind) == &colibri_router_sparsemixer && hp->top_k != 2)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.top_k = %d: the sparsemixer router chooses 2", hp->top_k);
     if (hp->n_experts % hp->n_groups != 0)
@@ -566,9 +472,288 @@ colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp
                             hp->top_k, hp->topk_groups * (hp->n_experts / hp->n_groups), hp->topk_groups);
     if (hp->group_score == COLIBRI_GROUP_TOP2_SUM && hp->n_experts / hp->n_groups < 2)
         return colibri_fail(L->err, COLIBRI_E_VALUE, "routing.group_score top2_sum needs 2 experts per group");
-#undef TRY
     return COLIBRI_OK;
 }
+
+/* experts.type "linear" multiplies by w1 alone, (dim, dim). */
+static colibri_status check_expert_type(loader *L, int32_t root, colibri_hparams *hp)
+{
+    (void)root;
+    if (colibri_moe_expert_at(hp->expert_kind) == &colibri_expert_linear && hp->intermediate_size != hp->hidden_size)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "experts.type \"linear\" multiplies by experts.w1 alone: it needs "
+                            "intermediate_size = hidden_size (%d != %d)", hp->intermediate_size, hp->hidden_size);
+    return COLIBRI_OK;
+}
+
+#define HP(member) offsetof(colibri_hparams, member)
+/* .info = { path, type, min, max, max_of, required, fallback, fallback_of, choices, n_choices } */
+#define INFO(p, type, lo, hi, required, fallback) \
+    .info = { p, COLIBRI_FIELD_##type, lo, hi, NULL, required, fallback, NULL, NULL, 0 }
+#define INT(p, lo, hi, m)               INFO(p, INTEGER, lo, hi, 1, 0), .dest = HP(m)
+#define INT_OR(p, lo, hi, fallback, m)  INFO(p, INTEGER, lo, hi, 0, fallback), .dest = HP(m)
+#define NUM(p, lo, hi, m)               INFO(p, NUMBER, lo, hi, 1, 0), .dest = HP(m)
+#define NUM_OR(p, lo, hi, fallback, m)  INFO(p, NUMBER, lo, hi, 0, fallback), .dest = HP(m)
+#define BOOL(p, m)                      INFO(p, BOOLEAN, 0, 0, 1, 0), .dest = HP(m)
+#define BOOL_OR(p, fallback, m)         INFO(p, BOOLEAN, 0, 0, 0, fallback), .dest = HP(m)
+/* an optional choice falls back on its first */
+#define CHOICE_ROW(p, names, required, m) .dest = HP(m), \
+    .info = { p, COLIBRI_FIELD_CHOICE, 0, 0, NULL, required, 0, NULL, names, (int32_t)COLIBRI_COUNT_OF(names) }
+#define CHOICE(p, names, m)             CHOICE_ROW(p, names, 1, m)
+#define CHOICE_OR(p, names, m)          CHOICE_ROW(p, names, 0, m)
+/* a registered component's name (names: the registry's at load) */
+#define COMPONENT_ROW(p, names_of, required, m) .dest = HP(m), .component = names_of, \
+    .info = { p, COLIBRI_FIELD_CHOICE, 0, 0, NULL, required, 0, NULL, NULL, 0 }
+/* lo <= value <= the field `of` + plus */
+#define INT_UPTO(p, lo, plus, of, m) .dest = HP(m), \
+    .info = { p, COLIBRI_FIELD_INTEGER, lo, plus, of, 1, 0, NULL, NULL, 0 }
+/* the same, optional: absent, the field `of` */
+#define INT_UPTO_OR_THAT(p, lo, plus, of, m) .dest = HP(m), \
+    .info = { p, COLIBRI_FIELD_INTEGER, lo, plus, of, 0, 0, of, NULL, 0 }
+#define SECTION(p)     INFO(p, OBJECT, 0, 0, 1, 0)
+#define SECTION_OR(p)  INFO(p, OBJECT, 0, 0, 0, 0)
+#define LAYER_LIST(p)  INFO(p, OTHER, 0, 0, 0, 0)   /* per layer: colibri_read_layer_kinds */
+#define ROPE(type) (1u << COLIBRI_ROPE_##type)
+
+/* In the order the loader reads them, which decides which of two faults a message names. */
+static const schema_row fields[] = {
+    { SECTION("hparams") },
+    { INT("hparams.vocab_size", 1, MAX_VOCAB, vocab_size) },
+    { INT("hparams.hidden_size", 1, MAX_HIDDEN, hidden_size) },
+    { INT("hparams.intermediate_size", 1, MAX_FFN, intermediate_size) },
+    { INT("hparams.num_layers", 1, MAX_LAYERS, n_layers) },
+    { INT("hparams.num_heads", 1, MAX_HEADS, n_heads) },
+    { INT("hparams.num_kv_heads", 1, MAX_HEADS, n_kv_heads) },
+    { INT("hparams.head_dim", 2, MAX_HEAD_DIM, head_dim) },
+    { INT("hparams.max_position_embeddings", 1, MAX_POSITIONS, max_position_embeddings) },
+    { NUM("hparams.rope_theta", 0.0, 1e12, rope_theta) },
+    { NUM("hparams.rms_norm_eps", 0.0, 1.0, rms_norm_eps) },
+    { INT("hparams.sliding_window", 0, MAX_POSITIONS, sliding_window) },
+    { BOOL("hparams.tie_word_embeddings", tie_word_embeddings) },
+    { INT_UPTO("hparams.bos_token_id", -1, -1, "hparams.vocab_size", bos_token_id) },   /* -1: none */
+    { INT_UPTO("hparams.eos_token_id", -1, -1, "hparams.vocab_size", eos_token_id), .then = check_heads },
+    { INT_OR("hparams.dense_intermediate_size", 1, MAX_FFN, 0, dense_intermediate_size) },
+    { BOOL_OR("hparams.attention_bias", 0, attention_bias) },
+    { BOOL_OR("hparams.attention_out_bias", 0, attention_out_bias) },
+    { CHOICE_OR("hparams.qk_norm", qk_norms, qk_norm) },
+    { INT_UPTO_OR_THAT("hparams.rope_dim", 2, 0, "hparams.head_dim", rope_dim), .then = check_rope_dim },
+    { BOOL_OR("hparams.rope_interleaved", 0, rope_interleaved) },
+    { NUM_OR("hparams.clip_qkv", 0.0, 1e30, 0, clip_qkv) },
+    { NUM_OR("hparams.attention_scale", 0.0, 1e6, 0, attention_scale), .then = default_attention_scale },
+    { NUM_OR("hparams.embedding_multiplier", 0.0, 1e6, 1, embedding_multiplier) },
+    { NUM_OR("hparams.residual_multiplier", 0.0, 1e6, 1, residual_multiplier) },
+    { NUM_OR("hparams.logits_divisor", 0.0, 1e6, 1, logits_divisor) },
+    { BOOL_OR("hparams.attention_sinks", 0, attention_sinks) },
+    { CHOICE_OR("hparams.norm", norm_kinds, norm_kind) },
+    { INT_OR("hparams.attention_chunk", 1, MAX_POSITIONS, 0, attention_chunk) },
+    { INT_OR("hparams.conv_kernel", 1, 64, 0, conv_kernel) },
+    { BOOL_OR("hparams.conv_bias", 0, conv_bias) },
+    { LAYER_LIST("hparams.mlp_layers") },
+    { LAYER_LIST("hparams.attention_layers") },
+    { LAYER_LIST("hparams.position_layers") },
+    { LAYER_LIST("hparams.operator_layers") },
+    { SECTION_OR("hparams.nope_temperature") },
+    { NUM("hparams.nope_temperature.floor_scale", 0.0, 1e12, nope_temperature_floor) },
+    { NUM("hparams.nope_temperature.attn_scale", 0.0, 1e6, nope_temperature_scale) },
+    { BOOL_OR("hparams.lm_head_bias", 0, lm_head_bias) },
+    { SECTION_OR("hparams.latent_attention") },
+    { INT("hparams.latent_attention.q_lora_rank", 0, MAX_FFN, q_lora_rank) },
+    { INT("hparams.latent_attention.kv_lora_rank", 1, MAX_FFN, kv_lora_rank) },
+    { INT("hparams.latent_attention.v_head_dim", 1, MAX_HEAD_DIM, v_head_dim) },
+    { NUM("hparams.latent_attention.norm_eps", 0.0, 1.0, latent_norm_eps), .then = check_latent_attention },
+    /* the per-frequency factors of longrope are tensor rope.factors */
+    { SECTION_OR("hparams.rope_scaling") },
+    { CHOICE("hparams.rope_scaling.type", rope_types, rope_type) },
+    { NUM_OR("hparams.rope_scaling.attention_factor", 0.0, 1e6, 1, rope_attention_factor) },
+    { NUM("hparams.rope_scaling.factor", 0.0, 1e6, rope_factor), .rope_types = ROPE(YARN) | ROPE(LLAMA3) },
+    { INT("hparams.rope_scaling.original_max_position_embeddings", 1, MAX_POSITIONS, rope_original_max),
+      .rope_types = ROPE(YARN) | ROPE(LLAMA3) | ROPE(LONGROPE) },
+    { NUM_OR("hparams.rope_scaling.beta_fast", 0.0, 1e6, 32, rope_beta_fast), .rope_types = ROPE(YARN) },
+    { NUM_OR("hparams.rope_scaling.beta_slow", 0.0, 1e6, 1, rope_beta_slow), .rope_types = ROPE(YARN) },
+    { BOOL_OR("hparams.rope_scaling.truncate", 1, rope_truncate), .rope_types = ROPE(YARN) },
+    { NUM("hparams.rope_scaling.low_freq_factor", 0.0, 1e6, rope_low_freq_factor), .rope_types = ROPE(LLAMA3) },
+    { NUM("hparams.rope_scaling.high_freq_factor", 0.0, 1e6, rope_high_freq_factor), .rope_types = ROPE(LLAMA3) },
+    { NUM("hparams.rope_scaling.short_mscale", 0.0, 1e6, rope_short_mscale), .rope_types = ROPE(LONGROPE) },
+    { NUM("hparams.rope_scaling.long_mscale", 0.0, 1e6, rope_long_mscale), .rope_types = ROPE(LONGROPE),
+      .then = check_rope },
+
+    { SECTION("routing") },
+    { COMPONENT_ROW("routing.type", router_name, 1, router_kind) },
+    { SECTION("experts") },
+    { INT("experts.count", 1, MAX_EXPERTS, n_experts) },
+    { CHOICE("experts.weight_layout", layout_names, expert_layout), .map = layout_of },
+    { INFO("experts.quantization", OTHER, 0, 0, 1, 0), .read = read_quantization_claim },
+    { CHOICE("experts.activation", gate_names, expert_kind), .map = expert_kind_of_gate,
+      .also_map = activation_of_gate, .also = HP(activation) },
+    { COMPONENT_ROW("experts.type", expert_name, 0, expert_kind), .then = check_expert_type },
+    { BOOL_OR("experts.bias", 0, expert_bias) },
+    { NUM_OR("experts.swiglu_limit", 0.0, 1e6, 7, swiglu_limit) },
+    { NUM_OR("experts.swiglu_alpha", 0.0, 1e6, 1.702, swiglu_alpha) },
+    { SECTION_OR("experts.shared") },
+    { INT("experts.shared.intermediate_size", 1, MAX_FFN, shared_intermediate_size) },
+    { CHOICE_OR("experts.shared.gate", shared_gates, shared_gate) },
+    { INT("routing.top_k", 1, MAX_TOP_K, top_k), .then = check_top_k },
+    { BOOL_OR("routing.normalize", 1, normalize_topk) },
+    { CHOICE_OR("routing.score", router_scores, router_score) },
+    { CHOICE_OR("routing.weights", router_weightings, router_weights) },
+    { BOOL_OR("routing.logit_bias", 0, router_logit_bias) },
+    { BOOL_OR("routing.selection_bias", 0, router_selection_bias) },
+    { INT_OR("routing.groups", 1, MAX_EXPERTS, 1, n_groups) },
+    { INT_UPTO_OR_THAT("routing.topk_groups", 1, 0, "routing.groups", topk_groups) },
+    { CHOICE_OR("routing.group_score", group_scores, group_score) },
+    { NUM_OR("routing.normalize_eps", -1.0, 1.0, 0, normalize_eps) },
+    { NUM_OR("routing.scale", 0.0, 1e6, 1, routed_scale) },
+    { NUM_OR("routing.jitter_eps", 0.0, 1e6, 0.01, jitter_eps) },
+    { BOOL_OR("routing.gate_on_input", 0, gate_on_input) },
+    { NUM_OR("routing.capacity_factor", 0.0, 1e6, 0, capacity_factor) },
+    { COMPONENT_ROW("routing.aggregator", aggregator_name, 0, aggregator_kind), .then = check_routing },
+};
+
+#undef HP
+#undef INFO
+#undef INT
+#undef INT_OR
+#undef NUM
+#undef NUM_OR
+#undef BOOL
+#undef BOOL_OR
+#undef CHOICE_ROW
+#undef CHOICE
+#undef CHOICE_OR
+#undef COMPONENT_ROW
+#undef INT_UPTO
+#undef INT_UPTO_OR_THAT
+#undef SECTION
+#undef SECTION_OR
+#undef LAYER_LIST
+#undef ROPE
+
+#define MAX_SECTION_KEYS 48   /* hparams has the most fields: 38 */
+#define MAX_SECTIONS 8
+
+int32_t colibri_schema_count(void) { return (int32_t)COLIBRI_COUNT_OF(fields); }
+
+colibri_status colibri_schema_field(int32_t index, colibri_field_info *info)
+{
+    if (!info || index < 0 || index >= colibri_schema_count()) return COLIBRI_E_ARG;
+    *info = fields[index].info;
+    return COLIBRI_OK;
+}
+
+static const schema_row *row_at(const char *path)
+{
+    size_t r;
+    for (r = 0; r < COLIBRI_COUNT_OF(fields); r++)
+        if (strcmp(fields[r].info.path, path) == 0) return &fields[r];
+    return NULL;
+}
+
+static int32_t *int_at(colibri_hparams *hp, size_t offset) { return (int32_t *)(void *)((uint8_t *)hp + offset); }
+
+/* The value of the integer field at `path`, read earlier in the walk. */
+static int32_t int_field(colibri_hparams *hp, const char *path) { return *int_at(hp, row_at(path)->dest); }
+
+static void store_choice(const schema_row *row, int32_t choice, colibri_hparams *hp)
+{
+    *int_at(hp, row->dest) = row->map ? row->map[choice] : choice;
+    if (row->also_map) *int_at(hp, row->also) = row->also_map[choice];
+}
+
+/* The section's keys must be the paths of the rows right under it, each once. */
+static colibri_status check_section_keys(loader *L, int32_t obj, const char *section)
+{
+    const char *keys[MAX_SECTION_KEYS + 1];
+    size_t len = strlen(section), r, n = 0;
+    for (r = 0; r < COLIBRI_COUNT_OF(fields); r++) {
+        const char *path = fields[r].info.path;
+        if (strncmp(path, section, len) != 0 || path[len] != '.' || strchr(path + len + 1, '.')) continue;
+        if (n == MAX_SECTION_KEYS)
+            return colibri_fail(L->err, COLIBRI_E_LIMIT, "%s has more than %d fields", section, MAX_SECTION_KEYS);
+        keys[n++] = path + len + 1;
+    }
+    keys[n] = NULL;
+    return colibri_check_keys(L, obj, section, keys);
+}
+
+/* One field that is present in section obj (or required there, and missing: get_* says so). */
+static colibri_status read_field(loader *L, int32_t obj, const char *where, const char *key, const schema_row *row,
+                                 colibri_hparams *hp)
+{
+    const colibri_field_info *f = &row->info;
+    int32_t *value = int_at(hp, row->dest), choice = 0;
+    colibri_status st;
+    switch (f->type) {
+    case COLIBRI_FIELD_INTEGER:
+        return get_int(L, obj, where, key, (int64_t)f->min,
+                       f->max_of ? (int64_t)f->max + int_field(hp, f->max_of) : (int64_t)f->max, value);
+    case COLIBRI_FIELD_NUMBER: return get_float(L, obj, where, key, f->min, f->max, (float *)(void *)value);
+    case COLIBRI_FIELD_BOOLEAN: return get_bool(L, obj, where, key, value);
+    case COLIBRI_FIELD_CHOICE:
+        if (row->component) return get_component(L, obj, where, key, row->component, value);
+        st = get_choice(L, obj, where, key, f->choices, f->n_choices, &choice);
+        if (!st) store_choice(row, choice, hp);
+        return st;
+    default: return row->read ? row->read(L, obj, where, key) : COLIBRI_OK;
+    }
+}
+
+static void take_fallback(const schema_row *row, colibri_hparams *hp)
+{
+    const colibri_field_info *f = &row->info;
+    int32_t *value = int_at(hp, row->dest);
+    if (f->type == COLIBRI_FIELD_INTEGER) *value = f->fallback_of ? int_field(hp, f->fallback_of) : (int32_t)f->fallback;
+    else if (f->type == COLIBRI_FIELD_NUMBER) *(float *)(void *)value = (float)f->fallback;
+    else if (f->type == COLIBRI_FIELD_BOOLEAN) *value = (int32_t)f->fallback;
+    else if (f->type == COLIBRI_FIELD_CHOICE && !row->component) store_choice(row, (int32_t)f->fallback, hp);
+}
+
+colibri_status colibri_read_hparams(loader *L, int32_t root, colibri_hparams *hp)
+{
+    struct { const char *path; int32_t tok; } sections[MAX_SECTIONS];   /* tok -1: absent */
+    int32_t n_sections = 0, s;
+    size_t r;
+    colibri_status st;
+    for (r = 0; r < COLIBRI_COUNT_OF(fields); r++) {
+        const schema_row *row = &fields[r];
+        const char *path = row->info.path, *dot = strrchr(path, '.'), *key = dot ? dot + 1 : path;
+        const char *where = "model";
+        int32_t obj = root, present;
+        if (dot) {   /* its section, met earlier in the table */
+            size_t len = (size_t)(dot - path);
+            for (s = 0; s < n_sections; s++)
+                if (strlen(sections[s].path) == len && strncmp(sections[s].path, path, len) == 0) break;
+            if (s == n_sections) return colibri_fail(L->err, COLIBRI_E_LIMIT, "schema: %s comes before its section", path);
+            where = sections[s].path;
+            obj = sections[s].tok;
+        }
+        present = obj >= 0 && has_field(L, obj, key);
+        if (row->rope_types && !(row->rope_types & (1u << hp->rope_type))) {
+            /* not this rope type's: left as it is */
+        } else if (row->info.type == COLIBRI_FIELD_OBJECT) {
+            int32_t tok = -1;
+            if (n_sections == MAX_SECTIONS)
+                return colibri_fail(L->err, COLIBRI_E_LIMIT, "schema: more than %d sections", MAX_SECTIONS);
+            if (present || (obj >= 0 && row->info.required)) {
+                st = colibri_get_field(L, obj, where, key, JSON_OBJECT, &tok);
+                if (!st) st = check_section_keys(L, tok, path);
+                if (st) return st;
+            }
+            sections[n_sections].path = path;
+            sections[n_sections++].tok = tok;
+        } else if (present || (obj >= 0 && row->info.required)) {
+            st = read_field(L, obj, where, key, row, hp);
+            if (st) return st;
+        } else if (!row->info.required) {
+            take_fallback(row, hp);
+        }
+        if (row->then) {
+            st = row->then(L, root, hp);
+            if (st) return st;
+        }
+    }
+    return COLIBRI_OK;
+}
+
+
 
 /* An optional per-layer array of strings, each `first` or `second`: flags[l] = 1 for `first`.
  * Absent: every flag stays as it is. */

@@ -240,6 +240,173 @@ static int crc_value(const char *text, const json_token *t, uint32_t *crc)
     return 1;
 }
 
+/* tensor.dtype: one colibri reads, and the one its slot holds (a weight, or the tokenizer's integers). */
+static colibri_status read_dtype(loader *L, int32_t obj, const char *where, int64_t slot, colibri_tensor *t)
+{
+    int32_t i = 0;
+    int choice, need = colibri_slot_integer_dtype(slot);
+    char list[160];
+    colibri_status st = colibri_get_field(L, obj, where, "dtype", JSON_STRING, &i);
+    if (st) return st;
+    for (choice = 0; choice < COLIBRI_DTYPE_COUNT; choice++)
+        if (colibri_json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
+    if (colibri_json_string_equals(L->text, &L->tok[i], "fp16")) choice = COLIBRI_DTYPE_F16;   /* the spec's spelling */
+    if (choice == COLIBRI_DTYPE_COUNT) {
+        char text[24];
+        colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
+        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (expected %s)",
+                            where, text, list_dtypes(list, sizeof list, 0));
+    }
+    t->dtype = (colibri_dtype)choice;
+    if (need >= 0 ? (int)t->dtype != need : !colibri_dtypes[t->dtype].holds_weights)
+        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
+                            need >= 0 ? colibri_dtype_name((colibri_dtype)need) : list_dtypes(list, sizeof list, 1));
+    return COLIBRI_OK;
+}
+
+/* tensor.shape: the one the hyper-parameters give its slot; *elements its product (*overflow set past 2^64). */
+static colibri_status read_shape(loader *L, int32_t obj, const char *where, const colibri_hparams *hp, int64_t slot,
+                                 colibri_tensor *t, uint64_t *elements, int *overflow)
+{
+    int32_t shape_tok = 0, dim_tok;
+    int64_t expected[4], v;
+    int n_expected, ok, k;
+    char got[96], want[96];
+    size_t gl = 0, wl = 0;
+    uint32_t d;
+    colibri_status st = colibri_get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);
+    if (st) return st;
+    n_expected = expected_shape(hp, slot, expected);
+    t->n_dims = (int32_t)L->tok[shape_tok].n_children;
+    ok = t->n_dims == n_expected;
+    if (L->tok[shape_tok].n_children > 4)
+        return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape has %u dimensions (at most 4)", where,
+                            L->tok[shape_tok].n_children);
+    *elements = 1;
+    for (d = 0, dim_tok = shape_tok + 1; d < L->tok[shape_tok].n_children; d++, dim_tok += (int32_t)L->tok[dim_tok].subtree) {
+        const json_token *dim = &L->tok[dim_tok];
+        if (!colibri_json_as_int64(L->text, dim, &v) || v < 0)
+            return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: shape[%u] must be a non-negative integer", where, d);
+        if (d < 4) t->shape[d] = v;
+        if ((int)d >= n_expected || (v != expected[d] && expected[d] >= 0)) ok = 0;
+        *elements = colibri_mul_u64(*elements, (uint64_t)v, overflow);
+        if (gl < sizeof got) gl += colibri_format(got + gl, sizeof got - gl, d ? ",%lld" : "%lld", (long long)v);
+    }
+    if (ok) return COLIBRI_OK;
+    for (k = 0; k < n_expected; k++) {
+        if (expected[k] < 0) wl += colibri_format(want + wl, sizeof want - wl, k ? ",n" : "n");
+        else wl += colibri_format(want + wl, sizeof want - wl, k ? ",%lld" : "%lld", (long long)expected[k]);
+    }
+    if (L->tok[shape_tok].n_children == 0) got[0] = '\0';
+    return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape [%s] != expected [%s]", where, got, want);
+}
+
+/* tensor.file_offset and file_size: the bytes of `elements` elements of its dtype, in whole blocks
+ * (and row groups, for the dtypes that interleave rows). */
+static colibri_status read_extent(loader *L, int32_t obj, const char *where, int64_t slot, colibri_tensor *t,
+                                  uint64_t elements, int overflow)
+{
+    const colibri_dtype_traits *traits = &colibri_dtypes[t->dtype];
+    int32_t i = 0;
+    int64_t v;
+    uint64_t need;
+    colibri_status st = colibri_get_field(L, obj, where, "file_offset", JSON_NUMBER, &i);
+    if (st) return st;
+    if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v < 0)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_offset must be a non-negative integer", where);
+    t->file_offset = (uint64_t)v;
+    st = colibri_get_field(L, obj, where, "file_size", JSON_NUMBER, &i);
+    if (st) return st;
+    if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v < 0)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_size must be a non-negative integer", where);
+    t->file_size = (uint64_t)v;
+    if (colibri_dtype_is_block(t->dtype) && (t->n_dims == 0 || t->shape[t->n_dims - 1] % traits->block != 0))
+        return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: %s rows must be whole blocks: the last dimension (%lld) is not a multiple of %d",
+                            where, colibri_dtype_name(t->dtype), t->n_dims ? (long long)t->shape[t->n_dims - 1] : 0LL,
+                            (int)traits->block);
+    if (traits->rows > 1) {   /* interleaved rows: only matrices multiplied whole, rows in groups */
+        int64_t rows = t->n_dims >= 2 ? t->shape[t->n_dims - 2] : 0;
+        if (!colibri_slot_multiplied_whole(slot))
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: dtype %s interleaves rows, which only a matrix the forward "
+                                "pass multiplies whole may (not the embedding nor one read by row; docs/FORMAT.md)",
+                                where, colibri_dtype_name(t->dtype));
+        if (rows % traits->rows != 0)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: dtype %s interleaves groups of %d rows, but it has %lld rows",
+                                where, colibri_dtype_name(t->dtype), (int)traits->rows, (long long)rows);
+    }
+    /* elements / block blocks: exact, rows are whole blocks */
+    need = colibri_mul_u64(elements / (uint64_t)traits->block, (uint64_t)traits->block_bytes, &overflow);
+    if (overflow || need != t->file_size)
+        return colibri_fail(L->err, COLIBRI_E_SIZE, "%s: file_size %llu != %llu bytes of %s",
+                            where, (unsigned long long)t->file_size, (unsigned long long)need,
+                            colibri_dtype_name(t->dtype));
+    return COLIBRI_OK;
+}
+
+/* tensor.expert_stride: interleaved routed experts only, E parts, expert e's at file_offset + e * expert_stride;
+ * t->span is then from expert 0's part to the end of the last's, for the bounds check. */
+static colibri_status read_expert_stride(loader *L, int32_t obj, const char *where, const colibri_hparams *hp,
+                                         int64_t slot, colibri_tensor *t)
+{
+    int interleaved = colibri_slot_is_routed_expert(slot) && hp->expert_layout == COLIBRI_LAYOUT_INTERLEAVED;
+    uint64_t part = t->file_size / (uint64_t)hp->n_experts;   /* exact: shape[0] is n_experts */
+    int32_t i = 0;
+    int64_t v;
+    int overflow = 0;
+    colibri_status st;
+    t->expert_stride = 0;
+    t->span = t->file_size;
+    if (!interleaved && colibri_json_object_get(L->text, L->tok, obj, "expert_stride") >= 0)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: expert_stride belongs only to the routed experts' tensors "
+                            "of the interleaved layout (experts.weight_layout)", where);
+    if (!interleaved) return COLIBRI_OK;
+    st = colibri_get_field(L, obj, where, "expert_stride", JSON_NUMBER, &i);
+    if (st) return st;
+    if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v <= 0)
+        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: expert_stride must be a positive integer", where);
+    t->expert_stride = (uint64_t)v;
+    if (t->expert_stride % COLIBRI_ALIGNMENT != 0)
+        return colibri_fail(L->err, COLIBRI_E_ALIGN, "%s: expert_stride %llu is not a multiple of %d",
+                            where, (unsigned long long)t->expert_stride, COLIBRI_ALIGNMENT);
+    if (t->expert_stride < part)
+        return colibri_fail(L->err, COLIBRI_E_OVERLAP, "%s: expert_stride %llu is below one expert's part "
+                            "(%llu bytes): the parts overlap", where, (unsigned long long)t->expert_stride,
+                            (unsigned long long)part);
+    t->span = colibri_mul_u64((uint64_t)hp->n_experts - 1, t->expert_stride, &overflow) + part;
+    if (overflow || t->span < part)
+        return colibri_fail(L->err, COLIBRI_E_BOUNDS, "%s: %d experts of expert_stride %llu lie past any weights.bin",
+                            where, hp->n_experts, (unsigned long long)t->expert_stride);
+    return COLIBRI_OK;
+}
+
+/* tensor.checksum, and for interleaved experts optionally extent_checksums: one CRC per expert
+ * extent, checked when a session streams it. */
+static colibri_status read_checksums(loader *L, int32_t obj, const char *where, const colibri_hparams *hp,
+                                     colibri_tensor *t)
+{
+    const json_token *list;
+    uint32_t e, crc;
+    int32_t i = 0;
+    colibri_status st = colibri_get_field(L, obj, where, "checksum", JSON_STRING, &i);
+    if (st) return st;
+    if (!crc_value(L->text, &L->tok[i], &t->crc32))
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
+    t->extent_checksums = colibri_json_object_get(L->text, L->tok, obj, "extent_checksums");
+    if (t->extent_checksums < 0) return COLIBRI_OK;
+    list = &L->tok[t->extent_checksums];
+    if (!t->expert_stride)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums belong only to the routed experts' "
+                            "tensors of the interleaved layout", where);
+    if (list->type != JSON_ARRAY || list->n_children != (uint32_t)hp->n_experts)
+        return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums must list %d checksums, one per expert",
+                            where, hp->n_experts);
+    for (e = 0; e < list->n_children; e++)   /* strings: one token each, in order */
+        if (!crc_value(L->text, list + 1 + e, &crc))
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums[%u] must be \"crc32:\" and 8 hex digits",
+                                where, e);
+    return COLIBRI_OK;
+}
+
 colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const colibri_model *m,
                                    colibri_tensor *t, int64_t *slot)
 {
@@ -247,11 +414,9 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
     static const char *const keys[] = { "name", "dtype", "shape", "file_offset", "file_size", "checksum",
                                         "expert_stride", "extent_checksums", NULL };
     char where[64];
-    int32_t i = 0, shape_tok = 0;
-    int64_t expected[4], v;
-    int n_expected, choice, overflow = 0;
+    int32_t i = 0;
+    int overflow = 0;
     uint64_t elements = 1;
-    uint32_t d;
     colibri_status st;
 
     colibri_format(where, sizeof where, "tensors[%u]", index);
@@ -268,147 +433,12 @@ colibri_status colibri_read_tensor(loader *L, int32_t obj, uint32_t index, const
                             : *slot >= T_GLOBAL ? " and these options (docs/FORMAT.md)" : "");
     colibri_format(where, sizeof where, "tensor `%s`", t->name);
     st = colibri_check_keys(L, obj, where, keys);
-    if (st) return st;
-
-    st = colibri_get_field(L, obj, where, "dtype", JSON_STRING, &i);
-    if (st) return st;
-    for (choice = 0; choice < COLIBRI_DTYPE_COUNT; choice++)
-        if (colibri_json_string_equals(L->text, &L->tok[i], colibri_dtypes[choice].name)) break;
-    if (colibri_json_string_equals(L->text, &L->tok[i], "fp16")) choice = COLIBRI_DTYPE_F16;   /* the spec's spelling */
-    if (choice == COLIBRI_DTYPE_COUNT) {
-        char text[24], list[160];
-        colibri_copy_token_text(text, sizeof text, L->text, &L->tok[i]);
-        return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: unknown dtype \"%s\" (expected %s)",
-                            where, text, list_dtypes(list, sizeof list, 0));
-    }
-    t->dtype = (colibri_dtype)choice;
-    {
-        int need = colibri_slot_integer_dtype(*slot);
-        char list[160];
-        if (need >= 0 ? (int)t->dtype != need : !colibri_dtypes[t->dtype].holds_weights)
-            return colibri_fail(L->err, COLIBRI_E_DTYPE, "%s: dtype %s, expected %s", where, colibri_dtype_name(t->dtype),
-                                need >= 0 ? colibri_dtype_name((colibri_dtype)need) : list_dtypes(list, sizeof list, 1));
-    }
-
-    st = colibri_get_field(L, obj, where, "shape", JSON_ARRAY, &shape_tok);
-    if (st) return st;
-    n_expected = expected_shape(hp, *slot, expected);
-    t->n_dims = (int32_t)L->tok[shape_tok].n_children;
-    {
-        int ok = t->n_dims == n_expected;
-        char got[96], want[96];
-        size_t gl = 0, wl = 0;
-        int32_t dim_tok = shape_tok + 1;
-        if (L->tok[shape_tok].n_children > 4)
-            return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape has %u dimensions (at most 4)", where,
-                                L->tok[shape_tok].n_children);
-        for (d = 0; d < L->tok[shape_tok].n_children; d++, dim_tok += (int32_t)L->tok[dim_tok].subtree) {
-            const json_token *dim = &L->tok[dim_tok];
-            if (!colibri_json_as_int64(L->text, dim, &v) || v < 0)
-                return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: shape[%u] must be a non-negative integer", where, d);
-            if (d < 4) t->shape[d] = v;
-            if ((int)d >= n_expected || (v != expected[d] && expected[d] >= 0)) ok = 0;
-            elements = colibri_mul_u64(elements, (uint64_t)v, &overflow);
-            if (gl < sizeof got) gl += colibri_format(got + gl, sizeof got - gl, d ? ",%lld" : "%lld", (long long)v);
-        }
-        if (!ok) {
-            int k;
-            for (k = 0; k < n_expected; k++) {
-                if (expected[k] < 0) wl += colibri_format(want + wl, sizeof want - wl, k ? ",n" : "n");
-                else wl += colibri_format(want + wl, sizeof want - wl, k ? ",%lld" : "%lld", (long long)expected[k]);
-            }
-            if (L->tok[shape_tok].n_children == 0) got[0] = '\0';
-            return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: shape [%s] != expected [%s]", where, got, want);
-        }
-    }
-
-    st = colibri_get_field(L, obj, where, "file_offset", JSON_NUMBER, &i);
-    if (st) return st;
-    if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v < 0)
-        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_offset must be a non-negative integer", where);
-    t->file_offset = (uint64_t)v;
-    st = colibri_get_field(L, obj, where, "file_size", JSON_NUMBER, &i);
-    if (st) return st;
-    if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v < 0)
-        return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: file_size must be a non-negative integer", where);
-    t->file_size = (uint64_t)v;
-    if (colibri_dtype_is_block(t->dtype) && (t->n_dims == 0 || t->shape[t->n_dims - 1] % colibri_dtypes[t->dtype].block != 0))
-        return colibri_fail(L->err, COLIBRI_E_SHAPE, "%s: %s rows must be whole blocks: the last dimension (%lld) is not a multiple of %d",
-                            where, colibri_dtype_name(t->dtype), t->n_dims ? (long long)t->shape[t->n_dims - 1] : 0LL,
-                            (int)colibri_dtypes[t->dtype].block);
-    if (colibri_dtypes[t->dtype].rows > 1) {   /* interleaved rows: only matrices multiplied whole, rows in groups */
-        int64_t rows = t->n_dims >= 2 ? t->shape[t->n_dims - 2] : 0;
-        if (!colibri_slot_multiplied_whole(*slot))
-            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: dtype %s interleaves rows, which only a matrix the forward "
-                                "pass multiplies whole may (not the embedding nor one read by row; docs/FORMAT.md)",
-                                where, colibri_dtype_name(t->dtype));
-        if (rows % colibri_dtypes[t->dtype].rows != 0)
-            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: dtype %s interleaves groups of %d rows, but it has %lld rows",
-                                where, colibri_dtype_name(t->dtype), (int)colibri_dtypes[t->dtype].rows, (long long)rows);
-    }
-    {   /* elements / block blocks: exact, rows are whole blocks */
-        uint64_t need = colibri_mul_u64(elements / (uint64_t)colibri_dtypes[t->dtype].block,
-                                        (uint64_t)colibri_dtypes[t->dtype].block_bytes, &overflow);
-        if (overflow || need != t->file_size)
-            return colibri_fail(L->err, COLIBRI_E_SIZE, "%s: file_size %llu != %llu bytes of %s",
-                                where, (unsigned long long)t->file_size, (unsigned long long)need,
-                                colibri_dtype_name(t->dtype));
-    }
-
-    t->expert_stride = 0;
-    t->span = t->file_size;
-    {   /* interleaved routed experts: E parts, expert e's at file_offset + e * expert_stride */
-        int routed = colibri_slot_is_routed_expert(*slot);
-        int interleaved = routed && hp->expert_layout == COLIBRI_LAYOUT_INTERLEAVED;
-        uint64_t part = t->file_size / (uint64_t)hp->n_experts;   /* exact: shape[0] is n_experts */
-        if (!interleaved && colibri_json_object_get(L->text, L->tok, obj, "expert_stride") >= 0)
-            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: expert_stride belongs only to the routed experts' tensors "
-                                "of the interleaved layout (experts.weight_layout)", where);
-        if (interleaved) {
-            st = colibri_get_field(L, obj, where, "expert_stride", JSON_NUMBER, &i);
-            if (st) return st;
-            if (!colibri_json_as_int64(L->text, &L->tok[i], &v) || v <= 0)
-                return colibri_fail(L->err, COLIBRI_E_TYPE, "%s: expert_stride must be a positive integer", where);
-            t->expert_stride = (uint64_t)v;
-            if (t->expert_stride % COLIBRI_ALIGNMENT != 0)
-                return colibri_fail(L->err, COLIBRI_E_ALIGN, "%s: expert_stride %llu is not a multiple of %d",
-                                    where, (unsigned long long)t->expert_stride, COLIBRI_ALIGNMENT);
-            if (t->expert_stride < part)
-                return colibri_fail(L->err, COLIBRI_E_OVERLAP, "%s: expert_stride %llu is below one expert's part "
-                                    "(%llu bytes): the parts overlap", where, (unsigned long long)t->expert_stride,
-                                    (unsigned long long)part);
-            /* from expert 0's part to the end of the last's, for the bounds check */
-            t->span = colibri_mul_u64((uint64_t)hp->n_experts - 1, t->expert_stride, &overflow) + part;
-            if (overflow || t->span < part)
-                return colibri_fail(L->err, COLIBRI_E_BOUNDS, "%s: %d experts of expert_stride %llu lie past any weights.bin",
-                                    where, hp->n_experts, (unsigned long long)t->expert_stride);
-        }
-    }
-
-    st = colibri_get_field(L, obj, where, "checksum", JSON_STRING, &i);
-    if (st) return st;
-    if (!crc_value(L->text, &L->tok[i], &t->crc32))
-        return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: checksum must be \"crc32:\" and 8 hex digits", where);
-
-    /* interleaved experts: optionally one CRC per expert extent, checked when a session streams it */
-    t->extent_checksums = colibri_json_object_get(L->text, L->tok, obj, "extent_checksums");
-    if (t->extent_checksums >= 0) {
-        const json_token *list = &L->tok[t->extent_checksums];
-        uint32_t e;
-        if (!t->expert_stride)
-            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums belong only to the routed experts' "
-                                "tensors of the interleaved layout", where);
-        if (list->type != JSON_ARRAY || list->n_children != (uint32_t)hp->n_experts)
-            return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums must list %d checksums, one per expert",
-                                where, hp->n_experts);
-        for (e = 0; e < list->n_children; e++) {   /* strings: one token each, in order */
-            uint32_t crc;
-            if (!crc_value(L->text, list + 1 + e, &crc))
-                return colibri_fail(L->err, COLIBRI_E_VALUE, "%s: extent_checksums[%u] must be \"crc32:\" and 8 hex digits",
-                                    where, e);
-        }
-    }
-    return COLIBRI_OK;
+    if (!st) st = read_dtype(L, obj, where, *slot, t);
+    if (!st) st = read_shape(L, obj, where, hp, *slot, t, &elements, &overflow);
+    if (!st) st = read_extent(L, obj, where, *slot, t, elements, overflow);
+    if (!st) st = read_expert_stride(L, obj, where, hp, *slot, t);
+    if (!st) st = read_checksums(L, obj, where, hp, t);
+    return st;
 }
 
 int colibri_extent_checksum(const colibri_model *m, int32_t layer, int32_t expert, uint32_t *crc)

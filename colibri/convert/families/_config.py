@@ -3,7 +3,7 @@
 import math
 
 from ..errors import ConvertError
-from ..limits import INTEGERS, limit_error
+from ..limits import integer_range, limit_error
 
 MISSING = object()
 _KINDS = {int: "an integer", float: "a number", bool: "true or false"}
@@ -27,12 +27,12 @@ def get(config, key, default=MISSING, kind=int):
 
 
 def dim(config, key, default=MISSING, limit=None):
-    """A size: an integer >= 1 and, with `limit` (a colibri field of limits.INTEGERS), within the
+    """A size: an integer >= 1 and, with `limit` (an integer field of the core's schema), within the
     range the core loads, checked before anything is sized by it."""
     value = get(config, key, default)
     if value is not None and value < 1:
         raise ConvertError(f"config.json: `{key}` = {value} must be at least 1")
-    if value is not None and limit and not INTEGERS[limit][0] <= value <= INTEGERS[limit][1]:
+    if value is not None and limit and not integer_range(limit)[0] <= value <= integer_range(limit)[1]:
         raise limit_error(limit, value, key)
     return value
 
