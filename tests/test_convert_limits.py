@@ -120,8 +120,10 @@ def test_the_schema_is_ordered_as_the_loader_walks_it():
     for row in rows:
         section = row["path"].rsplit(".", 1)[0] if "." in row["path"] else None
         assert section is None or seen.get(section) == "object", row
-        for other in (row["max_of"], row["default_of"]):
-            assert other is None or seen.get(other) == "integer", row
+        assert row["max_of"] is None or seen.get(row["max_of"]) == "integer", row
+        # an integer's default is another integer; a component's (experts.type), what a choice implies
+        assert row["default_of"] is None or seen.get(row["default_of"]) == row["type"] == "integer" \
+            or seen.get(row["default_of"]) == row["type"] == "choice", row
         assert (row["default"] is None) == (row["required"] or row["default_of"] is not None
                                             or row["type"] in ("object", "other")), row
         seen[row["path"]] = row["type"]

@@ -501,8 +501,8 @@ static colibri_status check_expert_type(loader *L, int32_t root, colibri_hparams
 #define CHOICE(p, names, m)             CHOICE_ROW(p, names, 1, m)
 #define CHOICE_OR(p, names, m)          CHOICE_ROW(p, names, 0, m)
 /* a registered component's name (names: the registry's at load) */
-#define COMPONENT_ROW(p, names_of, required, m) .dest = HP(m), .component = names_of, \
-    .info = { p, COLIBRI_FIELD_CHOICE, 0, 0, NULL, required, 0, NULL, NULL, 0 }
+#define COMPONENT_ROW(p, names_of, required, fallback_of, m) .dest = HP(m), .component = names_of, \
+    .info = { p, COLIBRI_FIELD_CHOICE, 0, 0, NULL, required, 0, fallback_of, NULL, 0 }
 /* lo <= value <= the field `of` + plus */
 #define INT_UPTO(p, lo, plus, of, m) .dest = HP(m), \
     .info = { p, COLIBRI_FIELD_INTEGER, lo, plus, of, 1, 0, NULL, NULL, 0 }
@@ -577,14 +577,16 @@ static const schema_row fields[] = {
       .then = check_rope },
 
     { SECTION("routing") },
-    { COMPONENT_ROW("routing.type", router_name, 1, router_kind) },
+    { COMPONENT_ROW("routing.type", router_name, 1, NULL, router_kind) },
     { SECTION("experts") },
     { INT("experts.count", 1, MAX_EXPERTS, n_experts) },
     { CHOICE("experts.weight_layout", layout_names, expert_layout), .map = layout_of },
     { INFO("experts.quantization", OTHER, 0, 0, 1, 0), .read = read_quantization_claim },
     { CHOICE("experts.activation", gate_names, expert_kind), .map = expert_kind_of_gate,
       .also_map = activation_of_gate, .also = HP(activation) },
-    { COMPONENT_ROW("experts.type", expert_name, 0, expert_kind), .then = check_expert_type },
+    /* absent: the expert experts.activation implies */
+    { COMPONENT_ROW("experts.type", expert_name, 0, "experts.activation", expert_kind),
+      .then = check_expert_type },
     { BOOL_OR("experts.bias", 0, expert_bias) },
     { NUM_OR("experts.swiglu_limit", 0.0, 1e6, 7, swiglu_limit) },
     { NUM_OR("experts.swiglu_alpha", 0.0, 1e6, 1.702, swiglu_alpha) },
@@ -605,7 +607,7 @@ static const schema_row fields[] = {
     { NUM_OR("routing.jitter_eps", 0.0, 1e6, 0.01, jitter_eps) },
     { BOOL_OR("routing.gate_on_input", 0, gate_on_input) },
     { NUM_OR("routing.capacity_factor", 0.0, 1e6, 0, capacity_factor) },
-    { COMPONENT_ROW("routing.aggregator", aggregator_name, 0, aggregator_kind), .then = check_routing },
+    { COMPONENT_ROW("routing.aggregator", aggregator_name, 0, NULL, aggregator_kind), .then = check_routing },
 };
 
 #undef HP
@@ -634,8 +636,23 @@ int32_t colibri_schema_count(void) { return (int32_t)COLIBRI_COUNT_OF(fields); }
 
 colibri_status colibri_schema_field(int32_t index, colibri_field_info *info)
 {
+    /* a component row's choices: the names registered when asked (a program may register more) */
+    static const char *registered[3][COLIBRI_MOE_REGISTRY_SIZE];
+    const char *(*const kinds[3])(int32_t) = { router_name, expert_name, aggregator_name };
+    const schema_row *row;
+    int32_t k, n = 0;
     if (!info || index < 0 || index >= colibri_schema_count()) return COLIBRI_E_ARG;
-    *info = fields[index].info;
+    row = &fields[index];
+    *info = row->info;
+    for (k = 0; k < 3 && row->component; k++) {
+        if (row->component != kinds[k]) continue;
+        while (n < COLIBRI_MOE_REGISTRY_SIZE && row->component(n)) {
+            registered[k][n] = row->component(n);
+            n++;
+        }
+        info->choices = registered[k];
+        info->n_choices = n;
+    }
     return COLIBRI_OK;
 }
 

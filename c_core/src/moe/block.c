@@ -47,7 +47,7 @@ static void route_part(void *context, int32_t part, int32_t parts)
         if (r.tokens) r.tokens += t0;
     }
     colibri_router_run(j->router, j->hp, j->lw, j->r ? &r : NULL, j->logits + (size_t)t0 * E, t1 - t0,
-                       j->scratch + (size_t)part * colibri_router_scratch_floats(j->router, j->hp), j->ids + (size_t)t0 * K,
+                       j->scratch + (size_t)part * colibri_route_part_floats(j->hp), j->ids + (size_t)t0 * K,
                        j->gates + (size_t)t0 * K);
 }
 
@@ -64,7 +64,7 @@ void colibri_moe_route(const colibri_router *router, const colibri_compute *k, c
 
 /* logits (n, E) = x (n, dim) @ router (E, dim)^T (+ router bias), then ids, gates (n, K) from the
  * session's router. */
-static void route(const colibri_moe_context *c, const float *x, int32_t n)
+static colibri_status route(const colibri_moe_context *c, const float *x, int32_t n, colibri_error *err)
 {
     const colibri_hparams *hp = c->hp;
     const colibri_moe_buffers *b = c->b;
@@ -75,6 +75,12 @@ static void route(const colibri_moe_context *c, const float *x, int32_t n)
         for (t = 0; t < n; t++)
             for (e = 0; e < E; e++) b->router_logits[(size_t)t * E + e] += colibri_load_f32(bias->data, bias->dtype, (size_t)e);
     colibri_moe_route(c->moe->router, c->k, hp, c->lw, c->r, b->router_logits, n, b->router_scratch, b->ids, b->gates);
+    /* a registered router is a program's own code: its ids index the dispatch tables */
+    for (t = 0; t < n * hp->top_k; t++)
+        if (b->ids[t] < 0 || b->ids[t] >= E)
+            return colibri_fail(err, COLIBRI_E_VALUE, "layer %d: router \"%s\" chose expert %d, outside [0, %d)",
+                                c->layer, c->moe->router->name, b->ids[t], E);
+    return COLIBRI_OK;
 }
 
 /* ids, gates (n, K) -> pair_token, pair_gate (n * K) grouped by expert with a counting sort, tokens
@@ -334,7 +340,7 @@ colibri_status colibri_moe_forward(const colibri_moe_context *c, const float *x,
     colibri_status st;
     int32_t e;
 
-    route(c, x, n);
+    if ((st = route(c, x, n, err)) != COLIBRI_OK) return st;
     colibri_profile_add(c->profile, COLIBRI_PHASE_ROUTER, &clock);
 
     group_by_expert(c, n);

@@ -58,6 +58,9 @@ colibri_moe_shape colibri_moe_shape_of(const colibri_hparams *hp);
 
 /* Floats of scratch one call of `router` takes on this model: its registration's bytes, rounded up. */
 size_t colibri_router_scratch_floats(const colibri_router_def *router, const colibri_hparams *hp);
+/* Floats of one routing part's scratch, whatever the session's routing mode: routing.type's router's
+ * (the research routers take it, passing it on to that router, or none). */
+size_t colibri_route_part_floats(const colibri_hparams *hp);
 
 /* ids, gates (n, K) = router(logits (n, E)) over one run of tokens: the call built from hp, lw and r. */
 void colibri_router_run(const colibri_router_def *router, const colibri_hparams *hp, const colibri_layer_weights *lw,
@@ -75,7 +78,7 @@ int32_t colibri_best_untaken(const float *v, int32_t n, const int32_t *taken, in
 void colibri_top_k(const float *v, int32_t n, int32_t k, int32_t *ids);
 
 /* ids, gates (n, K) = router(logits (n, E)), the tokens shared among k's threads in COLIBRI_ROUTE_PARTS
- * runs (several tokens), each with its own colibri_router_scratch_floats of scratch: the same bits as
+ * runs (several tokens), each with its own colibri_route_part_floats of scratch: the same bits as
  * one call, since a router routes each token alone. */
 #define COLIBRI_ROUTE_PARTS 4
 void colibri_moe_route(const colibri_router *router, const colibri_compute *k, const colibri_hparams *hp,

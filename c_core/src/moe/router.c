@@ -242,6 +242,11 @@ size_t colibri_router_scratch_floats(const colibri_router_def *router, const col
     return (bytes + sizeof(float) - 1) / sizeof(float);
 }
 
+size_t colibri_route_part_floats(const colibri_hparams *hp)
+{
+    return colibri_router_scratch_floats(model_router(hp), hp);
+}
+
 void colibri_router_run(const colibri_router_def *router, const colibri_hparams *hp, const colibri_layer_weights *lw,
                         const colibri_routing *r, float *logits, int32_t n, float *scratch, int32_t *ids, float *gates)
 {

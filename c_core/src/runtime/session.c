@@ -61,8 +61,7 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     size_t FF = F;   /* the widest FFN: routed, shared or dense */
     size_t R = (size_t)hp->kv_lora_rank, DR = (size_t)hp->rope_dim, O = Q;   /* O: attention output width */
     size_t KW = R ? R : KV, VW = R ? DR : KV;   /* cache widths: latent attention keeps the latent and the rotary key */
-    /* floats of one routing part's scratch: routing.type's router's (the research routers take it or none) */
-    size_t RS = colibri_router_scratch_floats(colibri_moe_router_at(hp->router_kind), hp);
+    size_t RS = colibri_route_part_floats(hp);   /* floats of one routing part's scratch */
     int32_t l;
     if ((size_t)hp->shared_intermediate_size > FF) FF = (size_t)hp->shared_intermediate_size;
     if ((size_t)hp->dense_intermediate_size > FF) FF = (size_t)hp->dense_intermediate_size;
