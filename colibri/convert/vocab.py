@@ -93,7 +93,7 @@ def _template_bos(processor, added):
     return ids[0] if len(ids) == 1 else None
 
 
-# The pre-tokenizers' regular expressions the core scans by hand (c_core/src/text/tokenize.c).
+# The pre-tokenizers' regular expressions the core scans by hand (c_core/src/text/pretokenize.c).
 LLAMA3_REGEX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|" \
     r"\s*[\r\n]+|\s+(?!\S)|\s+"
 

@@ -62,4 +62,11 @@ colibri_status colibri_check_overlaps(const colibri_model *m, int32_t *order, co
 colibri_status colibri_verify_tensor(const colibri_model *m, const colibri_tensor *t, colibri_error *err);
 colibri_status colibri_check_vocabulary(colibri_model *m, colibri_error *err);
 
+/* ---- encoder.c: the tokenizer's encoder ---- */
+
+/* colibri_model.json's "encoder" into m->enc, whose table pointers the tensor table set, checked
+ * (colibri_encoder_check) against the vocabulary.  A model with no "encoder" gets kind NONE and must
+ * carry none of its tensors. */
+colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m);
+
 #endif

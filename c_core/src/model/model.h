@@ -97,7 +97,7 @@ struct colibri_model {
     colibri_weight rope_factors;    /* (rope_dim / 2) LongRoPE: each frequency's divisor */
     const uint8_t *token_bytes;     /* (n_bytes) every token's bytes, concatenated; NULL: none */
     const int32_t *token_offsets;   /* (vocab + 1) token t is bytes [offsets[t], offsets[t+1]) */
-    colibri_encoder enc;            /* text to ids (text/tokenize.c); kind NONE: ids only */
+    colibri_encoder enc;            /* text to ids (read by encoder.c, used by text/); kind NONE: ids only */
 
     size_t meta_bytes;              /* this struct and its tables */
     /* Set by the platform that opened the model, called by colibri_model_close. */

@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* The encoder a model carries (colibri_model.json's "encoder" and the tokenizer.* tensors beside the
- * byte table, docs/FORMAT.md), validated at load so colibri_tokenize trusts every index in it. */
+/* Text to token ids with the encoder a model carries (colibri_model.json's "encoder" and the
+ * tokenizer.* tensors beside the byte table, docs/FORMAT.md): the tables as text/ reads them, the
+ * check that lets encoding trust every index in them, and the encoding.  model/encoder.c reads
+ * them from the model and checks them at load; text/ knows nothing of the model or its JSON. */
 #ifndef COLIBRI_TOKENIZE_H
 #define COLIBRI_TOKENIZE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "colibri/status.h"
@@ -43,12 +46,23 @@ typedef struct colibri_encoder {
     const uint8_t *added_bytes;     /* the added tokens' text, matched before BPE */
 } colibri_encoder;
 
-struct colibri_model;
-struct loader;
+/* The vocabulary the ids index (colibri_model's tokenizer.token_bytes and token_offsets, borrowed):
+ * token t is bytes [offsets[t], offsets[t + 1]) of `bytes`. */
+typedef struct colibri_vocabulary {
+    int32_t size;
+    const uint8_t *bytes;           /* (offsets[size]) */
+    const int32_t *offsets;         /* (size + 1), non-decreasing from 0 */
+} colibri_vocabulary;
 
-/* colibri_model.json's "encoder" and its tensors (the pointers above, set by the loader from the
- * tensor table): every id below vocab_size, shapes that agree, the sort orders, merged bytes equal
- * to their parts'.  A model with no "encoder" gets kind NONE and must carry none of its tensors. */
-colibri_status colibri_read_encoder(struct loader *L, int32_t root, struct colibri_model *m);
+/* What encoding trusts, checked once (the loader calls it with the encoder's tensors in place and
+ * enc->kind set): every id below vocab->size, the sort orders, merged bytes equal to their parts',
+ * added tokens inside added_bytes, longest first, and for sentencepiece_bpe every byte's token. */
+colibri_status colibri_encoder_check(const colibri_encoder *enc, const colibri_vocabulary *vocab, size_t added_bytes,
+                                     colibri_error *err);
+
+/* text[0, len) encoded by enc (checked, kind not NONE): returns the number of ids, of which the
+ * first `cap` are written to ids.  No allocation; a few KiB of stack. */
+size_t colibri_encode(const colibri_encoder *enc, const colibri_vocabulary *vocab, const uint8_t *text, size_t len,
+                      int32_t *ids, size_t cap);
 
 #endif
