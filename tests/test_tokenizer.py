@@ -491,3 +491,15 @@ def test_generate_needs_no_tokenizer_library_file(tmp_path):
     args = ["generate", "--prompt", "ROMEO: é", "--max-tokens", "24", "--temperature", "0"]
     assert run(sys.executable, "-m", "colibri", *args, "--model", str(tmp_path / "m")) == \
         run(sys.executable, "-m", "colibri", *args)
+
+
+def test_text_depends_on_util_and_the_public_headers_only():
+    """c_core/src/text/ encodes with tables it is given: it includes its own headers, util.h and the
+    public headers, never the model's (model/encoder.c reads the encoder from the model JSON), and
+    only unicode.c includes the generated tables."""
+    text = TABLES.parent
+    allowed = {p.name for p in text.glob("*.h")} | {"../util.h"}
+    for source in sorted([*text.glob("*.c"), *text.glob("*.h")]):
+        included = re.findall(r'^#include "([^"]+)"', source.read_text(), re.M)
+        assert [i for i in included if i not in allowed and not i.startswith("colibri/")] == [], source.name
+        assert ("unicode_tables.h" in included) == (source.name == "unicode.c"), source.name
