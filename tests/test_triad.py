@@ -8,6 +8,7 @@ top-2 router routes as numpy says it should.  The spec-named experts and aggrega
 through c_core/tests/triad_cli, against numpy."""
 import json
 import math
+import re
 import shutil
 import subprocess
 
@@ -137,6 +138,17 @@ def test_registry_refuses_taken_names_a_full_table_and_unknown_types(programs, t
     r = subprocess.run([str(mixtral_router), "--registry", str(_model(tmp_path, "unknown", type="nobody"))],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == "registry ok\n", r.stderr
+
+
+def test_a_router_choosing_past_the_last_expert_is_an_error(programs, tmp_path):
+    """A registered router's ids index the dispatch: one past the last is refused, naming the router."""
+    _, triad_cli = programs
+    r = subprocess.run([str(triad_cli), "stray-router", str(_model(tmp_path, "stray", type="stray"))],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    status, experts, message = re.match(r"(\S+) (\d+): (.*)", r.stdout.strip()).groups()
+    assert status == "COLIBRI_E_VALUE"
+    assert message == f'layer 0: router "stray" chose expert {experts}, outside [0, {experts})'
 
 
 def _numbers(*arrays):

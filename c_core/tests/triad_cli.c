@@ -10,6 +10,9 @@
  *       stdin   n dim m, rows (m), gates (m), y (m, dim), out (n, dim)
  *       stdout  out (n, dim) after the aggregator, one row a line
  *
+ *   triad_cli stray-router MODEL_DIR   MODEL_DIR's routing.type "stray": a registered router that
+ *       chooses expert n_experts for every token; stdout the forward's status and message
+ *
  * Numbers print as %.9g (floats round-trip).  Exit 1: bad input or an unknown name. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,8 +122,49 @@ static int run_aggregator(const char *name)
     return 0;
 }
 
+/* A program's router is its own code: one that names an expert past the last must be an error. */
+static int32_t stray_experts;
+static void route_stray(const colibri_route_call *call, float *logits, int32_t n, void *scratch, int32_t *ids,
+                        float *gates)
+{
+    int32_t i;
+    (void)logits; (void)scratch;
+    for (i = 0; i < n * call->shape.top_k; i++) {
+        ids[i] = call->shape.n_experts;   /* one past the last */
+        gates[i] = 1.0f;
+    }
+    stray_experts = call->shape.n_experts;
+}
+
+static int run_stray_router(const char *dir)
+{
+    static const colibri_router_def stray = { "stray", route_stray, NULL };
+    static const int32_t tokens[] = { 1, 5, 9 };
+    colibri_model *model;
+    colibri_session *s;
+    colibri_session_options so;
+    colibri_error err;
+    colibri_status st;
+    if ((st = colibri_register_router(&stray, &err)) != COLIBRI_OK || (st = colibri_model_open(dir, 0, &model, &err)) != COLIBRI_OK) {
+        fprintf(stderr, "%s\n", err.message);
+        return 1;
+    }
+    memset(&so, 0, sizeof so);
+    so.n_ctx = 8;
+    if ((st = colibri_session_create(model, &so, &s, &err)) != COLIBRI_OK) {
+        fprintf(stderr, "%s\n", err.message);
+        return 1;
+    }
+    st = colibri_forward(s, tokens, 3, NULL, &err);
+    printf("%s %d: %s\n", colibri_status_name(st), stray_experts, st ? err.message : "");
+    colibri_session_destroy(s);
+    colibri_model_close(model);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "stray-router") == 0) return run_stray_router(argv[2]);
     if (argc == 3 && strcmp(argv[1], "expert") == 0) return run_expert(argv[2]);
     if (argc == 3 && strcmp(argv[1], "aggregate") == 0) return run_aggregator(argv[2]);
     fprintf(stderr, "usage: triad_cli expert linear|mlp | triad_cli aggregate sparse|weighted_sum (case on stdin)\n");
