@@ -156,7 +156,7 @@ static int run_stray_router(const char *dir)
         return 1;
     }
     st = colibri_forward(s, tokens, 3, NULL, &err);
-    printf("%s %d: %s\n", colibri_status_name(st), stray_experts, st ? err.message : "");
+    printf("%s %d: %s\n", colibri_status_name(st), (int)stray_experts, st ? err.message : "");
     colibri_session_destroy(s);
     colibri_model_close(model);
     return 0;
