@@ -107,6 +107,7 @@ cdef extern from "colibri/colibri.h" nogil:
                                             colibri_error *err)
     colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model **model,
                                       colibri_error *err)
+    colibri_status colibri_gguf_sidecar(const char *gguf_path, char *dir, size_t cap, colibri_error *err)
     colibri_status colibri_model_check_file(const colibri_model *model, colibri_error *err)
     void colibri_model_close(colibri_model *model)
     const colibri_hparams *colibri_model_hparams(const colibri_model *model)

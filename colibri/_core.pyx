@@ -339,8 +339,33 @@ cdef int64_t _reader_read(void *context, uint64_t offset, void *dst, size_t n) n
         return -5   # EIO: the core names the expert and the bytes
 
 
+def gguf_sidecar(path):
+    """The directory that describes the GGUF file at ``path`` for running it in place (the core's
+    colibri_gguf_sidecar: named by the file's name, size, modification time and first MiB)."""
+    cdef c.colibri_error err
+    cdef c.colibri_status st
+    cdef char out[4096]
+    cdef bytes bpath = _path_bytes(path)
+    cdef const char *cpath = bpath
+    with nogil:
+        st = c.colibri_gguf_sidecar(cpath, out, sizeof(out), &err)
+    if st != c.COLIBRI_OK:
+        raise_error(&err)
+    return os.fsdecode(out)
+
+
+def _path_bytes(path):
+    cdef bytes bpath = os.fsencode(os.fspath(path))
+    if b"\0" in bpath:
+        raise ValueError("model path contains a NUL byte")
+    return bpath
+
+
 cdef class Model:
-    """A colibri model directory (colibri_model.json + weights.bin), validated and mapped.
+    """A colibri model: a directory (colibri_model.json + weights.bin), or a GGUF file run in
+    place, validated and mapped.  A GGUF's tensors are used where they lie in the file; the first
+    open writes its description (colibri.convert.gguf_import.describe_in_place: the tensor table
+    and the vocabulary's tables, no weights) into the directory gguf_sidecar names.
 
     ``verify=True`` also checks every tensor's CRC-32 and that all weights are finite.
 
@@ -353,6 +378,7 @@ cdef class Model:
     """
     cdef c.colibri_model *_model
     cdef readonly str path
+    cdef readonly str directory     # what holds colibri_model.json: path, or a GGUF's sidecar
     cdef readonly int threads
 
     def __cinit__(self, path, *, bint verify=False, threads=0, bint experts_elsewhere=False, bint copy=False):
@@ -368,10 +394,12 @@ cdef class Model:
             (c.COLIBRI_LOAD_EXPERTS_ELSEWHERE if experts_elsewhere else 0) | (c.COLIBRI_LOAD_COPY if copy else 0)
         self.path = os.fspath(path)
         self.threads = _threads_value(threads)
-        cdef bytes bpath = os.fsencode(self.path)
-        if b"\0" in bpath:
-            raise ValueError("model path contains a NUL byte")
+        cdef bytes bpath = _path_bytes(self.path)
         cdef const char *cpath = bpath
+        self.directory = self.path
+        if os.path.isfile(self.path):   # a GGUF, described once
+            from colibri.convert.gguf_import import describe_in_place
+            self.directory = os.fspath(describe_in_place(self.path))
         with nogil:
             st = c.colibri_model_open(cpath, flags, &self._model, &err)
         if st != c.COLIBRI_OK:

@@ -12,5 +12,5 @@ class Model(_CoreModel):
     @property
     def tokenizer(self):
         if not hasattr(self, "_tokenizer"):
-            self._tokenizer = load_tokenizer(self.path)
+            self._tokenizer = load_tokenizer(self.directory)
         return self._tokenizer

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* Loading from memory, the bare-metal way (colibri_model_load): the same model as from the
- * directory, and a clear COLIBRI_E_ALIGN for weights that do not start at a 64-byte boundary.
+ * directory, and a clear COLIBRI_E_ALIGN for weights that do not start at a 32-byte boundary.
  *
  *   test_load_memory MODEL_DIR */
 #include <string.h>
@@ -47,7 +47,7 @@ int main(int argc, char **argv)
     colibri_model_close(from_dir);
 #endif
     st = colibri_model_load(json, json_len, weights + 2, weights_len, 0, meta, meta_bytes, &from_memory, &err);
-    if (st != COLIBRI_E_ALIGN || !strstr(err.message, "64-byte boundary")) {
+    if (st != COLIBRI_E_ALIGN || !strstr(err.message, "32-byte boundary")) {
         fprintf(stderr, "misaligned weights gave %s: %s\n", colibri_status_name(st), err.message);
         return 1;
     }

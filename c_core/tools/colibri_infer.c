@@ -72,7 +72,7 @@ static const struct flag {
     const char *fallback;           /* the default, as typed; NULL: none (the help says what then) */
     const char *help;
 } flags[F_COUNT] = {
-    [F_MODEL] = { "model", required_argument, "DIR", NULL, "a colibri model directory (colibri_model.json + weights.bin)" },
+    [F_MODEL] = { "model", required_argument, "PATH", NULL, "a colibri model directory (colibri_model.json + weights.bin) or a GGUF file" },
     [F_PROMPT] = { "prompt", required_argument, "TEXT", NULL,
                    "the prompt as text, encoded by the model's tokenizer in the core; - reads standard input" },
     [F_TOKENS] = { "tokens", required_argument, "LIST", NULL, "prompt token ids, comma-separated (neither: the model's BOS)" },

@@ -50,7 +50,7 @@ def cmd_validate(args):
     print(f"  {cfg['num_experts']} experts of ffn {cfg['intermediate_size']}, top-{cfg['top_k']} routing")
     print(f"  {len(model.tensors())} tensors, {model.weight_bytes:,} bytes: shapes, offsets, "
           f"CRC-32 checksums and finiteness checked")
-    enc = json.loads(read_regular_text(Path(model.path) / "colibri_model.json")).get("encoder")
+    enc = json.loads(read_regular_text(Path(model.directory) / "colibri_model.json")).get("encoder")
     print(f"  encoder: {enc['kind']}, {enc['pre_tokenizer']} pre-tokenizer; its ids, merges and order checked" if enc
           else "  no encoder: runs on token ids (reconvert with colibri convert to encode text in the core)")
     return 0
@@ -81,5 +81,5 @@ def add_convert(sub):
 
 def add_validate(sub):
     v = sub.add_parser("validate", help="every load check plus checksums, no inference")
-    v.add_argument("model", nargs="?", help="colibri model directory (default: the bundled model)")
+    v.add_argument("model", nargs="?", help="colibri model directory or GGUF file (default: the bundled model)")
     v.set_defaults(func=cmd_validate)

@@ -59,7 +59,7 @@ def cmd_firmware_run(args):
     `colibri generate` prints it (with the model's own byte table), then with --verbose the image's timing and memory on stderr."""
     from colibri.targets import firmware
 
-    model = open_model(args.model)
+    model = _model_directory(args)
     prompt = args.prompt if args.tokens is None else prompt_ids(model, args)   # text: encoded on the board
     session = _firmware_session(args)
     image = firmware.build_image(*session)
@@ -81,11 +81,20 @@ def cmd_firmware_run(args):
     return result.status
 
 
+def _model_directory(args):
+    """The model to build into an image: a directory (a firmware links its weights.bin)."""
+    model = open_model(args.model)
+    if model.directory != model.path:
+        raise SystemExit(f"colibri firmware: an image holds a model directory's weights.bin: convert the GGUF "
+                         f"first (colibri convert {model.path} DIR)")
+    return model
+
+
 def cmd_firmware_export(args):
     """A folder for a firmware project of one's own: sources, model data, plan, CMake and Meson."""
     from colibri.targets import export
 
-    model = open_model(args.model)
+    model = _model_directory(args)
     try:
         sizes = export.export(args.out, model.path, args.ctx, args.batch, args.stack, board=args.board, cpu=args.cpu)
     except export.ExportError as e:

@@ -28,7 +28,7 @@ def cmd_stats(args):
     if args.save_load and not args.text:
         raise SystemExit("colibri stats: --save-load measures a text: give --text FILE")
     if not args.text:
-        report = Path(model.path) / "training.json"
+        report = Path(model.directory) / "training.json"
         if not report.exists():
             raise SystemExit("colibri stats: give --text FILE (this model has no training.json)")
         val = json.loads(report.read_text())["validation"]
@@ -121,7 +121,7 @@ def add_profile(sub):
 
 def add_stats(sub):
     st = sub.add_parser("stats", help="per-expert load (and loss) on a text, or the training report's")
-    st.add_argument("--model", help="colibri model directory (default: the bundled model)")
+    st.add_argument("--model", help="colibri model directory or GGUF file (default: the bundled model)")
     st.add_argument("--text", nargs="*", help="UTF-8 text files to run (default: the training report's figures)")
     st.add_argument("--ctx", type=count_in(0, INT32_MAX), default=0, help="window length (default: the model's, at most 256)")
     st.add_argument("--save-load", metavar="LOAD.json",

@@ -159,7 +159,7 @@ def cmd_memdump(args):
 
 def add_generate(sub):
     g = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
-    g.add_argument("--model", help="colibri model directory (default: the bundled Shakespeare model)")
+    g.add_argument("--model", help="colibri model directory or GGUF file (default: the bundled Shakespeare model)")
     generation_arguments(g, "prompt as comma-separated token ids; prints ids")
     g.add_argument("--ctx", type=count_in(0, INT32_MAX), default=0, help="context to reserve (default: model's, at most 4096)")
     g.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
@@ -178,7 +178,7 @@ def add_generate(sub):
 
 def add_memdump(sub):
     m = sub.add_parser("memdump", help="the memory a model and context need, before any token")
-    m.add_argument("--model", help="colibri model directory (default: the bundled model)")
+    m.add_argument("--model", help="colibri model directory or GGUF file (default: the bundled model)")
     m.add_argument("--ctx", type=count_in(0, INT32_MAX), default=0, help="context length (default: the model's, at most 4096)")
     m.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
     streaming_arguments(m)

@@ -24,7 +24,7 @@ from .errors import ConvertError
 from . import gguf_arch
 from .gguf_vocab import gguf_vocabulary
 from .limits import check as check_limits, integer_range
-from .writer import INTEGER_DTYPES, Stored, write_model
+from .writer import INTEGER_DTYPES, Stored, _encoded, _entry, _header_text, write_model
 
 STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",   # GGUF type -> colibri dtype
           "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q2_K": "q2_k", "Q3_K": "q3_k", "Q4_K": "q4_k",
@@ -240,7 +240,7 @@ def _stored(t):
     shape = tuple(int(d) for d in reversed(t.shape))   # GGUF lists the fastest dimension first
     _check_size(t.name, kind, shape, t.data)
     data = t.data if kind != "BF16" else np.asarray(t.data).view(np.uint16)
-    return shape, STORED[kind], lambda: Stored(data, STORED[kind])
+    return shape, STORED[kind], lambda: Stored(data, STORED[kind], at=int(t.data_offset))
 
 
 def _check_type(t, arch):
@@ -303,12 +303,8 @@ def _family_entries(reader, meta, arch, tensors):
     return desc, [found[name] for name in shapes]
 
 
-def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
-    """Import the GGUF file at `path` into the colibri model directory `out_dir`; with layout
-    "interleaved" the stacked expert tensors are rewritten into per-expert extents, byte for byte;
-    with `repack`, the q4_0 / q8_0 matrices the core allows in the x8 forms are stored so (the same
-    bytes, rows interleaved in groups of 8: writer.repacked_dtype); the K-quants stay as they are."""
-    path, out_dir = Path(path), Path(out_dir)
+def _plan(path):
+    """(reader, the model's JSON document without its tensors, tensor entries) of the GGUF at `path`."""
     try:
         reader = _reader(path)
     except Exception as e:   # the gguf package raises ValueError, struct.error, ... on a broken file
@@ -329,5 +325,68 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
     entries += [(name, x.shape, lambda x=x: x, INTEGER_DTYPES.get(x.dtype, "f32")) for name, x in vocab_tensors]
     doc = {"format": "colibri", "version": 1, **desc, **({"encoder": encoder} if encoder else {}),
            "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}
+    return reader, doc, entries
+
+
+def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
+    """Import the GGUF file at `path` into the colibri model directory `out_dir`; with layout
+    "interleaved" the stacked expert tensors are rewritten into per-expert extents, byte for byte;
+    with `repack`, the q4_0 / q8_0 matrices the core allows in the x8 forms are stored so (the same
+    bytes, rows interleaved in groups of 8: writer.repacked_dtype); the K-quants stay as they are."""
+    path, out_dir = Path(path), Path(out_dir)
+    _, doc, entries = _plan(path)
     write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout, repack=repack)
     return out_dir
+
+
+# extra.bin starts on a boundary of this many bytes in the file's address range (GGUF data offset
+# + extra_at): a page on every system colibri runs on, so the core maps it beside the GGUF's data
+EXTRA_BOUNDARY = 1 << 16
+
+
+def describe_in_place(path, progress=None):
+    """The sidecar directory that runs the GGUF file at `path` in place (colibri.Model(path),
+    colibri-infer --model path), written when missing: colibri_model.json, whose tensor table points
+    into the GGUF's data, and extra.bin, the few tensors colibri makes (the vocabulary's tables, a
+    joined kv_b); no byte of the file's weights is copied.  The core names the directory
+    (colibri_gguf_sidecar: the file's name, size, modification time and first MiB), so a file
+    rewritten or replaced is described anew.  progress: a bar while the tensors' checksums are
+    computed (None: on a terminal)."""
+    from tqdm import tqdm
+    from .._core import gguf_sidecar
+    from .output import staged
+
+    path = Path(path)
+    sidecar = Path(gguf_sidecar(path))
+    if (sidecar / "colibri_model.json").is_file():
+        return sidecar
+    before = path.stat()
+    reader, doc, entries = _plan(path)
+    start = int(reader.data_offset)
+    extra_at = -(-before.st_size // EXTRA_BOUNDARY) * EXTRA_BOUNDARY - start
+    table = []
+    with staged(sidecar) as work, open(work / "extra.bin", "wb") as extra, \
+            tqdm(total=before.st_size - start, unit="B", unit_scale=True, desc=f"describing {path.name}",
+                 disable=None if progress is None else not progress) as bar:
+        for name, shape, load, dtype in entries:
+            x = load()
+            if isinstance(x, Stored) and x.at is not None:   # the file's own bytes, used where they lie
+                data, stored, offset = memoryview(np.ascontiguousarray(x.data)).cast("B"), x.dtype, x.at - start
+                if offset % 32:
+                    raise ConvertError(f"{path}: tensor for `{name}` at byte {x.at}, not on a 32-byte boundary "
+                                       f"(general.alignment {reader.alignment}): convert the file instead")
+                bar.update(len(data))
+            else:   # made here: into extra.bin
+                data, stored = _encoded(name, shape, lambda: x, "f32")
+                extra.write(b"\0" * (-extra.tell() % 64))
+                offset = extra_at + extra.tell()
+                extra.write(data)
+            table.append(_entry(name, stored, shape, offset, data))
+        doc = {**doc, "experts": {**doc["experts"], "weight_layout": "stacked"},
+               "weights": {"format": "gguf", "name": path.name, "data_offset": start,
+                           "data_bytes": before.st_size - start, "file_bytes": before.st_size,
+                           "mtime_ns": before.st_mtime_ns, "extra_at": extra_at}}
+        (work / "colibri_model.json").write_text(_header_text({**doc, "tensors": table}))
+    if path.stat().st_mtime_ns != before.st_mtime_ns:
+        raise ConvertError(f"{path} changed while it was described: open it again")
+    return sidecar

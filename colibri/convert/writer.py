@@ -35,10 +35,12 @@ def nbytes(shape, dtype):
 
 
 class Stored:
-    """Bytes already in a colibri dtype (a GGUF file's q8_0 blocks, f16 values): written as they are."""
+    """Bytes already in a colibri dtype (a GGUF file's q8_0 blocks, f16 values): written as they are.
+    `at`: where they lie in their file, when they are a file's bytes as they are (a GGUF run in place
+    uses them there)."""
 
-    def __init__(self, data, dtype):
-        self.data, self.dtype = np.ascontiguousarray(data), dtype
+    def __init__(self, data, dtype, at=None):
+        self.data, self.dtype, self.at = np.ascontiguousarray(data), dtype, at
 
 
 def stored_dtype(shape, dtype):

@@ -297,7 +297,7 @@ class Edge:
                                      **stream, **session_options)
         self.remote_device = self.session.devices.index(self.driver.name)
 
-        self.hash8 = model_hash(model.path)[:8]
+        self.hash8 = model_hash(model.directory)[:8]
         self.version = 0                 # the orchestrator's placement version this edge runs (0: its own)
         self.applied = []                # (tokens generated so far, version) of each placement applied
         self.generated = 0

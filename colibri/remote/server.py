@@ -52,6 +52,9 @@ class ExpertsService(rpc.ExpertsServicer):
     may take (default: what the largest call needs), fewer rows per call when smaller."""
 
     def __init__(self, model_dir, *, kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True):
+        if Path(model_dir).is_file():   # FetchExpert reads weights.bin's extents
+            raise ValueError(f"{model_dir}: serve-experts serves a model directory: convert the GGUF first "
+                             f"(colibri convert {model_dir} DIR)")
         self.model = colibri.Model(model_dir, threads=threads, copy=True)
         cfg = self.model.config
         self.hash = model_hash(model_dir)

@@ -31,7 +31,9 @@ extern "C" {
 
 #define COLIBRI_VERSION_STRING "0.1.0"
 #define COLIBRI_FORMAT_VERSION 1
-#define COLIBRI_ALIGNMENT 64            /* tensor offsets in weights.bin, arena blocks */
+#define COLIBRI_ALIGNMENT 64            /* arena blocks; what the converter aligns tensors to */
+#define COLIBRI_TENSOR_ALIGNMENT 32     /* tensor offsets and the weights' start: GGUF's default, so that a
+                                           GGUF's tensors are used where they lie in the file */
 #define COLIBRI_MAX_NAME 48             /* tensor names, including the NUL */
 
 typedef enum colibri_dtype {
@@ -240,9 +242,20 @@ enum {
                                    choice: it costs the file's size in memory that cannot be paged out) */
 };
 
-/* Opens a model directory (colibri_model.json + weights.bin) on a hosted platform. */
-colibri_status colibri_model_open(const char *dir, unsigned flags,
+/* Opens a model on a hosted platform: a directory (colibri_model.json + weights.bin), or a GGUF
+ * file used in place, its tensors mapped (or streamed) from the file itself.  A GGUF is run from
+ * its description, kept in its sidecar directory (colibri_gguf_sidecar): colibri_model.json and
+ * extra.bin, the few tensors colibri makes for it (vocabulary tables, joined tensors), never a
+ * copy of its weights.  Python writes the description (colibri.Model(path) on first open);
+ * COLIBRI_E_IO, saying so, when there is none yet. */
+colibri_status colibri_model_open(const char *path, unsigned flags,
                                   colibri_model **model, colibri_error *err);
+
+/* The sidecar directory of the GGUF file at `gguf_path`: $COLIBRI_CACHE (else
+ * $XDG_CACHE_HOME/colibri, else ~/.cache/colibri) /gguf/ NAME-SIZE-MTIME_NS-CRC, CRC the CRC-32
+ * of the file's first MiB: a file rewritten, replaced or renamed gets another.  Nothing is
+ * created.  COLIBRI_E_VERSION when the file is not a GGUF. */
+colibri_status colibri_gguf_sidecar(const char *gguf_path, char *dir, size_t cap, colibri_error *err);
 
 /* COLIBRI_OK while the model's weights.bin is still the file colibri_model_open read (device, inode,
  * size, modification time), else COLIBRI_E_IO saying what changed; every new session checks it.

@@ -26,6 +26,12 @@ colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model
                         dir ? dir : "(null)");
 }
 
+colibri_status colibri_gguf_sidecar(const char *gguf_path, char *dir, size_t cap, colibri_error *err)
+{
+    (void)dir; (void)cap;
+    return colibri_fail(err, COLIBRI_E_IO, "%s: no file system on bare metal", gguf_path ? gguf_path : "(null)");
+}
+
 /* Models live in memory the firmware owns: nothing to recheck. */
 colibri_status colibri_platform_model_check(const colibri_model *model, colibri_error *err)
 {

@@ -16,12 +16,13 @@
 #include "../../src/platform.h"
 #include "../../src/util.h"
 
-const char *colibri_posix_weights_path(const colibri_model *m);   /* posix.c */
+const char *colibri_posix_weights_path(const colibri_model *m, uint64_t *at);   /* posix.c */
 
 struct colibri_io {
     colibri_read_fn read;
     void *context;
-    int fd;                     /* weights.bin when the platform reads it, else -1 */
+    int fd;                     /* the weights' file when the platform reads it, else -1 */
+    uint64_t at;                /* where the weights start in it (a GGUF's data offset) */
     colibri_io_read *reads;     /* in the session arena */
     int32_t head[2], tail[2];   /* the queues: [0] speculative reads, [1] urgent ones; -1 empty */
     int stopping;
@@ -34,10 +35,10 @@ struct colibri_io {
 /* pread until `len` bytes or the end of the file; -errno on an error. */
 static int64_t read_file(void *context, uint64_t offset, void *dst, size_t len)
 {
-    int fd = *(const int *)context;
+    const colibri_io *io = (const colibri_io *)context;
     size_t got = 0;
     while (got < len) {
-        ssize_t n = pread(fd, (uint8_t *)dst + got, len - got, (off_t)(offset + got));
+        ssize_t n = pread(io->fd, (uint8_t *)dst + got, len - got, (off_t)(io->at + offset + got));
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) return -(int64_t)errno;
         if (n == 0) break;
@@ -106,11 +107,17 @@ colibri_status colibri_platform_io_create(const colibri_model *model, colibri_re
     io->reads = reads;
     io->head[0] = io->head[1] = io->tail[0] = io->tail[1] = -1;
     if (!read) {
-        const char *path = colibri_posix_weights_path(model);
+        const char *path = colibri_posix_weights_path(model, &io->at);
         if (!path) {
             free(io);
             return colibri_fail(err, COLIBRI_E_ARG, "expert streaming: the model was not opened from a file; "
                                 "pass expert_read in the session options");
+        }
+        if (direct && io->at % 4096) {   /* the cache aligns offsets within the weights to direct I/O's blocks */
+            uint64_t at = io->at;
+            free(io);
+            return colibri_fail(err, COLIBRI_E_IO, "%s: its weights start at byte %llu, not on a 4096-byte block: "
+                                "stream without direct I/O", path, (unsigned long long)at);
         }
         io->fd = open(path, O_RDONLY | O_NONBLOCK | (direct ? O_DIRECT : 0));   /* never wait on a FIFO */
         if (io->fd < 0) {
@@ -122,7 +129,7 @@ colibri_status colibri_platform_io_create(const colibri_model *model, colibri_re
             return colibri_fail(err, COLIBRI_E_IO, "cannot open %s for expert streaming: %s", path, strerror(e));
         }
         io->read = read_file;
-        io->context = &io->fd;
+        io->context = io;
     }
     pthread_mutex_init(&io->lock, NULL);
     pthread_cond_init(&io->work, NULL);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -22,6 +23,8 @@
 #endif
 #endif
 
+#include "../../src/model/json.h"
+#include "../../src/model/loader.h"
 #include "../../src/model/model.h"
 #include "../../src/platform.h"
 #include "../../src/util.h"
@@ -64,21 +67,24 @@ static void release_posix_model(colibri_model *m);
 
 typedef struct posix_model {
     char *json;
-    void *weights;
-    size_t weights_len;
-    char *weights_path;         /* for expert streaming's reads (expert_io.c) */
-    struct stat weights_stat;   /* weights.bin as mapped: colibri_platform_model_check compares */
+    void *mapping;              /* what release unmaps: weights.bin, or a GGUF's data and the extra tensors */
+    size_t mapping_len;
+    char *weights_path;         /* the file the weights lie in: for expert streaming's reads (expert_io.c) */
+    uint64_t weights_at;        /* where the weights start in it (a GGUF's data offset; 0 for weights.bin) */
+    struct stat weights_stat;   /* that file as mapped: colibri_platform_model_check compares */
 } posix_model;
 
-const char *colibri_posix_weights_path(const colibri_model *m)
+const char *colibri_posix_weights_path(const colibri_model *m, uint64_t *at)
 {
-    return m->release == release_posix_model ? ((const posix_model *)m->platform)->weights_path : NULL;
+    if (m->release != release_posix_model) return NULL;
+    *at = ((const posix_model *)m->platform)->weights_at;
+    return ((const posix_model *)m->platform)->weights_path;
 }
 
 static void release_posix_model(colibri_model *m)
 {
     posix_model *pm = (posix_model *)m->platform;
-    if (pm->weights && pm->weights_len) munmap(pm->weights, pm->weights_len);
+    if (pm->mapping) munmap(pm->mapping, pm->mapping_len);
     free(pm->json);
     free(pm->weights_path);
     free(pm);
@@ -138,75 +144,238 @@ static colibri_status read_json(const char *path, char **text, size_t *len, coli
     return COLIBRI_OK;
 }
 
-/* weights.bin's bytes for the model: mapped privately (copy-on-write), so no write of ours could
- * reach the file; or, with `copy` (COLIBRI_LOAD_COPY), read into anonymous memory made read-only,
- * so a file truncated later cannot fault (SIGBUS) a read past its new end.  *st: the file as read. */
-static colibri_status map_weights(const char *path, int copy, void **data, size_t *len, struct stat *st,
-                                  colibri_error *err)
+/* Where a model's weights lie: weights.bin beside colibri_model.json, or, when the JSON has a
+ * "weights" object, a GGUF file used in place: its data [data_offset, + data_bytes) are the
+ * weights, and the few tensors colibri made for it (its vocabulary tables, tensors it joined) lie
+ * in extra.bin beside the JSON, placed at extra_at in the same address range, so that every
+ * tensor keeps one base pointer.  The GGUF's size and modification time are those it was
+ * described from. */
+typedef struct weights_source {
+    int in_place;
+    char name[256];             /* the GGUF's file name, for messages */
+    int64_t data_offset, data_bytes, file_bytes, mtime_ns, extra_at;
+} weights_source;
+
+static colibri_status read_source(const char *json, size_t len, weights_source *src, colibri_error *err)
 {
-    int fd;
-    size_t got = 0;
-    void *p;
-    colibri_status s = open_regular(path, &fd, st, err);
-    if (s) return s;
-    *len = (size_t)st->st_size;
-    *data = NULL;
-    if (!*len) { close(fd); return COLIBRI_OK; }
-    p = copy ? mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-             : mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-        close(fd);
-        return colibri_fail(err, copy ? COLIBRI_E_NOMEM : COLIBRI_E_IO, "cannot %s %s (%zu bytes): %s",
-                            copy ? "allocate memory for" : "map", path, *len, strerror(errno));
-    }
-    while (copy && got < *len) {
-        size_t want = *len - got < (1u << 30) ? *len - got : (1u << 30);   /* Linux reads < 2 GiB per call */
-        ssize_t n = pread(fd, (char *)p + got, want, (off_t)got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            s = colibri_fail(err, COLIBRI_E_IO, "%s: %s at byte %zu of %zu", path,
-                             n ? strerror(errno) : "the file ended (changed while read)", got, *len);
-            break;
+    static const char *const numbers[] = { "data_offset", "data_bytes", "file_bytes", "mtime_ns", "extra_at" };
+    int64_t *values[5];
+    json_token *tok;
+    uint32_t n = 0, k;
+    int32_t obj, i;
+    colibri_status st = colibri_json_parse(json, len, NULL, 0, &n, err);
+    memset(src, 0, sizeof *src);
+    if (st) return st;
+    tok = malloc((size_t)n * sizeof *tok);
+    if (!tok) return colibri_fail(err, COLIBRI_E_NOMEM, "cannot allocate %u JSON tokens", n);
+    st = colibri_json_parse(json, len, tok, n, &n, err);
+    obj = st || tok[0].type != JSON_OBJECT ? -1 : colibri_json_object_get(json, tok, 0, "weights");
+    values[0] = &src->data_offset; values[1] = &src->data_bytes; values[2] = &src->file_bytes;
+    values[3] = &src->mtime_ns; values[4] = &src->extra_at;
+    if (!st && obj >= 0) {
+        src->in_place = 1;
+        i = colibri_json_object_get(json, tok, obj, "format");
+        if (tok[obj].type != JSON_OBJECT || i < 0 || !colibri_json_string_equals(json, &tok[i], "gguf"))
+            st = colibri_fail(err, COLIBRI_E_VALUE, "model.weights must be an object with \"format\": \"gguf\"");
+        i = st ? -1 : colibri_json_object_get(json, tok, obj, "name");
+        if (!st && (i < 0 || tok[i].type != JSON_STRING))
+            st = colibri_fail(err, COLIBRI_E_VALUE, "model.weights.name must be the GGUF's file name");
+        if (!st) colibri_copy_token_text(src->name, sizeof src->name, json, &tok[i]);
+        for (k = 0; !st && k < 5; k++) {
+            i = colibri_json_object_get(json, tok, obj, numbers[k]);
+            if (i < 0 || !colibri_json_as_int64(json, &tok[i], values[k]) || *values[k] < 0)
+                st = colibri_fail(err, COLIBRI_E_VALUE, "model.weights.%s must be a non-negative integer", numbers[k]);
         }
+        if (!st && (src->data_bytes > src->file_bytes || src->data_offset > src->file_bytes - src->data_bytes ||
+                    src->extra_at < src->data_bytes))
+            st = colibri_fail(err, COLIBRI_E_BOUNDS, "model.weights: the data [%lld, +%lld) lie past the GGUF's %lld bytes, "
+                              "or extra_at %lld inside them", (long long)src->data_offset, (long long)src->data_bytes,
+                              (long long)src->file_bytes, (long long)src->extra_at);
+    }
+    free(tok);
+    return st;
+}
+
+/* pread `len` bytes at `at` of `fd` into `dst`. */
+static colibri_status read_all(int fd, const char *path, uint64_t at, void *dst, size_t len, colibri_error *err)
+{
+    size_t got = 0;
+    while (got < len) {
+        size_t want = len - got < (1u << 30) ? len - got : (1u << 30);   /* Linux reads < 2 GiB per call */
+        ssize_t n = pread(fd, (char *)dst + got, want, (off_t)(at + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return colibri_fail(err, COLIBRI_E_IO, "%s: %s at byte %llu", path,
+                                n ? strerror(errno) : "the file ended (changed while read)", (unsigned long long)(at + got));
         got += (size_t)n;
     }
-    close(fd);
-    if (!s && copy && mprotect(p, *len, PROT_READ) != 0)
-        s = colibri_fail(err, COLIBRI_E_IO, "cannot make the copy of %s read-only: %s", path, strerror(errno));
-    if (s) { munmap(p, *len); return s; }
-    *data = p;
     return COLIBRI_OK;
 }
 
-colibri_status colibri_model_open(const char *dir, unsigned flags, colibri_model **out, colibri_error *err)
+/* The weights' bytes: [at, at + len) of `main_path` (all of weights.bin, or a GGUF's data), and
+ * extra.bin's at extra_at past their start, mapped privately (copy-on-write, so no write of ours
+ * could reach the files) into one reserved range; or, with `copy` (COLIBRI_LOAD_COPY), read into
+ * anonymous memory made read-only, so a file truncated later cannot fault (SIGBUS) a read past
+ * its new end.  pm->weights_stat: the main file as read. */
+static colibri_status map_weights(const char *main_path, const weights_source *src, const char *extra_path, int copy,
+                                  posix_model *pm, uint8_t **weights, size_t *weights_len, colibri_error *err)
 {
-    char path[4096];
+    int fd, extra_fd = -1;
+    struct stat extra_stat;
+    uint64_t at = 0, len, extra_at = 0, extra_len = 0, head, page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint8_t *p = NULL;
+    colibri_status s = open_regular(main_path, &fd, &pm->weights_stat, err);
+    if (s) return s;
+    len = (uint64_t)pm->weights_stat.st_size;
+    *weights = NULL;
+    *weights_len = 0;
+    if (src->in_place) {
+        int64_t mtime = (int64_t)pm->weights_stat.st_mtim.tv_sec * 1000000000 + pm->weights_stat.st_mtim.tv_nsec;
+        if ((int64_t)len != src->file_bytes || mtime != src->mtime_ns)
+            s = colibri_fail(err, COLIBRI_E_IO, "%s changed since it was described (%lld bytes then, %llu now, or "
+                             "written to): open it again to describe it anew", main_path,
+                             (long long)src->file_bytes, (unsigned long long)len);
+        at = (uint64_t)src->data_offset;
+        len = (uint64_t)src->data_bytes;
+        extra_at = (uint64_t)src->extra_at;
+        if (!s) s = open_regular(extra_path, &extra_fd, &extra_stat, err);
+        if (!s) extra_len = (uint64_t)extra_stat.st_size;
+        if (!s && extra_len && (at + extra_at) % page)
+            s = colibri_fail(err, COLIBRI_E_ALIGN, "%s: extra_at %llu does not place extra.bin on a page of %llu bytes",
+                             extra_path, (unsigned long long)extra_at, (unsigned long long)page);
+    }
+    head = at % page;   /* a mapping starts on a page: the weights start `head` bytes into it */
+    pm->mapping_len = (size_t)colibri_align_up((size_t)(head + (extra_len ? extra_at + extra_len : len)), (size_t)page);
+    if (!s && len + extra_len) {
+        p = mmap(NULL, pm->mapping_len, copy ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            p = NULL;
+            s = colibri_fail(err, COLIBRI_E_NOMEM, "cannot reserve %zu bytes for %s: %s", pm->mapping_len, main_path,
+                             strerror(errno));
+        }
+    }
+    if (p && copy) {
+        s = read_all(fd, main_path, at, p + head, (size_t)len, err);
+        if (!s && extra_len) s = read_all(extra_fd, extra_path, 0, p + head + extra_at, (size_t)extra_len, err);
+        if (!s && mprotect(p, pm->mapping_len, PROT_READ) != 0)
+            s = colibri_fail(err, COLIBRI_E_IO, "cannot make the copy of %s read-only: %s", main_path, strerror(errno));
+    } else if (p) {
+        if (len && mmap(p, (size_t)(head + len), PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, (off_t)(at - head)) == MAP_FAILED)
+            s = colibri_fail(err, COLIBRI_E_IO, "cannot map %s (%llu bytes): %s", main_path,
+                             (unsigned long long)len, strerror(errno));
+        if (!s && extra_len &&
+            mmap(p + head + extra_at, (size_t)extra_len, PROT_READ, MAP_PRIVATE | MAP_FIXED, extra_fd, 0) == MAP_FAILED)
+            s = colibri_fail(err, COLIBRI_E_IO, "cannot map %s: %s", extra_path, strerror(errno));
+    }
+    close(fd);
+    if (extra_fd >= 0) close(extra_fd);
+    if (s) {
+        if (p) munmap(p, pm->mapping_len);
+        return s;
+    }
+    pm->mapping = p;
+    pm->weights_at = at;
+    *weights = p ? p + head : NULL;
+    *weights_len = (size_t)(extra_len ? extra_at + extra_len : len);
+    return COLIBRI_OK;
+}
+
+/* CRC-32 of the first MiB: with the size and modification time it names a GGUF's description. */
+#define SIDECAR_HASHED (1u << 20)
+
+colibri_status colibri_gguf_sidecar(const char *gguf_path, char *dir, size_t cap, colibri_error *err)
+{
+    const char *root = getenv("COLIBRI_CACHE"), *base, *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char magic[4], root_buf[4096];
+    uint8_t *chunk;
+    uint32_t crc = 0;
+    uint64_t done = 0, hashed;
+    struct stat st;
+    int fd, n;
+    colibri_status s;
+    if (!gguf_path || !dir || !cap) return colibri_fail(err, COLIBRI_E_ARG, "colibri_gguf_sidecar: NULL argument");
+    s = open_regular(gguf_path, &fd, &st, err);
+    if (s) return s;
+    s = read_all(fd, gguf_path, 0, magic, sizeof magic, err);
+    if (!s && memcmp(magic, "GGUF", 4) != 0)
+        s = colibri_fail(err, COLIBRI_E_VERSION, "%s is a file but not a GGUF file: a model is a directory "
+                         "(colibri_model.json, weights.bin) or a GGUF file", gguf_path);
+    hashed = (uint64_t)st.st_size < SIDECAR_HASHED ? (uint64_t)st.st_size : SIDECAR_HASHED;
+    chunk = s ? NULL : malloc(1u << 16);
+    if (!s && !chunk) s = colibri_fail(err, COLIBRI_E_NOMEM, "out of memory");
+    while (!s && done < hashed) {
+        size_t n = hashed - done < (1u << 16) ? (size_t)(hashed - done) : (1u << 16);
+        s = read_all(fd, gguf_path, done, chunk, n, err);
+        crc = s ? crc : colibri_crc32(crc, chunk, n);
+        done += n;
+    }
+    free(chunk);
+    close(fd);
+    if (s) return s;
+    if (!(root && *root)) {
+        if ((xdg && *xdg ? colibri_format(root_buf, sizeof root_buf, "%s/colibri", xdg)
+                         : home && *home ? colibri_format(root_buf, sizeof root_buf, "%s/.cache/colibri", home)
+                                         : sizeof root_buf) >= sizeof root_buf)
+            return colibri_fail(err, COLIBRI_E_ARG, "no cache directory for %s's description: set COLIBRI_CACHE "
+                                "(or XDG_CACHE_HOME or HOME)", gguf_path);
+        root = root_buf;
+    }
+    base = strrchr(gguf_path, '/');
+    base = base ? base + 1 : gguf_path;
+    n = snprintf(dir, cap, "%s/gguf/%.120s-%lld-%lld-%08x", root, base, (long long)st.st_size,   /* NAME_MAX */
+                 (long long)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec, (unsigned)crc);
+    if (n < 0 || (size_t)n >= cap)
+        return colibri_fail(err, COLIBRI_E_ARG, "the cache directory's path is too long: %s", root);
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_model_open(const char *path, unsigned flags, colibri_model **out, colibri_error *err)
+{
+    char dir[4096], json_path[4096], main_path[4096], extra_path[4096];
+    struct stat what;
+    int gguf;
+    weights_source src;
     posix_model *pm;
-    size_t json_len = 0, meta_bytes;
+    size_t json_len = 0, meta_bytes, weights_len = 0;
+    uint8_t *weights = NULL;
     void *meta = NULL;
     colibri_status st;
 
-    if (!dir || !out) return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_open: NULL argument");
+    if (!path || !out) return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_open: NULL argument");
     *out = NULL;
+    /* a file is a GGUF used in place, described in its sidecar directory; else a model directory */
+    gguf = stat(path, &what) == 0 && S_ISREG(what.st_mode);
+    st = gguf ? colibri_gguf_sidecar(path, dir, sizeof dir, err) : path_join(dir, sizeof dir, path, ".", err);
+    if (st) return st;
+    if (!st) st = path_join(json_path, sizeof json_path, dir, "colibri_model.json", err);
+    if (!st && gguf && access(json_path, F_OK) != 0)
+        return colibri_fail(err, COLIBRI_E_IO, "%s: no description of this GGUF yet: open it once from Python "
+                            "(colibri generate --model FILE, or colibri.Model(FILE)) to make it (no weights copied)", path);
     pm = calloc(1, sizeof *pm);
     if (!pm) return colibri_fail(err, COLIBRI_E_NOMEM, "out of memory");
-
-    st = path_join(path, sizeof path, dir, "colibri_model.json", err);
-    if (!st) st = read_json(path, &pm->json, &json_len, err);
+    if (!st) st = read_json(json_path, &pm->json, &json_len, err);
     if (!st) st = colibri_model_meta_bytes(pm->json, json_len, &meta_bytes, err);
-    if (!st) st = path_join(path, sizeof path, dir, "weights.bin", err);
-    if (!st) st = map_weights(path, (flags & COLIBRI_LOAD_COPY) != 0, &pm->weights, &pm->weights_len, &pm->weights_stat, err);
+    if (!st) st = read_source(pm->json, json_len, &src, err);
+    if (!st && src.in_place && !gguf)
+        st = colibri_fail(err, COLIBRI_E_ARG, "%s describes the GGUF file %s, used in place: open that file", path, src.name);
+    if (!st && !src.in_place && gguf)
+        st = colibri_fail(err, COLIBRI_E_VERSION, "%s: not a description of a GGUF file (no \"weights\"): remove it "
+                          "and open %s again from Python", dir, path);
+    if (!st) st = gguf ? path_join(main_path, sizeof main_path, path, "", err) : path_join(main_path, sizeof main_path, dir, "weights.bin", err);
+    if (!st && gguf) main_path[strlen(main_path) - 1] = '\0';   /* the file itself, not "path/" */
+    if (!st) st = path_join(extra_path, sizeof extra_path, dir, "extra.bin", err);
+    if (!st) st = map_weights(main_path, &src, extra_path, (flags & COLIBRI_LOAD_COPY) != 0, pm, &weights, &weights_len, err);
     if (!st) {   /* absolute: later checks and expert reads must not depend on the working directory */
-        pm->weights_path = realpath(path, NULL);
-        if (!pm->weights_path) st = colibri_fail(err, COLIBRI_E_IO, "cannot resolve %s: %s", path, strerror(errno));
+        pm->weights_path = realpath(main_path, NULL);
+        if (!pm->weights_path) st = colibri_fail(err, COLIBRI_E_IO, "cannot resolve %s: %s", main_path, strerror(errno));
     }
     if (!st) {
         meta = malloc(meta_bytes);   /* malloc aligns to 16 on every POSIX ABI we target */
         if (!meta) st = colibri_fail(err, COLIBRI_E_NOMEM, "cannot allocate %zu bytes of model metadata", meta_bytes);
     }
-    if (!st) st = colibri_model_load(pm->json, json_len, pm->weights, pm->weights_len, flags, meta, meta_bytes, out, err);
+    if (!st) st = colibri_model_load(pm->json, json_len, weights, weights_len, flags, meta, meta_bytes, out, err);
     if (st) {
-        if (pm->weights && pm->weights_len) munmap(pm->weights, pm->weights_len);
+        if (pm->mapping) munmap(pm->mapping, pm->mapping_len);
         free(pm->json);
         free(pm->weights_path);
         free(pm);

@@ -133,9 +133,9 @@ static colibri_status read_tensor_table(loader *L, int32_t tensors_tok, colibri_
         if (seen[slot])
             return colibri_fail(L->err, COLIBRI_E_TENSOR, "tensor `%s` is listed twice", t->name);
         seen[slot] = 1;
-        if (t->file_offset % COLIBRI_ALIGNMENT != 0)
+        if (t->file_offset % COLIBRI_TENSOR_ALIGNMENT != 0)
             return colibri_fail(L->err, COLIBRI_E_ALIGN, "tensor `%s`: file_offset %llu is not a multiple of %d",
-                                t->name, (unsigned long long)t->file_offset, COLIBRI_ALIGNMENT);
+                                t->name, (unsigned long long)t->file_offset, COLIBRI_TENSOR_ALIGNMENT);
         t->slot = (int32_t)slot;
         elsewhere = (flags & COLIBRI_LOAD_EXPERTS_ELSEWHERE) && colibri_slot_is_routed_expert(slot);
         if (elsewhere) {   /* read through the session's reader, which checks each read's length */
@@ -190,9 +190,9 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     *out = NULL;
     if ((uintptr_t)meta % 16 != 0)
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_load: meta buffer must be 16-byte aligned");
-    if ((uintptr_t)weights % COLIBRI_ALIGNMENT != 0)   /* tensor offsets are aligned relative to it */
+    if ((uintptr_t)weights % COLIBRI_TENSOR_ALIGNMENT != 0)   /* tensor offsets are aligned relative to it */
         return colibri_fail(err, COLIBRI_E_ALIGN, "colibri_model_load: weights must start at a %d-byte boundary",
-                            COLIBRI_ALIGNMENT);
+                            COLIBRI_TENSOR_ALIGNMENT);
     st = parse_into_meta(json, json_len, meta, meta_bytes, &lay, &tokens, err);
     if (st) return st;
     m = (colibri_model *)meta;

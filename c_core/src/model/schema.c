@@ -274,7 +274,7 @@ static int number_is_one(const char *text, const json_token *t)
 colibri_status colibri_read_header(loader *L, int32_t root, colibri_model *m)
 {
     static const char *const top_keys[] = { "format", "version", "architecture", "hparams", "routing",
-                                            "experts", "tokenizer", "encoder", "metadata", "tensors", NULL };
+                                            "experts", "tokenizer", "encoder", "metadata", "tensors", "weights", NULL };
     int32_t i = 0, choice;
     uint32_t k;
     colibri_status st;

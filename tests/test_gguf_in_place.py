@@ -1,0 +1,161 @@
+"""A GGUF file run in place: `colibri.Model(x.gguf)`, `colibri generate --model x.gguf` and
+`colibri-infer --model x.gguf` map the file's tensors where they lie, from a description of a
+few kilobytes (the tensor table, the vocabulary's tables) kept in a sidecar directory that the
+core names; the reference is the same GGUF converted with `colibri convert` (a copy of its bytes),
+whose strict logits and texts the in-place run must give bit for bit.  The GGUFs are llama.cpp's
+converter's (tests/test_gguf_families.py), some quantized Q4_K_M-style (tests/kquant.py), and one
+with a byte-level BPE vocabulary so that text runs end to end (tests/test_gguf_tokenizer.py)."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import colibri
+from colibri._core import gguf_sidecar
+from colibri.convert import convert
+from support import infer
+from test_gguf_families import gguf_of, q4_k_m
+from test_gguf_tokenizer import byte_level_vocab, write_gguf
+
+N_TOKENS = 24
+RUN = dict(capture_output=True, text=True, timeout=300, cwd="/")   # the installed colibri, not the source tree
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    """Each test's own cache of descriptions (COLIBRI_CACHE, read by the core)."""
+    monkeypatch.setenv("COLIBRI_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def gguf_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("gguf-in-place")
+
+
+def sidecar_bytes(cache):
+    return sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+
+
+# (family, what the GGUF holds): qwen2_moe in f16; deepseek_v2 in f32 (its kv_b is joined from two
+# of the file's tensors: made, so it goes to extra.bin); olmoe and glm4_moe at Q4_K_M
+CASES = [("qwen2_moe", "f16"), ("deepseek_v2", "f32"), ("olmoe", "q4_k_m"), ("glm4_moe", "q4_k_m")]
+
+
+def case_gguf(family, kind, root):
+    if kind != "q4_k_m":
+        return gguf_of(family, kind, root)[0]
+    out = root / family / "q4_k_m.gguf"
+    if not out.exists():
+        q4_k_m(gguf_of(family, "f32", root, wider=True)[0], out)
+    return out
+
+
+@pytest.mark.parametrize("family,kind", CASES)
+def test_a_gguf_runs_in_place_as_its_conversion_bit_for_bit(family, kind, gguf_root, cache, tmp_path):
+    path = case_gguf(family, kind, gguf_root)
+    convert(path, tmp_path / "converted", progress=False)
+    converted = colibri.Model(tmp_path / "converted", verify=True)
+    before = path.stat()
+    in_place = colibri.Model(path, verify=True)   # the first open describes it
+
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
+    sidecar = Path(in_place.directory)
+    assert sidecar.parent.parent == cache and sidecar == Path(gguf_sidecar(path))
+    written = sidecar_bytes(cache)
+    print(f"{family} {kind}: {path.stat().st_size:,} B GGUF, {written:,} B of description "
+          f"({100 * written / path.stat().st_size:.2f}%); converted weights.bin "
+          f"{(tmp_path / 'converted' / 'weights.bin').stat().st_size:,} B")
+    # what lies in extra.bin is only what colibri made (no tensor the file holds as it is), and the
+    # rest is the JSON: a fixed cost per tensor (these tiny files are 0.6-2 MB; the 2% bound on the
+    # description is for models of real size, shown on the bench pipeline's in the closing note)
+    doc = json.loads((sidecar / "colibri_model.json").read_text())
+    made = [t for t in doc["tensors"] if t["file_offset"] >= doc["weights"]["extra_at"]]
+    assert all(t["name"].startswith("tokenizer.") or t["name"].endswith("attn.wkv_b") for t in made), made
+    assert (sidecar / "extra.bin").stat().st_size <= sum(t["file_size"] + 64 for t in made)
+    assert written - (sidecar / "extra.bin").stat().st_size <= 1024 * len(doc["tensors"]) + 8192
+    assert {t["name"]: t["dtype"] for t in converted.tensors()} == {t["name"]: t["dtype"] for t in in_place.tensors()}
+
+    tokens = np.random.default_rng(3).integers(0, converted.config["vocab_size"], N_TOKENS)
+    for strict in (True, False):
+        ours = in_place.session(ctx=64, strict=strict).forward(tokens)
+        ref = converted.session(ctx=64, strict=strict).forward(tokens)
+        assert np.array_equal(ours, ref), f"strict={strict}: max |in place - converted| {np.abs(ours - ref).max()}"
+    copied = colibri.Model(path, copy=True).session(ctx=64, strict=True).forward(tokens)   # read, not mapped
+    assert np.array_equal(copied, converted.session(ctx=64, strict=True).forward(tokens))
+
+    prompt = ",".join(map(str, tokens[:6]))
+    flags = ["--tokens", prompt, "--max-tokens", "8", "--temperature", "0.8", "--seed", "7", "--ignore-eos"]
+    texts = [subprocess.run([sys.executable, "-m", "colibri", "generate", "--model", str(m), *flags], **RUN)
+             for m in (path, tmp_path / "converted")]
+    assert texts[0].returncode == 0 and texts[0].stdout == texts[1].stdout, (texts[0].stderr, texts[1].stdout)
+    c_texts = [infer("native", "--model", str(m), *flags, check=False) for m in (path, tmp_path / "converted")]
+    assert c_texts[0].returncode == 0, c_texts[0].stderr.decode()
+    assert c_texts[0].stdout == c_texts[1].stdout and c_texts[0].stdout.strip()   # it prints the text, not ids
+    # streamed from the GGUF itself through a cache of half the experts: the same text
+    streamed = subprocess.run([sys.executable, "-m", "colibri", "generate", "--model", str(path),
+                               "--expert-budget", "50%", "--verbose", *flags], **RUN)
+    assert streamed.returncode == 0 and streamed.stdout == texts[1].stdout, streamed.stderr
+    assert int(re.search(r"(\d+) misses", streamed.stderr).group(1)) > 0, streamed.stderr   # read from the file
+
+
+def test_text_runs_in_place_with_the_files_vocabulary(tmp_path):
+    """A GGUF with a byte-level BPE vocabulary: `colibri generate --prompt` and tokenize run from
+    the tables the description made."""
+    tokens, types, merges = byte_level_vocab("gpt-2")
+    path = write_gguf(tmp_path / "bpe.gguf", tokens, types, merges=merges, pre="gpt-2")
+    convert(path, tmp_path / "converted", progress=False)
+    in_place, converted = colibri.Model(path), colibri.Model(tmp_path / "converted")
+    text = "Hello world, héllo again"
+    assert in_place.tokenize(text) == converted.tokenize(text)
+    flags = ["--prompt", text, "--max-tokens", "12", "--temperature", "0", "--ignore-eos"]
+    out = [subprocess.run([sys.executable, "-m", "colibri", "generate", "--model", str(m), *flags], **RUN)
+           for m in (path, tmp_path / "converted")]
+    assert out[0].returncode == 0 and out[0].stdout == out[1].stdout, out[0].stderr
+
+
+def test_a_changed_gguf_is_described_anew_and_a_stale_description_refused(gguf_root, cache, tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(case_gguf("qwen2_moe", "f16", gguf_root).read_bytes())
+    first = colibri.Model(path).directory
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))   # written to, say
+    second = colibri.Model(path).directory
+    assert first != second and Path(second) == Path(gguf_sidecar(path))
+    # the old description names a file that is not the one on disk: its weights are not mapped
+    doc = json.loads((Path(first) / "colibri_model.json").read_text())
+    assert doc["weights"]["mtime_ns"] != path.stat().st_mtime_ns
+
+
+def test_what_cannot_open_in_place_says_why(gguf_root, cache, tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(case_gguf("qwen2_moe", "f16", gguf_root).read_bytes())
+    # colibri-infer needs the description Python writes
+    r = infer("native", "--model", str(path), "--tokens", "1,2", "--max-tokens", "2", check=False)
+    assert r.returncode != 0 and b"no description of this GGUF yet" in r.stderr, r.stderr
+    sidecar = colibri.Model(path).directory
+    r = infer("native", "--model", str(path), "--tokens", "1,2", "--max-tokens", "2", check=False)
+    assert r.returncode == 0, r.stderr
+    # the sidecar opened as a model directory names the GGUF it describes
+    with pytest.raises(colibri.Error, match="describes the GGUF file m.gguf, used in place: open that file"):
+        colibri.Model(sidecar)
+    # a file that is not a GGUF
+    other = tmp_path / "notes.txt"
+    other.write_text("not a model")
+    with pytest.raises(colibri.Error, match="not a GGUF file"):
+        colibri._core.gguf_sidecar(other)
+    # a GGUF cut short after it was described: the description is not used for another file
+    colibri.Model(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    with pytest.raises(Exception, match="not a readable GGUF|runs to byte|past the end"):
+        colibri.Model(path)
+    # images link a model directory's weights.bin
+    path.write_bytes(data)
+    r = subprocess.run([sys.executable, "-m", "colibri", "firmware", "export", "--model", str(path), "--board",
+                        "mps2-an386", "--out", str(tmp_path / "fw")], **RUN)
+    assert r.returncode != 0 and "convert the GGUF first" in r.stderr, r.stderr
