@@ -59,6 +59,8 @@ cdef extern from "colibri/colibri.h" nogil:
         int32_t top_k
         int32_t bos_token_id
         int32_t eos_token_id
+        int32_t n_eos_token_ids
+        int32_t eos_token_ids[4]     # COLIBRI_MAX_EOS_TOKENS
         int32_t tie_word_embeddings
         int32_t normalize_topk
         int32_t expert_layout
@@ -228,10 +230,26 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_expert_cache_slot(const colibri_session *session, int32_t slot, int32_t *layer,
                                              int32_t *expert, int *pinned)
 
+    ctypedef struct colibri_logit_bias:
+        int32_t token
+        float bias
+
+    enum:
+        COLIBRI_MAX_EOS_TOKENS
+        COLIBRI_PENALTY_WINDOW
+        COLIBRI_PENALTY_LAST_N_DEFAULT
+
     ctypedef struct colibri_sampling:
         float temperature
         int32_t top_k
         float top_p
+        float min_p
+        float repeat_penalty
+        float presence_penalty
+        float frequency_penalty
+        int32_t penalty_last_n
+        const colibri_logit_bias *logit_bias
+        int32_t n_logit_bias
 
     colibri_status colibri_sample(colibri_session *session, const colibri_sampling *params,
                                   uint64_t *rng, int32_t *token, colibri_error *err)

@@ -57,6 +57,27 @@ def _seed_value(seed, what="seed"):
         raise TypeError(f"{what} must be an integer, not {seed!r}") from None
 
 
+MAX_EOS_TOKENS = c.COLIBRI_MAX_EOS_TOKENS   # the most hparams.eos_token_ids a model carries
+_STOP_REASONS = {c.COLIBRI_STOP_EOS: "eos", c.COLIBRI_STOP_MAX_TOKENS: "max_tokens",
+                 c.COLIBRI_STOP_CONTEXT_FULL: "context_full"}   # Session.stop_reason
+_LOGIT_BIAS = np.dtype([("token", np.int32), ("bias", np.float32)])   # colibri_logit_bias
+
+
+def _logit_bias_pairs(logit_bias):
+    """colibri_logit_bias pairs from {id: bias} or (id, bias) pairs (None: none); the ids' range is
+    the core's to check."""
+    if logit_bias is None:
+        return np.zeros(0, _LOGIT_BIAS)
+    items = list(logit_bias.items() if isinstance(logit_bias, dict) else logit_bias)
+    pairs = np.zeros(len(items), _LOGIT_BIAS)
+    for i, (token, bias) in enumerate(items):
+        token = operator.index(token)
+        if not -2**31 <= token < 2**31:
+            raise ValueError(f"logit_bias: token {token} does not fit in 32 bits")
+        pairs[i] = (token, float(bias))
+    return pairs
+
+
 def _threads_value(threads):
     """Threads sharing the big matmuls: 0 (COLIBRI_THREADS, else the cores) to 256, as the core takes."""
     try:
@@ -424,6 +445,7 @@ cdef class Model:
             "max_position_embeddings": hp.max_position_embeddings,
             "sliding_window": hp.sliding_window, "num_experts": hp.n_experts, "top_k": hp.top_k,
             "bos_token_id": hp.bos_token_id, "eos_token_id": hp.eos_token_id,
+            "eos_token_ids": [hp.eos_token_ids[i] for i in range(hp.n_eos_token_ids)],
             "tie_word_embeddings": bool(hp.tie_word_embeddings),
             "normalize_topk": bool(hp.normalize_topk),
             "rope_theta": hp.rope_theta, "rms_norm_eps": hp.rms_norm_eps,
@@ -608,6 +630,8 @@ cdef class Session:
     cdef c.colibri_session *_session
     cdef readonly Model model
     cdef uint64_t _rng
+    cdef readonly object last_seed   # the seed seed() last set (the drawn one for -1); None: never seeded
+    cdef readonly object stop_reason # why the last stream() ended: "eos", "max_tokens", "context_full"; None: running
     cdef bint _busy
     cdef int32_t _vocab
     cdef object _pins
@@ -966,13 +990,18 @@ cdef class Session:
         return {c.colibri_phase_name(p).decode(): ns[p] for p in range(c.COLIBRI_PHASE_COUNT)}
 
     def seed(self, seed):
-        """Seeds the sampler's generator: an integer, taken modulo 2**64."""
+        """Seeds the sampler's generator: an integer, taken modulo 2**64; -1 draws a random seed in
+        [0, 2**31) (what the CLIs' --seed takes back).  Returns the seed set, also in ``last_seed``."""
+        if seed is not None and not isinstance(seed, bool) and seed == -1:
+            seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         cdef uint64_t value = _seed_value(seed)   # converted before the flag: a bad seed leaves the session usable
         self._enter()
         try:
             self._rng = value
+            self.last_seed = seed
         finally:
             self._busy = False
+        return seed
 
     def forward(self, tokens):
         """Appends ``tokens`` to the KV cache; returns float32 logits [len(tokens), vocab]."""
@@ -1015,6 +1044,7 @@ cdef class Session:
         cdef c.colibri_error err
         cdef c.colibri_status st
         cdef int32_t token = 0
+        memset(&sp, 0, sizeof(sp))
         sp.temperature = temperature
         sp.top_k = top_k
         sp.top_p = top_p
@@ -1034,6 +1064,7 @@ cdef class Session:
         cdef c.colibri_status st
         cdef int32_t tok = token
         cdef int32_t nxt = 0
+        memset(&sp, 0, sizeof(sp))
         sp.temperature = temperature
         sp.top_k = top_k
         sp.top_p = top_p
@@ -1050,24 +1081,45 @@ cdef class Session:
         return nxt
 
     def stream(self, prompt, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
-               seed=None, bint stop_at_eos=True, between_tokens=None):
+               seed=None, bint stop_at_eos=True, between_tokens=None, *, float min_p=0.0,
+               float repeat_penalty=1.0, int repeat_last_n=c.COLIBRI_PENALTY_LAST_N_DEFAULT,
+               float presence_penalty=0.0, float frequency_penalty=0.0, logit_bias=None):
         """Prefills ``prompt`` and yields up to ``max_tokens`` generated token ids (the core's
-        generation loop: colibri_generate_next).  between_tokens(), when given, is called before
-        each step that computes a token after the first."""
+        generation loop: colibri_generate_next).  seed: None goes on with the session's generator,
+        -1 draws a random one (``last_seed``).  The sampling steps and their order are colibri.h's:
+        logit_bias ({id: bias} or (id, bias) pairs; -inf bans a token), the repetition, presence and
+        frequency penalties over the last ``repeat_last_n`` tokens (the prompt's included; 0: off,
+        -1: the core's whole window), temperature, top_k, top_p, min_p.  When it ends,
+        ``stop_reason`` says why: "eos" (an end id of the model: finish_reason "stop"), "max_tokens"
+        or "context_full" (before max_tokens: finish_reason "length" for both).  between_tokens(),
+        when given, is called before each step that computes a token after the first."""
         cdef c.colibri_generation g
         cdef c.colibri_generate_options o
         cdef c.colibri_error err
         cdef c.colibri_status st
         cdef int32_t token = -1
+        cdef uint8_t[::1] bias_bytes
         if seed is not None:
             self.seed(seed)
         cdef int32_t[::1] ids = _token_ids(prompt)
         cdef size_t n = ids.shape[0]
+        pairs = _logit_bias_pairs(logit_bias)   # kept alive by this frame: the core reads it every step
+        memset(&o, 0, sizeof(o))
         o.max_tokens = max_tokens
         o.sampling.temperature = temperature
         o.sampling.top_k = top_k
         o.sampling.top_p = top_p
+        o.sampling.min_p = min_p
+        o.sampling.repeat_penalty = repeat_penalty
+        o.sampling.presence_penalty = presence_penalty
+        o.sampling.frequency_penalty = frequency_penalty
+        o.sampling.penalty_last_n = repeat_last_n
+        if len(pairs):
+            bias_bytes = pairs.view(np.uint8)
+            o.sampling.logit_bias = <const c.colibri_logit_bias *>&bias_bytes[0]
+            o.sampling.n_logit_bias = len(pairs)
         o.stop_at_eos = stop_at_eos
+        self.stop_reason = None
         self._enter()
         try:
             o.seed = self._rng
@@ -1088,6 +1140,8 @@ cdef class Session:
                 self._busy = False
             if st != c.COLIBRI_OK:
                 raise_error(&err)
+            if g.stop != c.COLIBRI_STOP_NONE:
+                self.stop_reason = _STOP_REASONS.get(g.stop)
             if token < 0:
                 return
             yield token
@@ -1097,9 +1151,9 @@ cdef class Session:
                 between_tokens()
 
     def generate(self, prompt, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
-                 seed=None, bint stop_at_eos=True):
-        """Like stream(), as a list."""
-        return list(self.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos))
+                 seed=None, bint stop_at_eos=True, **sampling):
+        """Like stream(), as a list (``stop_reason`` says why it ended)."""
+        return list(self.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos, **sampling))
 
     def memdump(self):
         """The memory report: weights by tensor, the arena by group and buffer, totals."""

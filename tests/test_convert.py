@@ -288,6 +288,16 @@ def test_config_variants(tmp_path, edit, want):
     assert {k: doc["hparams"][k] for k in want} == want
 
 
+def test_generation_config_end_ids_join_config_json(tmp_path):
+    """generation_config.json's eos_token_id list (what generate() stops on) is kept after config.json's."""
+    src = tmp_path / "src"
+    copy_hf(FIXTURES / "tiny-mixtral-b", src)
+    eos = json.loads((src / "config.json").read_text())["eos_token_id"]
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, eos, 9]}))
+    hp = json.loads((convert(src, tmp_path / "out", progress=False) / "colibri_model.json").read_text())["hparams"]
+    assert hp["eos_token_id"] == eos and hp["eos_token_ids"] == [eos, 7, 9]
+
+
 # ---------------------------------------------------------------------------------------- errors
 
 def _bad_shape():

@@ -315,3 +315,13 @@ def test_the_merges_of_a_sentencepiece_vocabulary_with_a_long_token_take_linear_
                       bos=1)
     said, _ = imported_within(path, 10)
     assert said == "converted"
+
+
+def test_end_of_turn_and_message_ids_end_a_generation(tmp_path):
+    """tokenizer.ggml.eot_token_id and eom_token_id join the eos id in hparams.eos_token_ids."""
+    tokens, types, merges = byte_level_vocab("gpt-2")
+    path = write_gguf(tmp_path / "m.gguf", tokens, types, merges=merges, pre="gpt-2", eot_token_id=5, eom_token_id=7)
+    out = convert(path, tmp_path / "m", progress=False)
+    hp = json.loads((out / "colibri_model.json").read_text())["hparams"]
+    assert hp["eos_token_id"] == 1 and hp["eos_token_ids"] == [1, 5, 7]
+    assert colibri.Model(out).config["eos_token_ids"] == [1, 5, 7]

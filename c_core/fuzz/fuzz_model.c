@@ -25,7 +25,8 @@ static void run_session(colibri_model *model)
     const colibri_hparams *hp = colibri_model_hparams(model);
     colibri_session_options options;
     colibri_session *session;
-    colibri_sampling greedy = { 0.0f, 0, 1.0f }, nucleus = { 0.8f, 8, 0.9f };
+    colibri_sampling greedy = { .temperature = 0.0f, .top_k = 0, .top_p = 1.0f },
+                     nucleus = { .temperature = 0.8f, .top_k = 8, .top_p = 0.9f };
     colibri_error err;
     size_t arena_bytes;
     void *arena = NULL;

@@ -89,7 +89,7 @@ static colibri_status run(colibri_model *model, const colibri_session_options *s
                           colibri_device_stats *stats, colibri_error *err)
 {
     static const int32_t prompt[N_PROMPT] = { 1, 5, 9, 200, 17, 3, 3, 88, 140, 7, 61, 2 };
-    colibri_sampling greedy = { 0.0f, 0, 1.0f };
+    colibri_sampling greedy = { .temperature = 0.0f, .top_k = 0, .top_p = 1.0f };
     size_t vocab = (size_t)colibri_model_hparams(model)->vocab_size;
     colibri_session *s;
     colibri_status st;

@@ -6,6 +6,8 @@
  * however a text is cut into tokens.
  *
  *   test_generate MODEL_DIR */
+#include <math.h>
+
 #include "model_files.h"
 
 #define N_PROMPT 5
@@ -27,13 +29,16 @@ static int hand_run(colibri_session *s, const colibri_generate_options *o, int32
                     colibri_stop *stop, uint64_t *rng)
 {
     colibri_error err;
-    int32_t token;
+    int32_t token, seen[N_PROMPT + MAX_STEPS];   /* the sequence so far, what the penalties count */
     *rng = o->seed;
     *n = 0;
     *stop = COLIBRI_STOP_MAX_TOKENS;
+    memcpy(seen, prompt, sizeof prompt);
     if (check(colibri_forward(s, prompt, N_PROMPT, NULL, &err), &err, "hand prefill")) return 1;
     while (*n < o->max_tokens) {
-        if (check(colibri_sample(s, &o->sampling, rng, &token, &err), &err, "hand sample")) return 1;
+        if (check(colibri_sample_after(s, &o->sampling, seen, N_PROMPT + *n, rng, &token, &err), &err, "hand sample"))
+            return 1;
+        seen[N_PROMPT + *n] = token;
         out[(*n)++] = token;
         if (o->stop_at_eos && token == eos) { *stop = COLIBRI_STOP_EOS; break; }
         if (*n == o->max_tokens) break;
@@ -59,7 +64,11 @@ static int generated_run(colibri_session *s, const colibri_generate_options *o, 
               &err, "start"))
         return 1;
     if (colibri_session_position(s) != N_PROMPT) { fprintf(stderr, "prompt not prefilled\n"); return 1; }
-    if (eos >= 0) g.eos_token_id = eos;
+    if (eos >= 0) {   /* the stand-in second, after an id the run never makes: any end id stops it */
+        g.eos_token_ids[0] = -1;   /* an id no token is */
+        g.eos_token_ids[1] = eos;
+        g.n_eos_token_ids = 2;
+    }
     for (;;) {
         if (check(colibri_generate_next(&g, &token, &err), &err, "next")) return 1;
         if (token < 0) break;
@@ -112,11 +121,17 @@ static int same_run(colibri_model *model, const colibri_generate_options *o, int
 
 static int generation_tests(colibri_model *model)
 {
-    colibri_generate_options greedy = { 10, { 0.0f, 0, 1.0f }, 0, 1 };
-    colibri_generate_options sampled = { 20, { 0.9f, 10, 1.0f }, 7, 1 };
-    colibri_generate_options nucleus = { 20, { 1.2f, 0, 0.8f }, 3, 1 };
-    colibri_generate_options to_the_end = { MAX_STEPS, { 1.0f, 0, 1.0f }, 11, 0 };   /* the context fills */
-    colibri_generate_options none = { 0, { 0.0f, 0, 1.0f }, 0, 1 };
+    static const colibri_logit_bias bias[] = { { 5, 2.0f }, { 9, -INFINITY } };
+    colibri_generate_options greedy = { 10, { .temperature = 0.0f, .top_p = 1.0f }, 0, 1 };
+    colibri_generate_options sampled = { 20, { .temperature = 0.9f, .top_k = 10, .top_p = 1.0f }, 7, 1 };
+    colibri_generate_options nucleus = { 20, { .temperature = 1.2f, .top_p = 0.8f }, 3, 1 };
+    colibri_generate_options to_the_end = { MAX_STEPS, { .temperature = 1.0f, .top_p = 1.0f }, 11, 0 };   /* the context fills */
+    colibri_generate_options none = { 0, { .temperature = 0.0f, .top_p = 1.0f }, 0, 1 };
+    colibri_generate_options penalised = { 30, { .temperature = 0.8f, .top_p = 0.95f, .min_p = 0.05f,
+                                                 .repeat_penalty = 1.3f, .presence_penalty = 0.5f,
+                                                 .frequency_penalty = 0.25f, .penalty_last_n = 8,
+                                                 .logit_bias = bias, .n_logit_bias = 2 }, 5, 0 };
+    colibri_generate_options penalised_greedy = { 30, { .repeat_penalty = 1.5f, .penalty_last_n = -1 }, 0, 0 };
     int32_t first[MAX_STEPS], n, fails = 0;
     colibri_stop stop;
     uint64_t rng;
@@ -132,6 +147,8 @@ static int generation_tests(colibri_model *model)
     fails += same_run(model, &nucleus, 1, -1, "prompt fed by the caller");
     fails += same_run(model, &to_the_end, 0, -1, "to a full context");
     fails += same_run(model, &none, 0, -1, "max_tokens 0");
+    fails += same_run(model, &penalised, 0, -1, "penalties, bias and min_p");
+    fails += same_run(model, &penalised_greedy, 0, -1, "greedy with a repetition penalty");
 
     /* EOS: a token the sampled run produces stands in for the model's end of sequence */
     memset(&so, 0, sizeof so);

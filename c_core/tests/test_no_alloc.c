@@ -32,7 +32,8 @@ void free(void *p) { if (counting && p) calls++; __libc_free(p); }
 static long decode_counting(colibri_session *session, const char *what)
 {
     static const int32_t prompt[8] = { 1, 17, 42, 99, 5, 250, 3, 64 };
-    colibri_sampling samplers[2] = { { 0.0f, 0, 1.0f }, { 0.9f, 50, 0.9f } };
+    colibri_sampling samplers[2] = { { .temperature = 0.0f, .top_k = 0, .top_p = 1.0f },
+                                     { .temperature = 0.9f, .top_k = 50, .top_p = 0.9f } };
     colibri_error err;
     uint64_t rng = 7;
     int32_t token;
@@ -66,7 +67,7 @@ static void count_bytes(void *context, const char *bytes, size_t len)
 static long generation_counting(const colibri_model *model, colibri_session *session)
 {
     static const int32_t prompt[8] = { 1, 17, 42, 99, 5, 250, 3, 64 };
-    colibri_generate_options options = { 64, { 0.9f, 50, 0.9f }, 7, 0 };
+    colibri_generate_options options = { 64, { .temperature = 0.9f, .top_k = 50, .top_p = 0.9f }, 7, 0 };
     colibri_generation g;
     colibri_text_sink sink;
     colibri_error err;

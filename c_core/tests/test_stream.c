@@ -26,7 +26,7 @@ static int run(colibri_model *model, const colibri_session_options *so, float *o
                colibri_expert_cache_stats *stats)
 {
     static const int32_t prompt[N_PROMPT] = { 1, 5, 9, 200, 17, 3, 3, 88, 140, 7, 61, 2 };
-    colibri_sampling greedy = { 0.0f, 0, 1.0f };
+    colibri_sampling greedy = { .temperature = 0.0f, .top_k = 0, .top_p = 1.0f };
     colibri_session *s;
     colibri_error err;
     uint64_t rng = 1;
@@ -78,7 +78,7 @@ static int64_t faulty_read(void *context, uint64_t offset, void *dst, size_t len
 static int bad_reads(colibri_model *model, const float *resident, size_t vocab)
 {
     static const int32_t prompt[N_PROMPT] = { 1, 5, 9, 200, 17, 3, 3, 88, 140, 7, 61, 2 };
-    colibri_sampling greedy = { 0.0f, 0, 1.0f };
+    colibri_sampling greedy = { .temperature = 0.0f, .top_k = 0, .top_p = 1.0f };
     colibri_session_options so;
     colibri_tensor_info info;
     faulty_reader reader;

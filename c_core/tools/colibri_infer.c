@@ -25,6 +25,7 @@
 #include "colibri/device.h"
 
 #define MAX_PROMPT 65536
+#define MAX_LOGIT_BIAS 1024
 
 typedef struct options {
     const char *model;
@@ -42,7 +43,11 @@ typedef struct options {
     double temperature;
     long top_k;
     double top_p;
-    unsigned long long seed;
+    double min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    long repeat_last_n;
+    colibri_logit_bias logit_bias[MAX_LOGIT_BIAS];
+    int n_logit_bias;
+    long long seed;                 /* -1: a random one, drawn at the start */
     int verbose, validate, memdump, stop_at_eos, ids, reference_kernels;
     int routing;                    /* COLIBRI_ROUTING_* */
     long threads;                   /* 0: COLIBRI_THREADS, else the machine's cores */
@@ -56,7 +61,8 @@ typedef struct options {
 } options;
 
 enum flag_id {
-    F_MODEL, F_PROMPT, F_TOKENS, F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_SEED, F_CTX, F_BATCH,
+    F_MODEL, F_PROMPT, F_TOKENS, F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
+    F_REPEAT_LAST_N, F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_LOGIT_BIAS, F_SEED, F_CTX, F_BATCH,
     F_IGNORE_EOS, F_RESET_EVERY, F_LATENCY, F_IDS, F_LOGITS, F_REFERENCE, F_KERNELS, F_EXPERT_LOAD, F_THREADS,
     F_PROFILE, F_ROUTING, F_ROUTING_NOISE, F_ROUTING_SEED, F_CAPACITY_FACTOR, F_EXPERT_BUDGET, F_EXPERT_CACHE,
     F_DIRECT_IO, F_NO_PREFETCH, F_VERIFY_EXPERTS, F_DEVICE, F_PLACEMENT, F_VALIDATE_MODEL, F_MEMDUMP, F_VERBOSE,
@@ -65,6 +71,9 @@ enum flag_id {
 
 /* Every flag once: getopt_long's table, --help and the defaults parse_args sets come from it.
  * A '-' in a name typed on the command line is the same as '_' (--max-tokens, --max_tokens). */
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+
 static const struct flag {
     const char *name;
     int has_arg;                    /* no_argument, required_argument, optional_argument */
@@ -80,7 +89,19 @@ static const struct flag {
     [F_TEMPERATURE] = { "temperature", required_argument, "T", "0.8", "0 means greedy" },
     [F_TOP_K] = { "top_k", required_argument, "K", "40", "keep the K most likely tokens, 0 = all" },
     [F_TOP_P] = { "top_p", required_argument, "P", "0.95", "nucleus sampling, 1 = off" },
-    [F_SEED] = { "seed", required_argument, "S", "0", "sampling seed" },
+    [F_MIN_P] = { "min_p", required_argument, "P", "0", "keep tokens at least P times the most likely's probability, 0 = off" },
+    [F_REPEAT_PENALTY] = { "repeat_penalty", required_argument, "R", "1",
+                           "a token among the last --repeat_last_n: its logit divided by R (multiplied when\n"
+                           "negative), 1 = off" },
+    [F_REPEAT_LAST_N] = { "repeat_last_n", required_argument, "N", STRINGIFY(COLIBRI_PENALTY_LAST_N_DEFAULT),
+                          "the tokens the penalties count, the prompt's included; 0 = off, -1 = the last "
+                          STRINGIFY(COLIBRI_PENALTY_WINDOW) },
+    [F_PRESENCE_PENALTY] = { "presence_penalty", required_argument, "A", "0", "subtracted from the logit of a token among them" },
+    [F_FREQUENCY_PENALTY] = { "frequency_penalty", required_argument, "F", "0",
+                              "subtracted from a token's logit, times its count among them" },
+    [F_LOGIT_BIAS] = { "logit_bias", required_argument, "ID=B,...", NULL,
+                       "add B to token ID's logit (-inf bans it), before the penalties" },
+    [F_SEED] = { "seed", required_argument, "S", "0", "sampling seed, -1 = a random one (printed with --verbose)" },
     [F_CTX] = { "ctx", required_argument, "N", "0", "context length to reserve, 0: the model's, at most 4096" },
     [F_BATCH] = { "batch", required_argument, "N", "0", "tokens per prefill chunk, 0: 64" },
     [F_IGNORE_EOS] = { "ignore_eos", no_argument, NULL, NULL, "do not stop at the end-of-sequence token" },
@@ -206,6 +227,34 @@ static int parse_seed(const char *flag, const char *s, unsigned long long *out)
     return 1;
 }
 
+/* ID=BIAS,ID=BIAS: the ids' range is the core's to check (it names the pair and the vocabulary) */
+static int parse_logit_bias(const char *flag, const char *s, options *o)
+{
+    o->n_logit_bias = 0;
+    while (*s) {
+        char *end;
+        long id;
+        double bias;
+        errno = 0;
+        id = strtol(s, &end, 10);
+        if (end == s || *end != '=' || errno || id < INT32_MIN || id > INT32_MAX) goto bad;
+        s = end + 1;
+        bias = strtod(s, &end);
+        if (end == s || (*end != ',' && *end != '\0') || bias != bias) goto bad;
+        if (o->n_logit_bias == MAX_LOGIT_BIAS) {
+            fprintf(stderr, "colibri-infer: %s takes at most %d pairs\n", flag, MAX_LOGIT_BIAS);
+            return 0;
+        }
+        o->logit_bias[o->n_logit_bias].token = (int32_t)id;
+        o->logit_bias[o->n_logit_bias++].bias = (float)bias;
+        s = *end ? end + 1 : end;
+    }
+    return 1;
+bad:
+    fprintf(stderr, "colibri-infer: %s expects ID=BIAS pairs, comma-separated (5=-inf,17=2.5), got '%s'\n", flag, s);
+    return 0;
+}
+
 static int parse_routing(const char *s, int *routing)
 {
     static const char *const modes[] = { [COLIBRI_ROUTING_MODEL] = "model", [COLIBRI_ROUTING_NOISY] = "noisy",
@@ -240,7 +289,18 @@ static int set_option(options *o, int id, const char *v)
     case F_TEMPERATURE: return parse_double(flag, v, 0.0, 100.0, &o->temperature);
     case F_TOP_K: return parse_long(flag, v, 0, 1 << 24, &o->top_k);
     case F_TOP_P: return parse_double(flag, v, 0.0, 1.0, &o->top_p);
-    case F_SEED: return parse_seed(flag, v, &o->seed);
+    case F_MIN_P: return parse_double(flag, v, 0.0, 1.0, &o->min_p);
+    case F_REPEAT_PENALTY: return parse_double(flag, v, 0.0, 1e6, &o->repeat_penalty);
+    case F_REPEAT_LAST_N: return parse_long(flag, v, -1, COLIBRI_PENALTY_WINDOW, &o->repeat_last_n);
+    case F_PRESENCE_PENALTY: return parse_double(flag, v, -1e6, 1e6, &o->presence_penalty);
+    case F_FREQUENCY_PENALTY: return parse_double(flag, v, -1e6, 1e6, &o->frequency_penalty);
+    case F_LOGIT_BIAS: return parse_logit_bias(flag, v, o);
+    case F_SEED: {
+        long seed;
+        if (!parse_long(flag, v, -1, 2147483647L, &seed)) return 0;
+        o->seed = seed;
+        return 1;
+    }
     case F_CTX: return parse_long(flag, v, 0, 1 << 24, &o->ctx);
     case F_BATCH: return parse_long(flag, v, 0, 4096, &o->batch);
     case F_IGNORE_EOS: o->stop_at_eos = 0; return 1;
@@ -385,6 +445,21 @@ static double now_seconds(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --seed -1: a seed in [0, 2^31) from the system's entropy (the clock's where there is none),
+ * so that --seed repeats the run and a --target run takes it. */
+static long long random_seed(void)
+{
+    unsigned char b[4] = { 0, 0, 0, 0 };
+    FILE *f = fopen("/dev/urandom", "rb");
+    uint64_t mixed;
+    if (!f || fread(b, 1, sizeof b, f) != sizeof b) {
+        mixed = now_ns() * UINT64_C(0x9e3779b97f4a7c15);
+        memcpy(b, &mixed, sizeof b);
+    }
+    if (f) fclose(f);
+    return (long long)(((uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3]) & 0x7fffffffu);
 }
 
 static int fail(const char *what, const colibri_error *err)
@@ -563,10 +638,18 @@ static int start_round(const options *o, colibri_generation *g, colibri_session 
 {
     colibri_generate_options go;
     colibri_error err;
+    memset(&go, 0, sizeof go);
     go.max_tokens = (int32_t)(o->max_tokens - generated);
     go.sampling.temperature = (float)o->temperature;
     go.sampling.top_k = (int32_t)o->top_k;
     go.sampling.top_p = (float)o->top_p;
+    go.sampling.min_p = (float)o->min_p;
+    go.sampling.repeat_penalty = (float)o->repeat_penalty;
+    go.sampling.presence_penalty = (float)o->presence_penalty;
+    go.sampling.frequency_penalty = (float)o->frequency_penalty;
+    go.sampling.penalty_last_n = (int32_t)o->repeat_last_n;
+    go.sampling.logit_bias = o->logit_bias;
+    go.sampling.n_logit_bias = o->n_logit_bias;
     go.seed = rng;
     go.stop_at_eos = o->stop_at_eos;
     if (colibri_generate_start(g, session, &go, prompt, n_prompt, &err)) return fail("prefill failed", &err);
@@ -600,8 +683,6 @@ static int generate(const options *o, const colibri_model *model, colibri_genera
             if (start_round(o, g, g->session, prompt, n_prompt, g->rng, run->generated)) return 1;
             round_tokens = 0;
             run->resets++;
-        } else if (g->stop == COLIBRI_STOP_CONTEXT_FULL) {
-            fprintf(stderr, "\ncolibri-infer: context of %d tokens is full\n", colibri_session_n_ctx(g->session));
         }
     }
     return 0;
@@ -695,7 +776,8 @@ static int run_generation(const options *o, const colibri_model *model, colibri_
 
     t1 = now_seconds();
     if (o->logits_path && (rc = prefill_with_logits(o, model, session, prompt, n_prompt)) != 0) return rc;
-    if (start_round(o, &g, session, o->logits_path ? NULL : prompt, o->logits_path ? 0 : n_prompt, o->seed, 0))
+    if (start_round(o, &g, session, o->logits_path ? NULL : prompt, o->logits_path ? 0 : n_prompt,
+                    (uint64_t)o->seed, 0))
         return 1;
     if (o->latency_path && !(run.latency = malloc((size_t)(o->max_tokens > 0 ? o->max_tokens : 1) * sizeof *run.latency))) {
         fprintf(stderr, "colibri-infer: out of memory for --latency\n");
@@ -708,6 +790,12 @@ static int run_generation(const options *o, const colibri_model *model, colibri_
     rc = generate(o, model, &g, ids ? NULL : &text, prompt, n_prompt, &run);
     colibri_text_flush(&text);
     printf("\n");
+    if (rc == 0 && g.stop == COLIBRI_STOP_CONTEXT_FULL) {   /* before --max_tokens: not what was asked, say so */
+        fflush(stdout);
+        fprintf(stderr, "colibri-infer: the context of %d tokens is full after %ld of --max_tokens %ld tokens "
+                        "(a larger --ctx holds more)\n", colibri_session_n_ctx(session), run.generated, o->max_tokens);
+        rc = 1;
+    }
     if (run.latency && rc == 0) rc = write_file("--latency", o->latency_path, run.latency, sizeof *run.latency, run.n_latency);
     if (o->load_path && rc == 0) rc = write_expert_load(o, model, session);
     if (o->profile_path && rc == 0) rc = write_profile(o, model, session, n_prompt, run.generated, now_seconds() - t1);
@@ -744,6 +832,10 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    if (o.seed < 0) {
+        o.seed = random_seed();
+        if (o.verbose) fprintf(stderr, "seed: %lld (--seed %lld repeats this run)\n", o.seed, o.seed);
+    }
     t0 = now_seconds();
     if (colibri_model_open(o.model, o.validate ? COLIBRI_LOAD_VERIFY : 0, &model, &err)) {
         free(prompt_text);

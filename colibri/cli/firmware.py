@@ -4,7 +4,7 @@ from pathlib import Path
 
 from colibri import experts
 from colibri.cli.options import (INT32_MAX, build_dir_argument, checkout_names, count_in, generation_arguments,
-                                 open_model, parse_size, prompt_ids)
+                                 open_model, parse_size, prompt_ids, resolve_seed)
 
 
 def _firmware_session(args):
@@ -60,6 +60,7 @@ def cmd_firmware_run(args):
     from colibri.targets import firmware
 
     model = _model_directory(args)
+    resolve_seed(args)
     prompt = args.prompt if args.tokens is None else prompt_ids(model, args)   # text: encoded on the board
     session = _firmware_session(args)
     image = firmware.build_image(*session)

@@ -70,6 +70,27 @@ def checkout_names(module, name):
         return None
 
 
+def logit_bias(text):
+    """An argparse type: {id: bias} from ID=BIAS,ID=BIAS (the ids' range is the core's to check)."""
+    pairs = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        token, eq, bias = item.partition("=")
+        try:
+            pairs[int(token)] = float(bias)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects ID=BIAS pairs, comma-separated (5=-inf,17=2.5), got {text!r}")
+        if not eq or pairs[int(token)] != pairs[int(token)]:
+            raise argparse.ArgumentTypeError(f"expects ID=BIAS pairs, comma-separated (5=-inf,17=2.5), got {text!r}")
+    return pairs
+
+
+def sampling_options(args):
+    """Session.stream's keyword-only sampling options from the flags generation_arguments adds."""
+    return dict(min_p=args.min_p, repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                logit_bias=args.logit_bias)
+
+
 def generation_arguments(p, tokens_help):
     """The prompt and sampling options `generate` and `firmware run` share."""
     src = p.add_mutually_exclusive_group()
@@ -79,8 +100,36 @@ def generation_arguments(p, tokens_help):
     p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
     p.add_argument("--top-k", type=count_in(0, INT32_MAX), default=40, help="0 = no limit (default 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--seed", type=count_in(-1, INT32_MAX), default=0,
+                   help="sampling seed, -1 = a random one (printed with --verbose) (default 0)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+
+
+def sampling_arguments(p):
+    """The sampling steps `generate` adds (colibri.h's order: bias, penalties, temperature, top-k,
+    top-p, min-p), as colibri-infer has them."""
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens at least P times the most likely's probability, 0 = off (default 0)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="a token among the last --repeat-last-n: its logit divided (multiplied when negative), "
+                        "1 = off (default 1)")
+    p.add_argument("--repeat-last-n", type=count_in(-1, INT32_MAX), default=64,
+                   help="the tokens the penalties count, the prompt's included; 0 = off, -1 = the core's whole "
+                        "window (default 64)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logit of a token among them (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted from a token's logit, times its count among them (default 0)")
+    p.add_argument("--logit-bias", type=logit_bias, metavar="ID=B,...",
+                   help="add B to token ID's logit (-inf bans it), before the penalties")
+
+
+def resolve_seed(args):
+    """--seed -1: a random seed in [0, 2^31) (what --seed takes back), on stderr with --verbose."""
+    if args.seed == -1:
+        args.seed = int.from_bytes(os.urandom(4), "little") & INT32_MAX
+        if args.verbose:
+            print(f"[seed: {args.seed} (--seed {args.seed} repeats this run)]", file=sys.stderr)
 
 
 def build_dir_argument(p):

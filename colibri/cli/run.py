@@ -5,7 +5,8 @@ import sys
 import time
 
 from colibri.cli.options import (INT32_MAX, build_dir_argument, checkout_names, count_in, generation_arguments,
-                                 open_model, prompt_ids, stream_options, streaming_arguments)
+                                 open_model, prompt_ids, resolve_seed, sampling_arguments, sampling_options,
+                                 stream_options, streaming_arguments)
 
 
 def _cache_counters(stats):
@@ -24,12 +25,15 @@ def generate_on_target(model, ids, args):
 
     from colibri import targets
 
-    if not 0 <= args.seed <= INT32_MAX:   # what colibri-infer takes; the Python API takes any integer mod 2**64
-        raise SystemExit(f"colibri generate: --seed {args.seed}: a --target run takes 0 to {INT32_MAX}")
     command = targets.infer_command(args.target) + [
         "--model", model.path, "--tokens", ",".join(map(str, ids)), "--max_tokens", str(args.max_tokens),
         "--temperature", str(args.temperature), "--top_k", str(args.top_k), "--top_p", str(args.top_p),
-        "--seed", str(args.seed), "--ctx", str(args.ctx or min(model.config["max_position_embeddings"], 4096))]
+        "--seed", str(args.seed), "--ctx", str(args.ctx or min(model.config["max_position_embeddings"], 4096)),
+        "--min_p", str(args.min_p), "--repeat_penalty", str(args.repeat_penalty),
+        "--repeat_last_n", str(args.repeat_last_n), "--presence_penalty", str(args.presence_penalty),
+        "--frequency_penalty", str(args.frequency_penalty)]
+    if args.logit_bias:
+        command += ["--logit_bias", ",".join(f"{t}={b!r}" for t, b in args.logit_bias.items())]
     if args.batch:
         command += ["--batch", str(args.batch)]
     if args.ignore_eos:
@@ -53,6 +57,7 @@ def generate_on_target(model, ids, args):
 def cmd_generate(args):
     model = open_model(args.model, experts_elsewhere=args.remote is not None and args.experts_elsewhere)
     ids = prompt_ids(model, args)
+    resolve_seed(args)   # here, so that a --target run gets the seed drawn for -1
     if args.target != "native":
         if args.remote is not None:
             raise SystemExit("colibri generate: --remote runs natively only")
@@ -76,7 +81,7 @@ def cmd_generate(args):
     start = time.perf_counter()
     for token in (edge or session).stream(ids, max_tokens=args.max_tokens, temperature=args.temperature,
                                           top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                          stop_at_eos=not args.ignore_eos):
+                                          stop_at_eos=not args.ignore_eos, **sampling_options(args)):
         generated.append(token)
         if decode is None:
             out.write(("," if len(generated) > 1 else "") + str(token))
@@ -98,6 +103,9 @@ def cmd_generate(args):
             print(line, file=sys.stderr)
     if edge:
         edge.close()
+    if session.stop_reason == "context_full":   # before --max-tokens: not what was asked, say so
+        raise SystemExit(f"colibri generate: the context of {session.n_ctx} tokens is full after {len(generated)} of "
+                         f"--max-tokens {args.max_tokens} tokens (a larger --ctx holds more)")
     return 0
 
 
@@ -161,6 +169,7 @@ def add_generate(sub):
     g = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
     g.add_argument("--model", help="colibri model directory or GGUF file (default: the bundled Shakespeare model)")
     generation_arguments(g, "prompt as comma-separated token ids; prints ids")
+    sampling_arguments(g)
     g.add_argument("--ctx", type=count_in(0, INT32_MAX), default=0, help="context to reserve (default: model's, at most 4096)")
     g.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
     g.add_argument("--threads", type=count_in(0, 256), default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")

@@ -122,6 +122,12 @@ def token_id(meta, key):
     return None if key not in meta else checked(key, meta[key], "id")
 
 
+def end_token_ids(meta):
+    """Every id that ends a turn: the eos, end-of-turn and end-of-message ids, those present, eos first."""
+    ids = (token_id(meta, f"tokenizer.ggml.{key}") for key in ("eos_token_id", "eot_token_id", "eom_token_id"))
+    return [i for i in ids if i is not None]
+
+
 class Meta:
     """`<arch>.` metadata, each value checked for what KEYS says it holds, recording which keys were read."""
 
@@ -356,7 +362,7 @@ def describe(meta, arch, tensors):
     m = Meta(meta, arch)
     family, config = _config(arch, m, tensors, meta)
     config["bos_token_id"] = token_id(meta, "tokenizer.ggml.bos_token_id")
-    config["eos_token_id"] = token_id(meta, "tokenizer.ggml.eos_token_id")
+    config["eos_token_id"] = end_token_ids(meta)
     module = FAMILIES[family]
     desc = check_limits(module.describe(config, family))
     hp = desc["hparams"]

@@ -22,6 +22,7 @@ import numpy as np
 
 from .errors import ConvertError
 from . import gguf_arch
+from .families._config import end_ids, token_id
 from .gguf_vocab import gguf_vocabulary
 from .limits import check as check_limits, integer_range
 from .writer import INTEGER_DTYPES, Stored, _encoded, _entry, _header_text, write_model
@@ -59,9 +60,10 @@ def _describe(meta, arch, tensors):
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")), "sliding_window": 0,
         "tie_word_embeddings": "output.weight" not in tensors,
     }
-    for key in ("bos_token_id", "eos_token_id"):
-        token = gguf_arch.token_id(meta, f"tokenizer.ggml.{key}")
-        hp[key] = token if token is not None and 0 <= token < vocab else -1
+    hp["bos_token_id"] = token_id({"bos_token_id": gguf_arch.token_id(meta, "tokenizer.ggml.bos_token_id")},
+                                  "bos_token_id", None, int(vocab))
+    ends = {"eos_token_id": gguf_arch.end_token_ids(meta)}
+    hp.update(eos_token_id=token_id(ends, "eos_token_id", None, int(vocab)), **end_ids(ends, int(vocab)))
     if arch == "llama":
         hp["rope_interleaved"] = True   # q and k rows reordered by llama.cpp's converter for adjacent-pair RoPE
     else:

@@ -40,6 +40,7 @@ class Checkpoint:
         for key in SECTIONS:   # the families read these as objects
             if self.config.get(key) is not None and not isinstance(self.config[key], dict):
                 raise ConvertError(f"{config_path}: `{key}` = {self.config[key]!r:.60} is not an object")
+        self._end_ids(self.dir / "generation_config.json")
         self.shards = sorted(self.dir.glob("*.safetensors"))
         if not self.shards:
             raise ConvertError(f"{self.dir}: no *.safetensors files")
@@ -55,6 +56,22 @@ class Checkpoint:
                 raise ConvertError(f"{path}: not a readable safetensors file ({e})") from None
             for name in handle.keys():
                 self._where[name] = handle
+
+    def _end_ids(self, path):
+        """generation_config.json's eos_token_id (an int or a list: what generate() stops on) joins
+        config.json's, which stays first (the model's eos_token_id)."""
+        if not path.is_file():
+            return
+        try:
+            generation = json.loads(path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise ConvertError(f"{path}: not a JSON object ({e})") from None
+        more = generation.get("eos_token_id") if isinstance(generation, dict) else None
+        if more is None:
+            return
+        ids = [self.config.get("eos_token_id")] + (more if isinstance(more, list) else [more])
+        ids = [i for v in ids for i in (v if isinstance(v, list) else [v]) if i is not None]
+        self.config["eos_token_id"] = list(dict.fromkeys(ids))
 
     def __enter__(self):
         return self

@@ -402,16 +402,19 @@ class Edge:
 
     # ---- generation -----------------------------------------------------------------------------
 
-    def stream(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True):
-        """Session.stream's tokens, with the placement kept between tokens."""
+    def stream(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True,
+               **sampling):
+        """Session.stream's tokens (and its keyword-only sampling options), with the placement kept
+        between tokens."""
         self.between_tokens()
         for token in self.session.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos,
-                                         between_tokens=self.between_tokens):
+                                         between_tokens=self.between_tokens, **sampling):
             self.generated += 1
             yield token
 
-    def generate(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True):
-        return list(self.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos))
+    def generate(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True,
+                 **sampling):
+        return list(self.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos, **sampling))
 
     def counters(self):
         """Lines of the devices' counters (and the heartbeats'), for --verbose."""

@@ -79,6 +79,9 @@ typedef struct colibri_model colibri_model;
 typedef struct colibri_session colibri_session;
 typedef struct colibri_device_driver colibri_device_driver;   /* colibri/device.h */
 
+/* The most end-of-sequence ids a model carries (eos, end of turn, end of message, ...). */
+#define COLIBRI_MAX_EOS_TOKENS 4
+
 /* The hyper-parameters of a loaded model, as validated. */
 typedef struct colibri_hparams {
     int32_t vocab_size;
@@ -94,6 +97,8 @@ typedef struct colibri_hparams {
     int32_t top_k;
     int32_t bos_token_id;           /* -1: none */
     int32_t eos_token_id;           /* -1: none */
+    int32_t n_eos_token_ids;        /* every token that ends a generation (hparams.eos_token_ids; */
+    int32_t eos_token_ids[COLIBRI_MAX_EOS_TOKENS];   /* absent: eos_token_id alone, none for -1) */
     int32_t tie_word_embeddings;    /* lm_head is tok_embeddings */
     int32_t normalize_topk;         /* renormalise the top-k gate weights to sum 1 */
     float rope_theta;
@@ -461,18 +466,47 @@ colibri_status colibri_expert_cache_slot(const colibri_session *session, int32_t
 
 /* ---- sampling --------------------------------------------------------- */
 
+/* The steps, in this order (transformers' order of its logits processors and warpers, which
+ * vLLM's sampler follows too): logit bias, repetition penalty, presence and frequency penalties,
+ * temperature, top-k, top-p, min-p, then a draw.  Greedy (temperature <= 0, top_k 1 or top_p 0)
+ * takes the argmax after the bias and the penalties.  Each new step is off at zero, so a struct
+ * zeroed past top_p samples as before.  The penalties count the `recent` tokens the sampler is
+ * given (colibri_sample_after; a generation passes the last tokens of its sequence, the prompt
+ * included, as llama.cpp does). */
+typedef struct colibri_logit_bias {
+    int32_t token;          /* in [0, vocab_size): COLIBRI_E_ARG otherwise */
+    float bias;             /* added to the token's logit; -INFINITY bans it; NaN, +inf: COLIBRI_E_ARG */
+} colibri_logit_bias;
+
+#define COLIBRI_PENALTY_WINDOW 256          /* the most recent tokens a generation keeps for the penalties */
+#define COLIBRI_PENALTY_LAST_N_DEFAULT 64   /* llama.cpp's --repeat-last-n, the CLIs' and Python's default */
+
 typedef struct colibri_sampling {
     float temperature;      /* <= 0: greedy (argmax, lowest id on ties) */
     int32_t top_k;          /* keep the k most likely tokens; <= 0: no limit */
     float top_p;            /* then the nucleus of those, renormalised (as transformers does);
                                >= 1: no limit; 0: greedy; negative: COLIBRI_E_ARG */
+    float min_p;            /* then keep the tokens with p >= min_p * p(most likely); 0: off; in [0, 1] */
+    float repeat_penalty;   /* a token among the last penalty_last_n: a positive logit divided by it, a
+                               negative one multiplied (transformers', llama.cpp's); 0 or 1: off; >= 0 */
+    float presence_penalty; /* logit -= presence_penalty * (count > 0) + frequency_penalty * count, count */
+    float frequency_penalty;/* its occurrences among the last penalty_last_n (OpenAI's); 0: off */
+    int32_t penalty_last_n; /* the window the penalties count: 0: none (penalties off, as llama.cpp);
+                               -1: all the recent tokens given; else at most that many, the latest */
+    const colibri_logit_bias *logit_bias;   /* caller-owned, n_logit_bias pairs; NULL: none */
+    int32_t n_logit_bias;
 } colibri_sampling;
 
 /* Draws the next token from the session's last logits.  `rng` is the caller's
  * state (seed it with any value); the same state and logits give the same token.
- * COLIBRI_E_VALUE when a logit is not finite (NaN weights loaded without verification). */
+ * COLIBRI_E_VALUE when a logit is not finite (NaN weights loaded without verification), or when
+ * the logit bias bans every token.  colibri_sample gives the penalties no tokens to count. */
 colibri_status colibri_sample(colibri_session *session, const colibri_sampling *params,
                               uint64_t *rng, int32_t *token, colibri_error *err);
+/* The same after the sequence's recent tokens (n_recent, oldest first), which the penalties count. */
+colibri_status colibri_sample_after(colibri_session *session, const colibri_sampling *params,
+                                    const int32_t *recent, int32_t n_recent, uint64_t *rng, int32_t *token,
+                                    colibri_error *err);
 
 /* ---- generation ------------------------------------------------------- */
 
@@ -480,11 +514,13 @@ colibri_status colibri_sample(colibri_session *session, const colibri_sampling *
  * prefills the prompt, each colibri_generate_next feeds the last token back (none the first
  * time), samples the next one and says whether it is the last.  The caller owns the struct, so
  * any number of generations run side by side, each on its own session; nothing is allocated.
- * A generation ends after a token that is the model's end of sequence (with stop_at_eos), the
- * max_tokens-th, or one the context has no room to feed back. */
+ * A generation ends after a token that is one of the model's end ids (with stop_at_eos), the
+ * max_tokens-th, or one the context has no room to feed back: COLIBRI_STOP_CONTEXT_FULL means
+ * max_tokens were not reached (a caller reports it: OpenAI's finish_reason "length", as for
+ * COLIBRI_STOP_MAX_TOKENS; "stop" for COLIBRI_STOP_EOS). */
 typedef enum colibri_stop {
     COLIBRI_STOP_NONE = 0,          /* more tokens may come */
-    COLIBRI_STOP_EOS,               /* the last token was the model's eos_token_id */
+    COLIBRI_STOP_EOS,               /* the last token is one of the model's eos_token_ids */
     COLIBRI_STOP_MAX_TOKENS,        /* max_tokens were generated (at once for max_tokens <= 0) */
     COLIBRI_STOP_CONTEXT_FULL,      /* the KV cache holds n_ctx positions */
     COLIBRI_STOP_ERROR              /* a call failed: start again (after colibri_session_reset) */
@@ -501,7 +537,10 @@ typedef struct colibri_generation { /* caller-owned; read between calls, never w
     colibri_session *session;
     colibri_generate_options options;
     uint64_t rng;                   /* the sampler's state now */
-    int32_t eos_token_id;           /* the model's, -1: none */
+    int32_t n_eos_token_ids;        /* the ids that stop it: the model's at the start */
+    int32_t eos_token_ids[COLIBRI_MAX_EOS_TOKENS];
+    int32_t n_recent;               /* the sequence's last tokens, oldest first, for the penalties: */
+    int32_t recent[COLIBRI_PENALTY_WINDOW];   /* the prompt's, then each one sampled */
     int32_t generated;              /* tokens returned so far */
     int32_t last;                   /* the last token returned, fed back by the next call */
     colibri_stop stop;              /* known with the last token: the next call returns none */

@@ -485,6 +485,34 @@ static colibri_status check_expert_type(loader *L, int32_t root, colibri_hparams
     return COLIBRI_OK;
 }
 
+/* hparams.eos_token_ids: every id that ends a generation (eos, end of turn, ...), at most
+ * COLIBRI_MAX_EOS_TOKENS, each in the vocabulary; absent, eos_token_id alone (none for -1). */
+static colibri_status read_eos_token_ids(loader *L, int32_t root, colibri_hparams *hp)
+{
+    int32_t h = colibri_json_object_get(L->text, L->tok, root, "hparams"), a = 0, item, k, n;
+    colibri_status st;
+    if (!has_field(L, h, "eos_token_ids")) {
+        hp->n_eos_token_ids = hp->eos_token_id >= 0;
+        hp->eos_token_ids[0] = hp->eos_token_id;
+        return COLIBRI_OK;
+    }
+    if ((st = colibri_get_field(L, h, "hparams", "eos_token_ids", JSON_ARRAY, &a)) != COLIBRI_OK) return st;
+    n = (int32_t)L->tok[a].n_children;
+    if (n > COLIBRI_MAX_EOS_TOKENS)
+        return colibri_fail(L->err, COLIBRI_E_LIMIT, "hparams.eos_token_ids has %d ids, more than %d", n,
+                            COLIBRI_MAX_EOS_TOKENS);
+    for (k = 0, item = a + 1; k < n; k++, item += (int32_t)L->tok[item].subtree) {
+        int64_t v;
+        if (L->tok[item].type != JSON_NUMBER || !colibri_json_as_int64(L->text, &L->tok[item], &v) ||
+            v < 0 || v >= hp->vocab_size)
+            return colibri_fail(L->err, COLIBRI_E_VALUE, "hparams.eos_token_ids[%d] must be a token id in [0, %d)",
+                                k, hp->vocab_size);
+        hp->eos_token_ids[k] = (int32_t)v;
+    }
+    hp->n_eos_token_ids = n;
+    return COLIBRI_OK;
+}
+
 #define HP(member) offsetof(colibri_hparams, member)
 /* .info = { path, type, min, max, max_of, required, fallback, fallback_of, choices, n_choices } */
 #define INFO(p, type, lo, hi, required, fallback) \
@@ -531,6 +559,7 @@ static const schema_row fields[] = {
     { BOOL("hparams.tie_word_embeddings", tie_word_embeddings) },
     { INT_UPTO("hparams.bos_token_id", -1, -1, "hparams.vocab_size", bos_token_id) },   /* -1: none */
     { INT_UPTO("hparams.eos_token_id", -1, -1, "hparams.vocab_size", eos_token_id), .then = check_heads },
+    { INFO("hparams.eos_token_ids", OTHER, 0, 0, 0, 0), .then = read_eos_token_ids },
     { INT_OR("hparams.dense_intermediate_size", 1, MAX_FFN, 0, dense_intermediate_size) },
     { BOOL_OR("hparams.attention_bias", 0, attention_bias) },
     { BOOL_OR("hparams.attention_out_bias", 0, attention_out_bias) },

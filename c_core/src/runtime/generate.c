@@ -8,6 +8,17 @@
 #include "session.h"
 #include "../util.h"
 
+/* The penalties' window: the latest COLIBRI_PENALTY_WINDOW tokens of the sequence, oldest first. */
+static void remember(colibri_generation *g, const int32_t *tokens, size_t n)
+{
+    size_t keep = n < COLIBRI_PENALTY_WINDOW ? n : COLIBRI_PENALTY_WINDOW;
+    size_t drop = (size_t)g->n_recent + keep > COLIBRI_PENALTY_WINDOW ? (size_t)g->n_recent + keep - COLIBRI_PENALTY_WINDOW : 0;
+    if (keep == 0) return;
+    memmove(g->recent, g->recent + drop, ((size_t)g->n_recent - drop) * sizeof *g->recent);
+    memcpy(g->recent + (g->n_recent - (int32_t)drop), tokens + (n - keep), keep * sizeof *tokens);
+    g->n_recent += (int32_t)keep - (int32_t)drop;
+}
+
 colibri_status colibri_generate_start(colibri_generation *g, colibri_session *session,
                                       const colibri_generate_options *options, const int32_t *prompt,
                                       size_t n_prompt, colibri_error *err)
@@ -19,7 +30,9 @@ colibri_status colibri_generate_start(colibri_generation *g, colibri_session *se
     g->session = session;
     g->options = *options;
     g->rng = options->seed;
-    g->eos_token_id = session->model->hp.eos_token_id;
+    g->n_eos_token_ids = session->model->hp.n_eos_token_ids;
+    memcpy(g->eos_token_ids, session->model->hp.eos_token_ids, sizeof g->eos_token_ids);
+    remember(g, prompt, n_prompt);
     g->last = -1;
     if (n_prompt && (st = colibri_forward(session, prompt, n_prompt, NULL, err)) != COLIBRI_OK) {
         g->stop = COLIBRI_STOP_ERROR;
@@ -30,11 +43,13 @@ colibri_status colibri_generate_start(colibri_generation *g, colibri_session *se
     return COLIBRI_OK;
 }
 
-/* Why the generation ends with the token just sampled, if it does: the model's end of sequence
+/* Why the generation ends with the token just sampled, if it does: one of the model's end ids
  * first (it chose to stop), then the count, then a context with no room to feed the token back. */
 static colibri_stop stop_after(const colibri_generation *g, int32_t token)
 {
-    if (g->options.stop_at_eos && token == g->eos_token_id) return COLIBRI_STOP_EOS;
+    int32_t i;
+    for (i = 0; g->options.stop_at_eos && i < g->n_eos_token_ids; i++)
+        if (token == g->eos_token_ids[i]) return COLIBRI_STOP_EOS;
     if (g->generated >= g->options.max_tokens) return COLIBRI_STOP_MAX_TOKENS;
     if (colibri_session_position(g->session) >= colibri_session_n_ctx(g->session)) return COLIBRI_STOP_CONTEXT_FULL;
     return COLIBRI_STOP_NONE;
@@ -48,7 +63,9 @@ colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, coli
     if (g->stop != COLIBRI_STOP_NONE) return COLIBRI_OK;
     /* the first token comes from the prompt's logits; each later one from feeding the last back */
     st = g->generated == 0 ? COLIBRI_OK : colibri_forward(g->session, &g->last, 1, NULL, err);
-    if (st == COLIBRI_OK) st = colibri_sample(g->session, &g->options.sampling, &g->rng, &g->last, err);
+    if (st == COLIBRI_OK)
+        st = colibri_sample_after(g->session, &g->options.sampling, g->recent, g->n_recent, &g->rng, &g->last, err);
+    if (st == COLIBRI_OK) remember(g, &g->last, 1);
     if (st != COLIBRI_OK) {
         g->stop = COLIBRI_STOP_ERROR;
         return st;

@@ -463,12 +463,19 @@ colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, 
 colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params, uint64_t *rng,
                               int32_t *token, colibri_error *err)
 {
+    return colibri_sample_after(s, params, NULL, 0, rng, token, err);
+}
+
+colibri_status colibri_sample_after(colibri_session *s, const colibri_sampling *params, const int32_t *recent,
+                                    int32_t n_recent, uint64_t *rng, int32_t *token, colibri_error *err)
+{
     uint64_t clock;
     colibri_status st;
     if (!s || !params || !rng || !token) return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: NULL argument");
     clock = colibri_profile_start(s->profile);
     if (s->position == 0) st = colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: no logits yet (forward first)");
-    else st = colibri_sample_logits(s->logits, s->model->hp.vocab_size, s->probs, s->candidates, params, rng, token, err);
+    else st = colibri_sample_logits(s->logits, s->model->hp.vocab_size, s->probs, s->candidates, params, recent, n_recent,
+                                   rng, token, err);
     colibri_profile_add(s->profile, COLIBRI_PHASE_SAMPLING, &clock);
     return st;
 }

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* Sampling from the last logits: greedy, temperature, top-k, top-p, with a caller-held
- * RNG state so that a seed reproduces the same tokens on every platform. */
+/* Sampling from the last logits: logit bias, repetition, presence and frequency penalties,
+ * greedy, temperature, top-k, top-p, min-p (in that order: colibri.h), with a caller-held RNG
+ * state so that a seed reproduces the same tokens on every platform. */
 #include <math.h>
+#include <string.h>
 
 #include "sample.h"
 #include "../ops/ops.h"
@@ -78,26 +80,99 @@ static int32_t draw(const float *p, const int32_t *ids, int32_t n, uint64_t *rng
     return ids[n - 1];   /* rounding left r at the very end */
 }
 
-/* Temperature alone: one pass of exp and the sum, then the walk in id order; nothing is sorted. */
-colibri_status colibri_sample_logits(const float *logits, int32_t V, float *p, int32_t *ids,
-                                     const colibri_sampling *params, uint64_t *rng, int32_t *token, colibri_error *err)
+/* The bias and the penalties change the logits: off, the session's logits are sampled as they are. */
+static int adjusts(const colibri_sampling *params, int32_t n_window)
 {
-    int32_t i, n, from = 0, best = 0;
-    float max, sum = 0.0f, cut, base;
+    int penalised = n_window > 0 && ((params->repeat_penalty != 0.0f && params->repeat_penalty != 1.0f) ||
+                                     params->presence_penalty != 0.0f || params->frequency_penalty != 0.0f);
+    return penalised || params->n_logit_bias > 0;
+}
 
+/* adjusted (V) <- logits with the bias added, then each distinct token of window (n) penalised
+ * once: repetition (a positive logit divided, a negative one multiplied), then presence and
+ * frequency by its count there.  counts (V) is scratch: only the window's entries are touched. */
+static void adjust_logits(const float *logits, int32_t V, float *adjusted, int32_t *counts,
+                          const colibri_sampling *params, const int32_t *window, int32_t n)
+{
+    float repeat = params->repeat_penalty == 0.0f ? 1.0f : params->repeat_penalty;
+    int32_t i;
+    memcpy(adjusted, logits, (size_t)V * sizeof *adjusted);
+    for (i = 0; i < params->n_logit_bias; i++) adjusted[params->logit_bias[i].token] += params->logit_bias[i].bias;
+    for (i = 0; i < n; i++) counts[window[i]] = 0;
+    for (i = 0; i < n; i++) counts[window[i]]++;
+    for (i = 0; i < n; i++) {
+        int32_t t = window[i];
+        float l = adjusted[t];
+        if (counts[t] == 0) continue;   /* penalised already */
+        l = l > 0.0f ? l / repeat : l * repeat;
+        adjusted[t] = l - params->presence_penalty - params->frequency_penalty * (float)counts[t];
+        counts[t] = 0;
+    }
+}
+
+/* What a caller passed that no step can take: NaN, a negative top_p or repeat_penalty, min_p
+ * outside [0, 1], a window below -1, a bias on a token outside the vocabulary or not a number. */
+static colibri_status check_params(const colibri_sampling *params, int32_t V, const int32_t *recent, int32_t n_recent,
+                                   colibri_error *err)
+{
+    int32_t i;
     if (!(params->temperature == params->temperature) || !(params->top_p >= 0.0f))
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: temperature must not be NaN, top_p must be >= 0");
+    if (!(params->min_p >= 0.0f && params->min_p <= 1.0f))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: min_p must be in [0, 1]");
+    if (!(params->repeat_penalty >= 0.0f) || !isfinite(params->repeat_penalty) ||
+        !isfinite(params->presence_penalty) || !isfinite(params->frequency_penalty))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: repeat_penalty must be finite and >= 0, "
+                            "presence_penalty and frequency_penalty finite");
+    if (params->penalty_last_n < -1 || n_recent < 0 || (n_recent > 0 && !recent))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: penalty_last_n must be >= -1, n_recent >= 0 "
+                            "with as many recent tokens");
+    if (params->n_logit_bias < 0 || (params->n_logit_bias > 0 && !params->logit_bias))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: n_logit_bias = %d without as many pairs",
+                            params->n_logit_bias);
+    for (i = 0; i < params->n_logit_bias; i++) {
+        const colibri_logit_bias *b = &params->logit_bias[i];
+        if (b->token < 0 || b->token >= V)
+            return colibri_fail(err, COLIBRI_E_ARG, "logit_bias[%d]: token %d is outside the vocabulary [0, %d)",
+                                i, b->token, V);
+        if (!(b->bias < INFINITY))
+            return colibri_fail(err, COLIBRI_E_ARG, "logit_bias[%d]: the bias of token %d is NaN or +inf", i, b->token);
+    }
+    return COLIBRI_OK;
+}
+
+/* Temperature alone: one pass of exp and the sum, then the walk in id order; nothing is sorted. */
+colibri_status colibri_sample_logits(const float *logits, int32_t V, float *p, int32_t *ids,
+                                     const colibri_sampling *params, const int32_t *recent, int32_t n_recent,
+                                     uint64_t *rng, int32_t *token, colibri_error *err)
+{
+    int32_t i, n, from = 0, best = 0, n_window;
+    float max, sum = 0.0f, cut, base;
+    colibri_status st;
+
+    if ((st = check_params(params, V, recent, n_recent, err)) != COLIBRI_OK) return st;
     for (i = 0; i < V; i++) {
         if (!isfinite(logits[i]))   /* e.g. NaN weights loaded without validation */
             return colibri_fail(err, COLIBRI_E_VALUE, "logit of token %d is not finite", i);
         if (logits[i] > logits[best]) best = i;
+    }
+    n_window = params->penalty_last_n < 0 || params->penalty_last_n > n_recent ? n_recent : params->penalty_last_n;
+    for (i = n_recent - n_window; i < n_recent; i++)
+        if (recent[i] < 0 || recent[i] >= V)
+            return colibri_fail(err, COLIBRI_E_ARG, "recent token %d is outside the vocabulary [0, %d)", recent[i], V);
+    if (adjusts(params, n_window)) {
+        /* the adjusted logits live in p: the steps below turn them into weights in place */
+        adjust_logits(logits, V, p, ids, params, recent + (n_recent - n_window), n_window);
+        logits = p;
+        for (i = best = 0; i < V; i++) if (logits[i] > logits[best]) best = i;
+        if (logits[best] == -INFINITY) return colibri_fail(err, COLIBRI_E_VALUE, "logit_bias bans every token");
     }
     if (params->temperature <= 0.0f || params->top_k == 1 || params->top_p == 0.0f) { *token = best; return COLIBRI_OK; }
 
     /* weights at this temperature, exp(l - max) */
     max = logits[best];
     for (i = 0; i < V; i++) { p[i] = colibri_expf((logits[i] - max) / params->temperature); sum += p[i]; }
-    if ((params->top_k <= 0 || params->top_k >= V) && params->top_p >= 1.0f) {
+    if ((params->top_k <= 0 || params->top_k >= V) && params->top_p >= 1.0f && params->min_p == 0.0f) {
         float r = next_unit(rng) * sum, acc = 0.0f;
         for (i = 0; i < V; i++) {
             acc += p[i];
@@ -120,7 +195,7 @@ colibri_status colibri_sample_logits(const float *logits, int32_t V, float *p, i
         for (i = 0; i < n; i++) base += p[ids[i]];
         sort_candidates(p, ids, n);
         if (params->top_p < 1.0f) from = nucleus(p, ids, n, params->top_p * base);   /* renormalised, as transformers does */
-    } else {
+    } else if (params->top_p < 1.0f) {
         /* top_p < 1: a token below (1 - top_p) / (V - 1) can never be in the nucleus (llama2.c's
          * observation), which keeps the heap small */
         cut = V > 1 ? (1.0f - params->top_p) / (float)(V - 1) : 0.0f;
@@ -128,6 +203,16 @@ colibri_status colibri_sample_logits(const float *logits, int32_t V, float *p, i
         n = 0;
         for (i = 0; i < V; i++) if (p[i] >= cut) ids[n++] = i;
         from = nucleus(p, ids, n, params->top_p);
+    } else {
+        n = 0;   /* min-p alone: every token, in id order (min-p keeps any order's members) */
+        for (i = 0; i < V; i++) ids[n++] = i;
+    }
+    if (params->min_p > 0.0f) {
+        /* min-p: the candidates at least min_p times the most likely, which is always one of them */
+        int32_t kept = from;
+        cut = params->min_p * p[best];
+        for (i = from; i < n; i++) if (p[ids[i]] >= cut) ids[kept++] = ids[i];
+        n = kept;
     }
     *token = draw(p, ids + from, n - from, rng);
     return COLIBRI_OK;

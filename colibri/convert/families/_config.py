@@ -1,6 +1,6 @@
 """Reading a Hugging Face config.json: typed fields, and what every family's description shares."""
-
 import math
+import sys
 
 from ..errors import ConvertError
 from ..limits import integer_range, limit_error
@@ -83,11 +83,28 @@ def rope(config, family, rope_types=("default",)):
 
 
 def token_id(config, key, default, vocab):
+    ids = token_ids(config, key, default, vocab)
+    return ids[0] if ids else -1
+
+
+def token_ids(config, key, default, vocab):
+    """The ids `key` holds (an int or a list of them, as config.json's and generation_config.json's
+    eos_token_id), each once, in order; ids outside the vocabulary mean none."""
     value = config.get(key, default)
-    if isinstance(value, list):  # several eos ids: colibri stores one, the first
-        value = value[0] if value else None
-    value = -1 if value is None else get({key: value}, key)
-    return value if 0 <= value < vocab else -1   # ids outside the vocabulary mean none
+    values = value if isinstance(value, list) else [value]
+    ids = [get({key: v}, key) for v in values if v is not None]
+    return list(dict.fromkeys(i for i in ids if 0 <= i < vocab))
+
+
+def end_ids(config, vocab):
+    """hparams.eos_token_ids when a model has several ends (eos, end of turn, ...): absent for one,
+    at most the loader's limit (the first ones, said on stderr)."""
+    import colibri
+
+    ids, most = token_ids(config, "eos_token_id", None, vocab), colibri.core().MAX_EOS_TOKENS
+    if len(ids) > most:
+        print(f"colibri convert: {len(ids)} end-of-sequence ids {ids}; colibri keeps the first {most}", file=sys.stderr)
+    return {"eos_token_ids": ids[:most]} if len(ids) > 1 else {}
 
 
 def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=1e-6, rope_types=("default",),
@@ -126,6 +143,7 @@ def attention_hparams(config, family, expert_ffn, rope_default=1e4, eps_default=
         "tie_word_embeddings": get(config, "tie_word_embeddings", False, kind=bool),
         "bos_token_id": token_id(config, "bos_token_id", None, vocab),
         "eos_token_id": token_id(config, "eos_token_id", None, vocab),
+        **end_ids(config, vocab),
     }
     if "rope_scaling" in positional:
         hp["rope_scaling"] = positional["rope_scaling"]
