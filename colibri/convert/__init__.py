@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import colibri
+from colibri import chat
 
 from .errors import ConvertError
 from .families import FAMILIES
@@ -32,7 +33,7 @@ def convert(src_dir, out_dir, dtype=KEEP, progress=True, layout="stacked", repac
     """Convert the HF model in `src_dir` to a colibri model in `out_dir`, weights stored as `dtype`
     (f32, f16, bf16, q8_0, q4_0 or w4g128; "keep", the default: each in its checkpoint's f32, f16 or
     bf16, f32 where it has f64 or its sources differ); or import a .gguf file, its weights as they
-    are. `layout`:
+    are. The chat templates and the special tokens' text they read go with the model (colibri.chat). `layout`:
     the routed experts "stacked" (each tensor whole) or "interleaved" (each expert's tensors one
     extent, read at once; docs/FORMAT.md). `repack`: the q4_0 / q8_0 matrices of the core's matmuls
     stored row-interleaved (q4_0x8 / q8_0x8: the same blocks, moved, for the fast kernels); None is
@@ -114,6 +115,10 @@ def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout, repack):
                     repack=repack)
     if has_tokenizer:
         shutil.copyfile(src_dir / "tokenizer.json", out_dir / "tokenizer.json")
+    try:
+        chat.write(chat.from_hf(src_dir), out_dir)
+    except (ValueError, UnicodeDecodeError) as e:   # json's errors are ValueErrors
+        raise ConvertError(f"{src_dir}: the chat template or special tokens cannot be read: {e}") from None
 
 
 def _kept(ckpt, entry):

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from colibri import chat
+
 from .errors import ConvertError
 from . import gguf_arch
 from .gguf_vocab import gguf_vocabulary
@@ -330,4 +332,8 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
     doc = {"format": "colibri", "version": 1, **desc, **({"encoder": encoder} if encoder else {}),
            "metadata": {"source": path.name, "source_format": "gguf", "general.name": meta.get("general.name", "")}}
     write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout, repack=repack)
+    try:
+        chat.write(chat.from_gguf_metadata(meta, str(path)), out_dir)
+    except ValueError as e:   # a template's name that is no file name
+        raise ConvertError(f"{path}: {e}") from None
     return out_dir
