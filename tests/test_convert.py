@@ -304,6 +304,8 @@ def test_an_f16_checkpoint_stays_f16_and_runs_as_transformers(tmp_path):
                         sum(t["file_size"] for t in doc["tensors"] if t["dtype"] not in ("u8", "i32")), w)
     assert (tables["kept"][0], tables["f32"][0]) == ({"f16"}, {"f32"})
     assert tables["kept"][1] * 2 == tables["f32"][1]
+    from colibri.demo import MODEL_DIR   # the shipped model is this checkpoint at f16 (test_bundled_model.py)
+    assert (kept / "weights.bin").read_bytes() == (MODEL_DIR / "weights.bin").read_bytes()
     assert all(np.array_equal(tables["kept"][2][n], tables["f32"][2][n]) for n in tables["f32"][2]), "f16 -> f32 is exact"
     with np.load(src / "reference.npz") as z:
         tokens, reference = z["tokens"], z["logits"]
