@@ -134,8 +134,10 @@ def _plain(value):
             return kind(value)
     if isinstance(value, dict):
         return {_plain(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):   # a named tuple too: a plain one
+        return tuple(_plain(v) for v in value)
     if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
         return _plain(value.item())   # a numpy scalar
     return f"<{type(value).__name__}>"
