@@ -609,6 +609,15 @@ cdef class Model:
             raise_error(&err)
         return need
 
+    def apply_chat_template(self, messages, add_generation_prompt=True, tools=None, template=None, **kwargs):
+        """The conversation ``messages`` ([{"role", "content"}, ...]) as the model's chat template
+        writes it, to tokenize: the text transformers' ``apply_chat_template(..., tokenize=False)``
+        gives.  ``template``: a name of the model's templates ("tool_use") or a template's text;
+        other keyword arguments (``enable_thinking=False``, ``documents``) go to the template
+        (colibri.chat, which also says whether the template writes the BOS token itself)."""
+        from colibri import chat
+        return chat.read(self.path).render(messages, add_generation_prompt, tools=tools, template=template, **kwargs)
+
     def session(self, *args, **options):
         """session(ctx, batch, kernels, **options): a new session: a KV cache for ``ctx``
         positions (0: the model's maximum, at most 4096), prefill computed ``batch`` tokens at a

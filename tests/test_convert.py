@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+import colibri
 from colibri.convert import ConvertError, convert
 from colibri.convert.writer import f32_to_bf16_bits
 from support import DTYPES, FIXTURES, HF_MODELS, hf_model, require_reference
@@ -266,6 +267,51 @@ def test_bf16_source_needs_no_torch(tmp_path):
     assert doc["metadata"]["source_dtype"] == "bf16"
     assert np.array_equal(w16["layers.2.experts.w2"][5], bf16["model.layers.2.block_sparse_moe.experts.5.w2.weight"].astype(np.float32))
     assert all(np.array_equal(w16[n], w32[n]) for n in w16), "bf16 -> f32 -> bf16 is exact"
+
+
+def test_the_default_keeps_each_weights_source_dtype(tmp_path):
+    """A bf16 checkpoint stays bf16 (the bytes --dtype bf16 writes); a tensor whose sources differ
+    (one expert stored f32 among bf16 ones) is f32, the dtype that holds both exactly."""
+    import ml_dtypes
+    src = FIXTURES / "tiny-mixtral-b"
+    bf16 = {n: a.astype(ml_dtypes.bfloat16) for n, a in load_file(src / "model.safetensors").items()}
+    copy_hf(src, tmp_path / "src", replace=bf16)
+    kept = convert(tmp_path / "src", tmp_path / "kept", progress=False)
+    asked = convert(tmp_path / "src", tmp_path / "bf16", dtype="bf16", progress=False)
+    assert (kept / "weights.bin").read_bytes() == (asked / "weights.bin").read_bytes()
+    assert {t["dtype"] for t in read_colibri(kept)[0]["tensors"]} >= {"bf16"}
+
+    mixed = "model.layers.1.block_sparse_moe.experts.3.w1.weight"
+    copy_hf(tmp_path / "src", tmp_path / "mixed", replace={mixed: bf16[mixed].astype(np.float32)})
+    doc, w = read_colibri(convert(tmp_path / "mixed", tmp_path / "mixed-out", progress=False))
+    dtypes = {t["name"]: t["dtype"] for t in doc["tensors"]}
+    assert dtypes["layers.1.experts.w1"] == "f32" and dtypes["layers.1.experts.w3"] == dtypes["layers.0.experts.w1"] == "bf16"
+    assert np.array_equal(w["layers.1.experts.w1"][3], bf16[mixed].astype(np.float32))
+
+
+def test_an_f16_checkpoint_stays_f16_and_runs_as_transformers(tmp_path):
+    """The shipped f16 checkpoint converts to f16 by default: its weights take half the bytes they
+    take with --dtype f32 (which the command line still writes), and both models give the logits of
+    transformers' run of the checkpoint (its reference.npz) to the bar the bundled model meets."""
+    src = FIXTURES / "shakespeare-hf"
+    kept = convert(src, tmp_path / "kept", progress=False)
+    subprocess.run([sys.executable, "-m", "colibri", "convert", str(src), str(tmp_path / "f32"), "--dtype", "f32",
+                    "--quiet"], check=True, capture_output=True, cwd=tmp_path)
+    tables = {}
+    for name in ("kept", "f32"):
+        doc, w = read_colibri(tmp_path / name)
+        tables[name] = ({t["dtype"] for t in doc["tensors"] if t["dtype"] not in ("u8", "i32")},
+                        sum(t["file_size"] for t in doc["tensors"] if t["dtype"] not in ("u8", "i32")), w)
+    assert (tables["kept"][0], tables["f32"][0]) == ({"f16"}, {"f32"})
+    assert tables["kept"][1] * 2 == tables["f32"][1]
+    from colibri.demo import MODEL_DIR   # the shipped model is this checkpoint at f16 (test_bundled_model.py)
+    assert (kept / "weights.bin").read_bytes() == (MODEL_DIR / "weights.bin").read_bytes()
+    assert all(np.array_equal(tables["kept"][2][n], tables["f32"][2][n]) for n in tables["f32"][2]), "f16 -> f32 is exact"
+    with np.load(src / "reference.npz") as z:
+        tokens, reference = z["tokens"], z["logits"]
+    for name in ("kept", "f32"):
+        logits = colibri.Model(tmp_path / name).session(ctx=256).forward(tokens)
+        np.testing.assert_allclose(logits, reference, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("edit, want", [

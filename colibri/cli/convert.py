@@ -30,7 +30,7 @@ def cmd_convert(args):
     if src is None or out is None:
         raise SystemExit("colibri convert: give the source and the output directory (SRC OUT, or --input-dir and --output-dir)")
     dtype = _one_spelling("weight dtype", ("--quant", args.dtype),
-                          ("--quantize", QUANTIZE.get(args.quantize) if args.quantize else None)) or "f32"
+                          ("--quantize", QUANTIZE.get(args.quantize) if args.quantize else None)) or "keep"
     # SIGTERM unwinds like Ctrl-C, so the unfinished model is removed (a kill -9 leaves it for the next run)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out = convert(src, out, dtype=dtype, progress=not args.quiet, layout=args.layout, repack=args.repack)
@@ -63,8 +63,9 @@ def add_convert(sub):
     c.add_argument("--input-dir", help="the same as SRC")
     c.add_argument("--output-dir", help="the same as OUT")
     c.add_argument("--dtype", "--quant", choices=["f32", "f16", "bf16", "q8_0", "q4_0", "w4g128"],
-                   help="weight storage: f32 (default), f16, bf16, llama.cpp's q8_0 / q4_0 blocks (int8 activations), "
-                        "or w4g128 (4-bit groups of 128, float activations: w4a16) for the matrices")
+                   help="weight storage: default, each weight in the checkpoint's own f32, f16 or bf16; or f32, f16, "
+                        "bf16, llama.cpp's q8_0 / q4_0 blocks (int8 activations), or w4g128 (4-bit groups of 128, "
+                        "float activations: w4a16) for the matrices")
     c.add_argument("--quantize", choices=sorted(QUANTIZE),
                    help="the quantization by name: w4a16 (= --quant w4g128), or a block format as --quant")
     c.add_argument("--layout", choices=["stacked", "interleaved"], default="stacked",

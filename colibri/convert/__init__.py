@@ -2,7 +2,7 @@
 (docs/FORMAT.md).
 
     from colibri.convert import convert
-    convert("Mixtral-8x7B-v0.1", "mixtral.colibri", dtype="bf16")
+    convert("Mixtral-8x7B-v0.1", "mixtral.colibri")   # each weight in its checkpoint's dtype
 
 Works without torch: tensors are read with safetensors' numpy reader, one at a time, and streamed
 into weights.bin. Only layout happens here (renaming, stacking experts, splitting fused
@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import colibri
+from colibri import chat
 
 from .errors import ConvertError
 from .families import FAMILIES
@@ -22,12 +23,17 @@ from .output import staged
 from .vocab import byte_table, encoder, token_bytes
 from .writer import DTYPES, LAYOUTS, check_dtype, check_layout, write_model
 
-__all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES", "LAYOUTS"]
+__all__ = ["convert", "ConvertError", "FAMILIES", "DTYPES", "LAYOUTS", "KEEP"]
+
+KEEP = "keep"   # each weight in the dtype the checkpoint stores it in
+KEPT = {"f32": "f32", "f16": "f16", "bf16": "bf16"}   # source dtype -> stored dtype (f64 and mixed sources: f32)
 
 
-def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked", repack=None):
+def convert(src_dir, out_dir, dtype=KEEP, progress=True, layout="stacked", repack=None):
     """Convert the HF model in `src_dir` to a colibri model in `out_dir`, weights stored as `dtype`
-    (f32, f16, bf16, q8_0, q4_0 or w4g128); or import a .gguf file, its weights as they are. `layout`:
+    (f32, f16, bf16, q8_0, q4_0 or w4g128; "keep", the default: each in its checkpoint's f32, f16 or
+    bf16, f32 where it has f64 or its sources differ); or import a .gguf file, its weights as they
+    are. The chat templates and the special tokens' text they read go with the model (colibri.chat). `layout`:
     the routed experts "stacked" (each tensor whole) or "interleaved" (each expert's tensors one
     extent, read at once; docs/FORMAT.md). `repack`: the q4_0 / q8_0 matrices of the core's matmuls
     stored row-interleaved (q4_0x8 / q8_0x8: the same blocks, moved, for the fast kernels); None is
@@ -37,7 +43,8 @@ def convert(src_dir, out_dir, dtype="f32", progress=True, layout="stacked", repa
     out_dir is replaced whole once the new model is written and the core has loaded it (CRCs and
     all): a conversion that fails, or is interrupted, leaves what was there (output.py). It must be
     new, empty, or a colibri model; files other than the model's own in it are kept."""
-    check_dtype(dtype)
+    if dtype != KEEP:
+        check_dtype(dtype)
     check_layout(layout)
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if out_dir.resolve() == src_dir.resolve():
@@ -93,7 +100,8 @@ def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout, repack):
             doc["tokenizer"] = "tokenizer.json"
         doc["metadata"] = {"source": src_dir.name, "converter": f"colibri {colibri.__version__}",
                            "source_dtype": ",".join(sorted(source_dtypes))}
-        tensors = [(e.name, e.shape, lambda e=e: e.build([ckpt.get(n) for n, _ in e.sources])) for e in plan]
+        tensors = [(e.name, e.shape, lambda e=e: e.build([ckpt.get(n) for n, _ in e.sources]))
+                   + ((_kept(ckpt, e),) if dtype == KEEP else ()) for e in plan]
         pieces = token_bytes(src_dir / "tokenizer.json", desc["hparams"]["vocab_size"]) if has_tokenizer else None
         if pieces is not None:  # the vocabulary as bytes, for text output without a tokenizer library
             table, offsets = byte_table(pieces)
@@ -103,6 +111,17 @@ def _convert_checkpoint(src_dir, out_dir, dtype, progress, layout, repack):
             if enc is not None:   # what colibri_tokenize needs to encode text in the core
                 doc = {**{k: v for k, v in doc.items() if k != "metadata"}, "encoder": enc[0], "metadata": doc["metadata"]}
                 tensors += [(name, x.shape, lambda x=x: x) for name, x in enc[1]]
-        write_model(out_dir, doc, tensors, dtype, progress=progress, layout=layout, repack=repack)
+        write_model(out_dir, doc, tensors, "f32" if dtype == KEEP else dtype, progress=progress, layout=layout,
+                    repack=repack)
     if has_tokenizer:
         shutil.copyfile(src_dir / "tokenizer.json", out_dir / "tokenizer.json")
+    try:
+        chat.write(chat.from_hf(src_dir), out_dir)
+    except (ValueError, UnicodeDecodeError) as e:   # json's errors are ValueErrors
+        raise ConvertError(f"{src_dir}: the chat template or special tokens cannot be read: {e}") from None
+
+
+def _kept(ckpt, entry):
+    """The dtype a tensor of the plan keeps: its sources' one dtype, else f32."""
+    dtypes = {ckpt.dtype(name) for name, _ in entry.sources}
+    return KEPT.get(dtypes.pop(), "f32") if len(dtypes) == 1 else "f32"

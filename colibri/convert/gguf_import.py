@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from colibri import chat
+
 from .errors import ConvertError
 from . import gguf_arch
 from .families._config import end_ids, token_id
@@ -338,6 +340,10 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
     path, out_dir = Path(path), Path(out_dir)
     _, doc, entries = _plan(path)
     write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout, repack=repack)
+    try:
+        chat.write(chat.from_gguf_metadata(meta, str(path)), out_dir)
+    except ValueError as e:   # a template's name that is no file name
+        raise ConvertError(f"{path}: {e}") from None
     return out_dir
 
 

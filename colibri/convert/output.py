@@ -8,7 +8,8 @@ under its aside name (the next conversion into the same place removes it). A con
 with SIGKILL leaves its hidden work directory, which the next conversion there removes too.
 
 Files a user keeps in a model directory (a training log, a profile) are carried into the new one;
-the converter's own files (OWN) never are: a source without a tokenizer gives a model without one.
+the converter's own files (OWN, and the chat templates) never are: a source without a tokenizer
+gives a model without one, a source without a chat template a model without one.
 """
 
 import ctypes
@@ -18,6 +19,8 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from colibri.chat import is_own_file
 
 from .errors import ConvertError
 
@@ -82,7 +85,7 @@ def _running(pid):
 def _carry_user_files(old, new):
     """Link (or copy) into `new` what `old` holds besides the converter's own files."""
     for entry in old.iterdir():
-        if entry.name in OWN or (new / entry.name).exists():
+        if entry.name in OWN or is_own_file(entry.name) or (new / entry.name).exists():
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.copytree(entry, new / entry.name, symlinks=True, copy_function=_link_or_copy)

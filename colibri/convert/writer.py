@@ -186,9 +186,9 @@ def _repacked(name, shape, y, stored):
     return interleave_rows8(np.asarray(y).reshape(*shape[:-1], nbytes(shape[-1:], stored)), x8), x8
 
 
-def _encoded(name, shape, load, dtype, repack=False):
-    """(bytes, stored dtype) of one tensor of the plan; with `repack`, q4_0 and q8_0 matrices of the
-    core's matmuls in their x8 forms."""
+def _encoded(name, shape, load, planned, repack=False):
+    """(bytes, stored dtype) of one tensor of the plan, a float array written as `planned` (its
+    fourth item); with `repack`, q4_0 and q8_0 matrices of the core's matmuls in their x8 forms."""
     x = load()
     if isinstance(x, Stored):
         y, stored = x.data, x.dtype
@@ -199,7 +199,7 @@ def _encoded(name, shape, load, dtype, repack=False):
     elif not np.isfinite(x).all():
         raise ConvertError(f"tensor `{name}`: the source holds NaN or infinite values")
     else:
-        stored = stored_dtype(shape, dtype)
+        stored = planned
         y = encode(x, stored)
     if stored == "f16" and not np.isfinite(y).all():
         raise ConvertError(f"tensor `{name}`: values beyond the f16 range (|x| > 65504); use bf16 or f32")
@@ -241,11 +241,11 @@ def _count(bar, estimate, size):
         bar.refresh()
 
 
-def _write_extents(f, group, dtype, table, bar, repack):
+def _write_extents(f, group, table, bar, repack):
     """One layer's routed-expert tensors as E extents: expert e's extent holds its part of each
     tensor in plan order, each part 64-byte aligned; the stride (the extent's size) is a multiple of
     64. The bytes are the stacked tensors' bytes, rearranged, so the checksums do not change."""
-    encoded = [_encoded(name, shape, load, dtype, repack) for name, shape, load, _ in group]
+    encoded = [_encoded(name, shape, load, planned, repack) for name, shape, load, planned in group]
     _count(bar, sum(nbytes(shape, stored) for _, shape, _, stored in group), sum(len(data) for data, _ in encoded))
     n_experts = group[0][1][0]
     parts = []
@@ -275,8 +275,9 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked", r
     """Stream `tensors` into out_dir/weights.bin, then write colibri_model.json.
 
     doc: the JSON document without "tensors". tensors: (name, expected shape, load) triples in file
-    order, where load() returns a float32 array, or a Stored; then a fourth item names its dtype,
-    so the progress bar knows its size. One tensor is in memory at a time; with layout
+    order, where load() returns a float32 array, or a Stored; a fourth item names the dtype it is
+    stored as (a float array is written so; by default stored_dtype(shape, dtype)), so the progress
+    bar knows its size. One tensor is in memory at a time; with layout
     "interleaved", one layer's routed-expert tensors, written as its experts' extents, all of them
     after every other tensor: weights.bin is then the resident prefix (what a device keeps in
     memory), then the extents (what it may stream). The table keeps the plan's order. With
@@ -307,10 +308,10 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked", r
         for i in sorted(range(len(groups)), key=lambda i: groups[i][0]):   # the extents last
             extents, group = groups[i]
             if extents:
-                _write_extents(f, group, dtype, rows[i], bar, repack)
+                _write_extents(f, group, rows[i], bar, repack)
                 continue
-            name, shape, load, _ = group[0]
-            data, stored = _encoded(name, shape, load, dtype, repack)
+            name, shape, load, planned = group[0]
+            data, stored = _encoded(name, shape, load, planned, repack)
             _pad(f)
             rows[i].append(_entry(name, stored, shape, f.tell(), data))
             f.write(data)
