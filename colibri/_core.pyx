@@ -616,7 +616,7 @@ cdef class Model:
         other keyword arguments (``enable_thinking=False``, ``documents``) go to the template
         (colibri.chat, which also says whether the template writes the BOS token itself)."""
         from colibri import chat
-        return chat.read(self.path).render(messages, add_generation_prompt, tools=tools, template=template, **kwargs)
+        return chat.read(self.directory).render(messages, add_generation_prompt, tools=tools, template=template, **kwargs)
 
     def session(self, *args, **options):
         """session(ctx, batch, kernels, **options): a new session: a KV cache for ``ctx``

@@ -338,13 +338,18 @@ def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
     with `repack`, the q4_0 / q8_0 matrices the core allows in the x8 forms are stored so (the same
     bytes, rows interleaved in groups of 8: writer.repacked_dtype); the K-quants stay as they are."""
     path, out_dir = Path(path), Path(out_dir)
-    _, doc, entries = _plan(path)
+    reader, doc, entries = _plan(path)
     write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout, repack=repack)
+    _write_chat(reader, path, out_dir)
+    return out_dir
+
+
+def _write_chat(reader, path, out_dir):
+    """The file's chat templates and special tokens' text, stored with the model (colibri.chat)."""
     try:
-        chat.write(chat.from_gguf_metadata(meta, str(path)), out_dir)
+        chat.write(chat.from_gguf_metadata(reader.meta, str(path)), out_dir)
     except ValueError as e:   # a template's name that is no file name
         raise ConvertError(f"{path}: {e}") from None
-    return out_dir
 
 
 # extra.bin starts on a boundary of this many bytes in the file's address range (GGUF data offset
@@ -395,6 +400,7 @@ def describe_in_place(path, progress=None):
                            "data_bytes": before.st_size - start, "file_bytes": before.st_size,
                            "mtime_ns": before.st_mtime_ns, "extra_at": extra_at}}
         (work / "colibri_model.json").write_text(_header_text({**doc, "tensors": table}))
+        _write_chat(reader, path, work)
     if path.stat().st_mtime_ns != before.st_mtime_ns:
         raise ConvertError(f"{path} changed while it was described: open it again")
     return sidecar
