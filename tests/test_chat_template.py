@@ -4,6 +4,7 @@ real models use; read from a checkpoint's tokenizer_config.json / chat_template.
 file's tokenizer.chat_template, stored with the converted model, and rendered from there the same."""
 import datetime
 import json
+import os
 import shutil
 
 import pytest
@@ -438,7 +439,7 @@ def gguf_with_template(path, templates):
     return path
 
 
-def test_a_gguf_files_templates_convert_and_render_as_transformers(tmp_path):
+def test_a_gguf_files_templates_convert_and_render_as_transformers(tmp_path, monkeypatch):
     path = gguf_with_template(tmp_path / "m.gguf", [{"name": "default", "template": MISTRAL},
                                                     {"name": "tool_use", "template": TOOLS}])
     model = colibri.Model(convert(path, tmp_path / "m", progress=False))
@@ -447,6 +448,8 @@ def test_a_gguf_files_templates_convert_and_render_as_transformers(tmp_path):
     expected = theirs.apply_chat_template(talk, chat_template=MISTRAL, tokenize=False, add_generation_prompt=True)
     assert model.apply_chat_template(talk) == expected
     assert chat.read(path).render(talk) == expected   # read from the GGUF file itself
+    monkeypatch.setenv("COLIBRI_CACHE", str(tmp_path / "cache"))   # run in place: from its description
+    assert colibri.Model(path).apply_chat_template(talk) == expected
     assert model.apply_chat_template(TOOL_TALK, tools=[WEATHER]) == \
         theirs.apply_chat_template(TOOL_TALK, chat_template=TOOLS, tools=[WEATHER], tokenize=False,
                                    add_generation_prompt=True)
