@@ -1,9 +1,10 @@
-"""The `colibri` command: convert, validate, generate, memdump, firmware, profile, stats, serve-experts.
+"""The `colibri` command: convert, validate, generate, chat, memdump, firmware, profile, stats, serve-experts.
 
     colibri generate --prompt "ROMEO:"                     # the bundled Shakespeare model
     colibri convert path/to/hf-mixtral out/model [--dtype f16]
     colibri validate out/model
     colibri generate --model out/model --prompt "The capital of France is" --max-tokens 32
+    colibri chat --model model.gguf                        # a conversation, with the model's chat template
     colibri memdump --model out/model --ctx 2048
     colibri firmware run --board mps2-an386 --prompt "ROMEO:"   # the bundled model on a board, under QEMU
     colibri firmware export --board mps2-an386 --out fw         # sources, model and plan for a firmware of one's own
@@ -34,7 +35,7 @@ import sys
 from pathlib import Path
 
 import colibri
-from colibri.cli import convert, firmware, measure, remote, run
+from colibri.cli import chat, convert, firmware, measure, remote, run
 
 
 def build_parser():
@@ -44,7 +45,8 @@ def build_parser():
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     p.add_argument("--version", action="version", version=f"colibri {colibri.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (convert.add_convert, convert.add_validate, run.add_generate, run.add_memdump, firmware.add_firmware,
+    for add in (convert.add_convert, convert.add_validate, run.add_generate, chat.add_chat, run.add_memdump,
+                firmware.add_firmware,
                 measure.add_profile, measure.add_stats, remote.add_serve_experts, remote.add_orchestrate,
                 remote.add_strip_experts):
         add(sub)
