@@ -230,3 +230,24 @@ def test_both_clis_stop_where_the_reference_cuts(sampled):
                          "--max-tokens", "40", "--temperature", "0", "--ignore-eos", *flags],
                         capture_output=True, timeout=300, cwd="/").stdout
     assert c == want and py == want
+
+
+def test_generate_remote_streams_the_local_text():
+    """`colibri generate --remote` with a text prompt and a stop string (the edge's stream_text, the
+    placement kept between tokens): the text of the local run."""
+    import subprocess
+    import sys
+    pytest.importorskip("grpc")
+    from colibri.remote.server import start as start_server
+    args = ["--model", str(MODEL_DIR), "--prompt", "KING:", "--max-tokens", "30", "--temperature", "0",
+            "--ignore-eos", "--stop", "lord"]
+    local = subprocess.run([sys.executable, "-m", "colibri", "generate", *args], capture_output=True, check=True)
+    server, service, remote = start_server(MODEL_DIR, "127.0.0.1:0")
+    try:
+        out = subprocess.run([sys.executable, "-m", "colibri", "generate", *args, "--remote", remote,
+                              "--device-threshold-ms", "2000", "--strict"], capture_output=True, timeout=120)
+    finally:
+        server.stop(0)
+        service.close()
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    assert out.stdout == local.stdout and b"lord" not in out.stdout
