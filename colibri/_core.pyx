@@ -1024,7 +1024,8 @@ cdef class Session:
             self._busy = False
 
     def forward(self, tokens):
-        """Appends ``tokens`` to the KV cache; returns float32 logits [len(tokens), vocab]."""
+        """Appends ``tokens`` to the KV cache (after the pending token, if any, whose logits are not
+        returned); returns float32 logits [len(tokens), vocab]."""
         cdef int32_t[::1] ids = _token_ids(tokens)
         cdef size_t n = ids.shape[0]
         out = np.empty((n, self._vocab), dtype=np.float32)
@@ -1077,7 +1078,8 @@ cdef class Session:
         return token
 
     def step(self, int token, float temperature=0.0, int top_k=0, float top_p=1.0):
-        """Feeds one token and returns the next one sampled from its logits."""
+        """Feeds one token (after the pending token, if any) and returns the next one sampled from
+        its logits; that one is not left pending: step() it next."""
         cdef c.colibri_sampling sp
         cdef c.colibri_error err
         cdef c.colibri_status st

@@ -436,7 +436,7 @@ int32_t colibri_session_pending(const colibri_session *s) { return s->pending; }
 
 const int32_t *colibri_session_tokens(const colibri_session *s, int32_t *n)
 {
-    *n = s->position;
+    if (n) *n = s->position;
     return s->tokens;
 }
 
