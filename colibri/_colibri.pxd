@@ -122,6 +122,11 @@ cdef extern from "colibri/colibri.h" nogil:
                                        size_t *len)
     colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids,
                                     size_t cap, size_t *n, colibri_error *err) nogil
+    enum: COLIBRI_BOS_DEFAULT
+    enum: COLIBRI_BOS_NONE
+    enum: COLIBRI_BOS_ADD
+    colibri_status colibri_tokenize_bos(const colibri_model *model, const char *text, size_t len, int32_t bos,
+                                        int32_t *ids, size_t cap, size_t *n, colibri_error *err) nogil
 
     enum: COLIBRI_KERNELS_AUTO
     enum: COLIBRI_KERNELS_REFERENCE
@@ -191,6 +196,9 @@ cdef extern from "colibri/colibri.h" nogil:
     void colibri_session_destroy(colibri_session *session)
     void colibri_session_reset(colibri_session *session)
     int32_t colibri_session_position(const colibri_session *session)
+    const int32_t *colibri_session_tokens(const colibri_session *session, int32_t *n)
+    int32_t colibri_session_pending(const colibri_session *session)
+    colibri_status colibri_session_truncate(colibri_session *session, int32_t n, colibri_error *err)
     int32_t colibri_session_n_ctx(const colibri_session *session)
     const char *colibri_session_kernels(const colibri_session *session)
     const char *colibri_kernel_variant(int32_t i, int *runs_here)
@@ -260,6 +268,7 @@ cdef extern from "colibri/colibri.h" nogil:
         COLIBRI_STOP_MAX_TOKENS
         COLIBRI_STOP_CONTEXT_FULL
         COLIBRI_STOP_ERROR
+        COLIBRI_STOP_STRING
 
     ctypedef struct colibri_generate_options:
         int32_t max_tokens
@@ -276,6 +285,15 @@ cdef extern from "colibri/colibri.h" nogil:
                                           const colibri_generate_options *options, const int32_t *prompt,
                                           size_t n_prompt, colibri_error *err)
     colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, colibri_error *err)
+
+    ctypedef void (*colibri_write_fn)(void *context, const char *bytes, size_t len) noexcept nogil
+    enum: COLIBRI_MAX_STOPS
+    enum: COLIBRI_STOP_MAX_BYTES
+    ctypedef struct colibri_text_stream:
+        int32_t matched
+    colibri_status colibri_text_stream_init(colibri_text_stream *text, const char *const *stops, int32_t n_stops,
+                                            colibri_write_fn write, void *context, colibri_error *err)
+    colibri_status colibri_generate_text(colibri_generation *g, colibri_text_stream *text, colibri_error *err)
 
     colibri_status colibri_memdump(const colibri_session *session, char *buf, size_t cap, size_t *len)
 

@@ -58,8 +58,6 @@ def _seed_value(seed, what="seed"):
 
 
 MAX_EOS_TOKENS = c.COLIBRI_MAX_EOS_TOKENS   # the most hparams.eos_token_ids a model carries
-_STOP_REASONS = {c.COLIBRI_STOP_EOS: "eos", c.COLIBRI_STOP_MAX_TOKENS: "max_tokens",
-                 c.COLIBRI_STOP_CONTEXT_FULL: "context_full"}   # Session.stop_reason
 _LOGIT_BIAS = np.dtype([("token", np.int32), ("bias", np.float32)])   # colibri_logit_bias
 
 
@@ -497,10 +495,13 @@ cdef class Model:
         if st != c.COLIBRI_OK:
             raise_error(&err)
 
-    def tokenize(self, text):
+    def tokenize(self, text, add_bos=None):
         """The token ids of `text` (str, or bytes taken as UTF-8) as the model's tokenizer encodes it,
-        its BOS included, by the core's encoder (colibri_tokenize).  Bytes pass through as they are,
-        invalid UTF-8 included (byte fallback encodes them)."""
+        by the core's encoder (colibri_tokenize_bos).  add_bos: None puts the BOS where the tokenizer's
+        template does, False none (a later turn of a conversation), True one.  Bytes pass through as
+        they are, invalid UTF-8 included (byte fallback encodes them)."""
+        cdef int32_t bos = c.COLIBRI_BOS_DEFAULT if add_bos is None else \
+            c.COLIBRI_BOS_ADD if add_bos else c.COLIBRI_BOS_NONE
         cdef bytes data
         if isinstance(text, str):
             data = text.encode("utf-8")
@@ -514,12 +515,12 @@ cdef class Model:
         cdef c.colibri_error err
         cdef c.colibri_status st
         with nogil:
-            st = c.colibri_tokenize(self._model, p, length, &ids[0], cap, &n, &err)
+            st = c.colibri_tokenize_bos(self._model, p, length, bos, &ids[0], cap, &n, &err)
         if st == c.COLIBRI_E_ARG and n > cap:   # byte fallback: a character may give a token per byte and more
             cap = n
             ids = np.empty(cap, dtype=np.int32)
             with nogil:
-                st = c.colibri_tokenize(self._model, p, length, &ids[0], cap, &n, &err)
+                st = c.colibri_tokenize_bos(self._model, p, length, bos, &ids[0], cap, &n, &err)
         if st != c.COLIBRI_OK:
             raise_error(&err)
         return np.asarray(ids[:n]).tolist()
@@ -630,6 +631,48 @@ cdef class Model:
 _ROUTINGS = {"model": 0, "noisy": 1, "hash": 2, "capacity": 3}   # COLIBRI_ROUTING_*
 
 
+# Session.stop_reason: an end id of the model, --max-tokens, a full context, a stop string
+_STOP_REASONS = {c.COLIBRI_STOP_EOS: "eos", c.COLIBRI_STOP_MAX_TOKENS: "max_tokens",
+                 c.COLIBRI_STOP_CONTEXT_FULL: "context_full", c.COLIBRI_STOP_STRING: "stop"}
+
+
+cdef void _text_write(void *context, const char *data, size_t n) noexcept with gil:
+    (<_TextOut>context).pieces.append(PyBytes_FromStringAndSize(data, n))
+
+
+cdef class _TextOut:
+    """A generation's text for Session.stream_text: the core's text stream (colibri_text_stream),
+    its stop strings kept alive here, the pieces it wrote since the last take()."""
+    cdef c.colibri_text_stream stream
+    cdef const char *stop_ptrs[c.COLIBRI_MAX_STOPS]
+    cdef tuple stop_bytes
+    cdef public list pieces
+    cdef public int stop
+
+    def __cinit__(self, stop):
+        cdef c.colibri_error err
+        if isinstance(stop, (str, bytes)):
+            stop = [stop]
+        self.stop_bytes = tuple(s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in stop)
+        if len(self.stop_bytes) > c.COLIBRI_MAX_STOPS:
+            raise ValueError(f"{len(self.stop_bytes)} stop strings: at most {c.COLIBRI_MAX_STOPS}")
+        for i, b in enumerate(self.stop_bytes):
+            if b"\0" in b:
+                raise ValueError(f"stop string {i} holds a NUL byte")
+            self.stop_ptrs[i] = b
+        self.pieces = []
+        self.stop = c.COLIBRI_STOP_NONE
+        if c.colibri_text_stream_init(&self.stream, self.stop_ptrs, len(self.stop_bytes), _text_write,
+                                      <void *>self, &err) != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def take(self):
+        """The text written since the last take: whole UTF-8 characters (U+FFFD for invalid bytes)."""
+        text = b"".join(self.pieces).decode("utf-8", "replace")
+        self.pieces = []
+        return text
+
+
 cdef class Session:
     """One sequence's state: the arena with KV cache, activations and sampling buffers.
 
@@ -648,6 +691,7 @@ cdef class Session:
     cdef object _reader
     cdef const c.colibri_device_driver **_driver_table
     cdef readonly uint64_t expert_budget
+    cdef public object stop_reason   # why the last stream_text ended: "eos", "max_tokens", "context_full", "stop"
 
     def __cinit__(self, Model model not None, *args, **options):
         """Session(model, ctx, batch, kernels, routing, noise, noise_seed, capacity_factor, profile,
@@ -915,8 +959,40 @@ cdef class Session:
 
     @property
     def position(self):
-        """Tokens in the KV cache."""
+        """Tokens in the KV cache: len(tokens), less the pending token if there is one."""
         return c.colibri_session_position(self._session)
+
+    @property
+    def tokens(self):
+        """The conversation the session holds: the ids of the KV cache's positions, then the
+        pending token if there is one (the last token a generation returned, which the next
+        forward, prefill, step or generation feeds first)."""
+        cdef int32_t n = 0
+        cdef const int32_t *ids = c.colibri_session_tokens(self._session, &n)
+        out = [ids[i] for i in range(n)]
+        if c.colibri_session_pending(self._session) >= 0:
+            out.append(c.colibri_session_pending(self._session))
+        return out
+
+    @property
+    def pending(self):
+        """The token sampled last and not yet fed (in tokens, not in position), else None."""
+        cdef int32_t t = c.colibri_session_pending(self._session)
+        return None if t < 0 else t
+
+    def truncate(self, int n):
+        """Keeps the first ``n`` tokens of the conversation (tokens[:n]): what is fed next computes
+        exactly what a session fed only those computes.  Until then sample() has no logits unless
+        n keeps every position."""
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        self._enter()
+        try:
+            st = c.colibri_session_truncate(self._session, n, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
 
     @property
     def n_ctx(self):
@@ -928,7 +1004,7 @@ cdef class Session:
         return c.colibri_session_kernels(self._session).decode()
 
     def reset(self):
-        """Empties the KV cache."""
+        """Empties the KV cache and drops the pending token."""
         self._enter()
         try:
             c.colibri_session_reset(self._session)
@@ -1013,7 +1089,8 @@ cdef class Session:
         return seed
 
     def forward(self, tokens):
-        """Appends ``tokens`` to the KV cache; returns float32 logits [len(tokens), vocab]."""
+        """Appends ``tokens`` to the KV cache (after the pending token, if any, whose logits are not
+        returned); returns float32 logits [len(tokens), vocab]."""
         cdef int32_t[::1] ids = _token_ids(tokens)
         cdef size_t n = ids.shape[0]
         out = np.empty((n, self._vocab), dtype=np.float32)
@@ -1067,7 +1144,8 @@ cdef class Session:
         return token
 
     def step(self, int token, float temperature=0.0, int top_k=0, float top_p=1.0):
-        """Feeds one token and returns the next one sampled from its logits."""
+        """Feeds one token (after the pending token, if any) and returns the next one sampled from
+        its logits; that one is not left pending: step() it next."""
         cdef c.colibri_sampling sp
         cdef c.colibri_error err
         cdef c.colibri_status st
@@ -1092,7 +1170,7 @@ cdef class Session:
     def stream(self, prompt, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
                seed=None, bint stop_at_eos=True, between_tokens=None, *, float min_p=0.0,
                float repeat_penalty=1.0, int repeat_last_n=c.COLIBRI_PENALTY_LAST_N_DEFAULT,
-               float presence_penalty=0.0, float frequency_penalty=0.0, logit_bias=None):
+               float presence_penalty=0.0, float frequency_penalty=0.0, logit_bias=None, _TextOut _text=None):
         """Prefills ``prompt`` and yields up to ``max_tokens`` generated token ids (the core's
         generation loop: colibri_generate_next).  seed: None goes on with the session's generator,
         -1 draws a random one (``last_seed``).  The sampling steps and their order are colibri.h's:
@@ -1136,6 +1214,8 @@ cdef class Session:
                 st = c.colibri_generate_start(&g, self._session, &o, &ids[0], n, &err)
         finally:
             self._busy = False
+        if st == c.COLIBRI_OK and _text is not None:
+            st = c.colibri_generate_text(&g, &_text.stream, &err)
         if st != c.COLIBRI_OK:
             raise_error(&err)
         while True:
@@ -1147,6 +1227,8 @@ cdef class Session:
                 self._rng = g.rng
             finally:
                 self._busy = False
+            if _text is not None:
+                _text.stop = g.stop
             if st != c.COLIBRI_OK:
                 raise_error(&err)
             if g.stop != c.COLIBRI_STOP_NONE:
@@ -1158,6 +1240,21 @@ cdef class Session:
                 return
             if between_tokens is not None:
                 between_tokens()
+
+    def stream_text(self, prompt, stop=(), **options):
+        """Like stream() (the same options), yielding the generated text instead of ids: each
+        token's bytes as the core's text stream writes them (no piece splits a UTF-8 character), a
+        str per token that wrote any.  ``stop``: strings that end the generation when the text
+        completes one; the text stops before it, and no piece ever holds a part of one that then
+        completes it.  stop_reason says afterwards why it ended."""
+        out = _TextOut(stop)
+        self.stop_reason = None
+        for _ in self.stream(prompt, _text=out, **options):
+            if out.pieces:
+                yield out.take()
+        if out.pieces:
+            yield out.take()
+        self.stop_reason = _STOP_REASONS.get(out.stop)
 
     def generate(self, prompt, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
                  seed=None, bint stop_at_eos=True, **sampling):

@@ -215,14 +215,64 @@ static int sink_test(const uint8_t *text, size_t len, int valid)
     return 0;
 }
 
+/* The reference: how many bytes of `text` come before the first stop string to be completed (the
+ * longest of those the same byte completes); len when none is. */
+static size_t reference_cut(const uint8_t *text, size_t len, const char *const *stops, int n_stops)
+{
+    size_t end, best;
+    int i;
+    for (end = 1; end <= len; end++) {
+        for (best = 0, i = 0; i < n_stops; i++) {
+            size_t k = strlen(stops[i]);
+            if (k <= end && k > best && memcmp(text + end - k, stops[i], k) == 0) best = k;
+        }
+        if (best) return end - best;
+    }
+    return len;
+}
+
+/* `text` cut at a and b into three tokens' bytes through a text stream with stop strings: the
+ * reference's bytes come out, and the stream says a stop string was found exactly when one was. */
+static int stop_test(const uint8_t *text, size_t len, const char *const *stops, int n_stops)
+{
+    size_t a, b, want = reference_cut(text, len, stops, n_stops);
+    for (a = 0; a <= len; a++)
+        for (b = a; b <= len; b++) {
+            captured c;
+            colibri_text_stream ts;
+            colibri_error err;
+            int found;
+            memset(&c, 0, sizeof c);
+            if (check(colibri_text_stream_init(&ts, stops, n_stops, capture, &c, &err), &err, "text stream")) return 1;
+            found = colibri_text_stream_put(&ts, text, a);
+            found = found || colibri_text_stream_put(&ts, text + a, b - a);
+            found = found || colibri_text_stream_put(&ts, text + b, len - b);
+            colibri_text_stream_finish(&ts);
+            if (c.len != want || memcmp(c.bytes, text, want) != 0 || found != (want < len) || (ts.matched >= 0) != found) {
+                fprintf(stderr, "text stream: cut at %zu, %zu: %zu bytes out, the reference %zu\n", a, b, c.len, want);
+                return 1;
+            }
+        }
+    return 0;
+}
+
 static int text_tests(void)
 {
     /* 1-, 2-, 3- and 4-byte characters: "a é € 𝄞 b" */
     static const uint8_t mixed[] = { 'a', 0xC3, 0xA9, ' ', 0xE2, 0x82, 0xAC, ' ', 0xF0, 0x9D, 0x84, 0x9E, 'b', 0xE2, 0x82, 0xAC };
     /* a stray continuation byte, a character cut short and left unfinished at the end */
     static const uint8_t broken[] = { 'x', 0x80, 0xE2, 0x82, 'y', 0xF0, 0x9D, 0x84 };
+    /* a prefix of "aab" twice before it, two stops the same byte completes, one inside a character */
+    static const char text[] = "xaaxaaab\xE2\x82\xAC" "cd";
+    static const char *const overlapping[] = { "aab", "zz" }, *const together[] = { "ab", "aab" },
+                             *const inside[] = { "\x82\xAC" }, *const none[] = { "aaa", "d!" };
     int fails = sink_test(mixed, sizeof mixed, 1) + sink_test(broken, sizeof broken, 0);
-    if (!fails) printf("text sink: every cut of %zu + %zu bytes\n", sizeof mixed, sizeof broken);
+    fails += stop_test((const uint8_t *)text, strlen(text), overlapping, 2) +
+             stop_test((const uint8_t *)text, strlen(text), together, 2) +
+             stop_test((const uint8_t *)text, strlen(text), inside, 1) +
+             stop_test((const uint8_t *)text, strlen(text), none, 2);
+    if (!fails) printf("text sink: every cut of %zu + %zu bytes; text stream: every cut against 4 sets of stops\n",
+                       sizeof mixed, sizeof broken);
     return fails;
 }
 

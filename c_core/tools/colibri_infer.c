@@ -58,12 +58,14 @@ typedef struct options {
     int direct_io, no_prefetch, verify_experts;
     const char *device;             /* where the routed experts compute: a built-in driver's name */
     const char *placement_path;     /* a placement file (docs/DEVICES.md) */
+    const char *stops[COLIBRI_MAX_STOPS];   /* --stop strings */
+    int n_stops;
 } options;
 
 enum flag_id {
     F_MODEL, F_PROMPT, F_TOKENS, F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_REPEAT_LAST_N, F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_LOGIT_BIAS, F_SEED, F_CTX, F_BATCH,
-    F_IGNORE_EOS, F_RESET_EVERY, F_LATENCY, F_IDS, F_LOGITS, F_REFERENCE, F_KERNELS, F_EXPERT_LOAD, F_THREADS,
+    F_IGNORE_EOS, F_STOP, F_RESET_EVERY, F_LATENCY, F_IDS, F_LOGITS, F_REFERENCE, F_KERNELS, F_EXPERT_LOAD, F_THREADS,
     F_PROFILE, F_ROUTING, F_ROUTING_NOISE, F_ROUTING_SEED, F_CAPACITY_FACTOR, F_EXPERT_BUDGET, F_EXPERT_CACHE,
     F_DIRECT_IO, F_NO_PREFETCH, F_VERIFY_EXPERTS, F_DEVICE, F_PLACEMENT, F_VALIDATE_MODEL, F_MEMDUMP, F_VERBOSE,
     F_VERSION, F_HELP, F_COUNT
@@ -105,6 +107,8 @@ static const struct flag {
     [F_CTX] = { "ctx", required_argument, "N", "0", "context length to reserve, 0: the model's, at most 4096" },
     [F_BATCH] = { "batch", required_argument, "N", "0", "tokens per prefill chunk, 0: 64" },
     [F_IGNORE_EOS] = { "ignore_eos", no_argument, NULL, NULL, "do not stop at the end-of-sequence token" },
+    [F_STOP] = { "stop", required_argument, "STR", NULL,
+                 "end the generation when its text completes STR, which is not printed (repeatable)" },
     [F_RESET_EVERY] = { "reset_every", required_argument, "K", NULL,
                         "after K generated tokens, at a full context (K = 0: there only) or at the end-of-sequence\n"
                         "token, empty the KV cache, prefill the prompt again and go on; --max_tokens counts the\n"
@@ -304,6 +308,13 @@ static int set_option(options *o, int id, const char *v)
     case F_CTX: return parse_long(flag, v, 0, 1 << 24, &o->ctx);
     case F_BATCH: return parse_long(flag, v, 0, 4096, &o->batch);
     case F_IGNORE_EOS: o->stop_at_eos = 0; return 1;
+    case F_STOP:
+        if (o->n_stops == COLIBRI_MAX_STOPS) {
+            fprintf(stderr, "colibri-infer: --stop: at most %d stop strings\n", COLIBRI_MAX_STOPS);
+            return 0;
+        }
+        o->stops[o->n_stops++] = v;
+        return 1;
     case F_RESET_EVERY: return parse_long(flag, v, 0, 1 << 24, &o->reset_every);
     case F_LATENCY: o->latency_path = v; return 1;
     case F_IDS: o->ids = 1; return 1;
@@ -512,6 +523,12 @@ static void write_stdout(void *context, const char *bytes, size_t len)
     fwrite(bytes, 1, len, stdout);
 }
 
+/* --ids with --stop: the text is matched, not printed */
+static void write_nothing(void *context, const char *bytes, size_t len)
+{
+    (void)context; (void)bytes; (void)len;
+}
+
 /* --validate-model: every load check and the checksums passed (the model is open). */
 static int run_validate(const options *o, const colibri_model *model)
 {
@@ -659,9 +676,9 @@ static int start_round(const options *o, colibri_generation *g, colibri_session 
 /* The generation loop: each token printed as it comes (text, or ids).  A soak (--reset_every)
  * empties the KV cache and prefills the prompt again at a full context, at the end-of-sequence
  * token and after K tokens, until --max_tokens in all; a round's first token is untimed. */
-static int generate(const options *o, const colibri_model *model, colibri_generation *g,
-                    colibri_text_sink *text /* NULL: print ids */, const int32_t *prompt, size_t n_prompt,
-                    run_stats *run)
+static int generate(const options *o, colibri_generation *g, int print_ids,
+                    colibri_text_stream *text /* attached to g (it prints the text), or NULL */, const int32_t *prompt,
+                    size_t n_prompt, run_stats *run)
 {
     colibri_error err;
     int32_t token;
@@ -672,8 +689,7 @@ static int generate(const options *o, const colibri_model *model, colibri_genera
         if (colibri_generate_next(g, &token, &err)) return fail(g->generated ? "decode failed" : "sampling failed", &err);
         if (token < 0) break;
         if (timed) run->latency[run->n_latency++] = now_ns() - step_start;
-        if (!text) printf(run->generated ? ",%d" : "%d", token);
-        else colibri_text_put_token(text, model, token);
+        if (print_ids) printf(run->generated ? ",%d" : "%d", token);
         fflush(stdout);
         run->generated++;
         round_tokens++;
@@ -681,6 +697,7 @@ static int generate(const options *o, const colibri_model *model, colibri_genera
             (g->stop == COLIBRI_STOP_EOS || g->stop == COLIBRI_STOP_CONTEXT_FULL || round_tokens == o->reset_every)) {
             colibri_session_reset(g->session);
             if (start_round(o, g, g->session, prompt, n_prompt, g->rng, run->generated)) return 1;
+            if (text && colibri_generate_text(g, text, &err)) return fail("--stop", &err);
             round_tokens = 0;
             run->resets++;
         }
@@ -761,6 +778,8 @@ static int run_generation(const options *o, const colibri_model *model, colibri_
     int ids = o->ids, rc;
     colibri_generation g;
     colibri_text_sink text;
+    colibri_text_stream out;
+    colibri_error err;
     run_stats run = { 0, 0, NULL, 0 };
     const uint8_t *unused;
     size_t unused_len;
@@ -779,6 +798,10 @@ static int run_generation(const options *o, const colibri_model *model, colibri_
     if (start_round(o, &g, session, o->logits_path ? NULL : prompt, o->logits_path ? 0 : n_prompt,
                     (uint64_t)o->seed, 0))
         return 1;
+    colibri_text_flush(&text);   /* the prompt's; the generation's text goes through `out` */
+    if ((!ids || o->n_stops) && (colibri_text_stream_init(&out, o->stops, o->n_stops, ids ? write_nothing : write_stdout,
+                                                           NULL, &err) || colibri_generate_text(&g, &out, &err)))
+        return fail("--stop", &err);
     if (o->latency_path && !(run.latency = malloc((size_t)(o->max_tokens > 0 ? o->max_tokens : 1) * sizeof *run.latency))) {
         fprintf(stderr, "colibri-infer: out of memory for --latency\n");
         return 1;
@@ -787,8 +810,7 @@ static int run_generation(const options *o, const colibri_model *model, colibri_
     t2 = now_seconds();
     if (o->verbose)
         fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s)\n", n_prompt, 1e3 * (t2 - t1), (double)n_prompt / (t2 - t1));
-    rc = generate(o, model, &g, ids ? NULL : &text, prompt, n_prompt, &run);
-    colibri_text_flush(&text);
+    rc = generate(o, &g, ids, !ids || o->n_stops ? &out : NULL, prompt, n_prompt, &run);
     printf("\n");
     if (rc == 0 && g.stop == COLIBRI_STOP_CONTEXT_FULL) {   /* before --max_tokens: not what was asked, say so */
         fflush(stdout);

@@ -38,6 +38,8 @@ def generate_on_target(model, ids, args):
         command += ["--batch", str(args.batch)]
     if args.ignore_eos:
         command.append("--ignore_eos")
+    for stop in args.stop or ():
+        command += ["--stop", stop]
     if args.tokens is not None:
         command.append("--ids")
     if args.verbose:
@@ -77,26 +79,37 @@ def cmd_generate(args):
         out.buffer.write(os.fsencode(args.prompt))   # the prompt's own bytes back
     out.flush()
 
-    generated, printed = [], ""
+    byte_table = decode is not None and model.token_bytes(0) is not None
+    if args.stop and not byte_table:
+        raise SystemExit("colibri generate: --stop matches the text the model's byte table gives: "
+                         "a text prompt and a model converted with its vocabulary")
+    options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   seed=args.seed, stop_at_eos=not args.ignore_eos, **sampling_options(args))
     start = time.perf_counter()
-    for token in (edge or session).stream(ids, max_tokens=args.max_tokens, temperature=args.temperature,
-                                          top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                          stop_at_eos=not args.ignore_eos, **sampling_options(args)):
-        generated.append(token)
-        if decode is None:
-            out.write(("," if len(generated) > 1 else "") + str(token))
-        else:
-            # decode the whole continuation, print what is new once it is whole UTF-8
-            text = decode(generated)
-            if not text.endswith("\ufffd"):
-                out.write(text[len(printed):])
-                printed = text
-        out.flush()
+    if byte_table:   # the core's text stream: each token's bytes once, stop strings held back
+        for piece in (edge or session).stream_text(ids, stop=args.stop or (), **options):
+            out.write(piece)
+            out.flush()
+        n_generated = len(session.tokens) - len(ids)   # a new session: the prompt, then what it generated
+    else:
+        generated, printed = [], ""
+        for token in (edge or session).stream(ids, **options):
+            generated.append(token)
+            if decode is None:
+                out.write(("," if len(generated) > 1 else "") + str(token))
+            else:
+                # no byte table: decode the whole continuation, print what is new once it is whole UTF-8
+                text = decode(generated)
+                if not text.endswith("\ufffd"):
+                    out.write(text[len(printed):])
+                    printed = text
+            out.flush()
+        n_generated = len(generated)
     elapsed = time.perf_counter() - start
     out.write("\n")
     if args.verbose:
-        print(f"[{len(ids)} prompt tokens, {len(generated)} generated in {elapsed * 1e3:.0f} ms, "
-              f"{(len(ids) + len(generated)) / elapsed:.1f} tok/s overall]", file=sys.stderr)
+        print(f"[{len(ids)} prompt tokens, {n_generated} generated in {elapsed * 1e3:.0f} ms, "
+              f"{(len(ids) + n_generated) / elapsed:.1f} tok/s overall]", file=sys.stderr)
         if session.expert_budget:
             print(_cache_counters(session.expert_cache_stats()), file=sys.stderr)
         for line in edge.counters() if edge else ():
@@ -104,7 +117,7 @@ def cmd_generate(args):
     if edge:
         edge.close()
     if session.stop_reason == "context_full":   # before --max-tokens: not what was asked, say so
-        raise SystemExit(f"colibri generate: the context of {session.n_ctx} tokens is full after {len(generated)} of "
+        raise SystemExit(f"colibri generate: the context of {session.n_ctx} tokens is full after {n_generated} of "
                          f"--max-tokens {args.max_tokens} tokens (a larger --ctx holds more)")
     return 0
 
@@ -174,6 +187,8 @@ def add_generate(sub):
     g.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
     g.add_argument("--threads", type=count_in(0, 256), default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
     g.add_argument("--verbose", action="store_true", help="timings (and the expert cache's counters) on stderr")
+    g.add_argument("--stop", action="append", metavar="STR",
+                   help="end the generation when its text completes STR, which is not printed (repeatable)")
     from colibri import targets
 
     g.add_argument("--target", default="native", choices=checkout_names(targets, "TARGETS"),

@@ -412,6 +412,16 @@ class Edge:
             self.generated += 1
             yield token
 
+    def stream_text(self, prompt, stop=(), **options):
+        """Session.stream_text's pieces, with the placement kept between tokens."""
+        def step():
+            self.generated += 1
+            self.between_tokens()
+        before, held = self.generated, len(self.session.tokens) + len(prompt)
+        self.between_tokens()
+        yield from self.session.stream_text(prompt, stop, between_tokens=step, **options)
+        self.generated = before + len(self.session.tokens) - held
+
     def generate(self, prompt, max_tokens=16, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop_at_eos=True,
                  **sampling):
         return list(self.stream(prompt, max_tokens, temperature, top_k, top_p, seed, stop_at_eos, **sampling))

@@ -274,7 +274,7 @@ int fw_generate(fw_request *r, fw_token_hook hook, void *context, size_t (*stack
             write_all(logits_fd, colibri_session_logits(session), (size_t)vocab * sizeof(float)))
             rc = 1;
         if (ids) printf(g.generated > 1 ? ",%ld" : "%ld", (long)token);
-        else colibri_text_put_token(&text, model, token);
+        else if (g.stop != COLIBRI_STOP_EOS) colibri_text_put_token(&text, model, token);   /* an end id: no text */
         if (hook) hook(g.generated - 1, context);
     }
     t2 = fw_ticks();

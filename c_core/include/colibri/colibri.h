@@ -304,6 +304,12 @@ colibri_status colibri_token_bytes(const colibri_model *model, int32_t token,
  * (converted before it had one: reconvert it).  Decode with colibri_token_bytes. */
 colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids,
                                 size_t cap, size_t *n, colibri_error *err);
+/* The same with the BOS chosen: the tokenizer's template (COLIBRI_BOS_DEFAULT, as colibri_tokenize),
+ * none (a later turn of a conversation), or one (the model's bos_token_id where the template puts
+ * none; COLIBRI_E_ARG when the model has no BOS token). */
+enum { COLIBRI_BOS_DEFAULT = -1, COLIBRI_BOS_NONE = 0, COLIBRI_BOS_ADD = 1 };
+colibri_status colibri_tokenize_bos(const colibri_model *model, const char *text, size_t len, int32_t bos,
+                                    int32_t *ids, size_t cap, size_t *n, colibri_error *err);
 
 /* For streaming decode: how many of `len` bytes end on a character boundary, i.e. all of them
  * unless the last bytes begin a UTF-8 character that more bytes may complete.  Print that many,
@@ -389,17 +395,32 @@ colibri_status colibri_session_create(const colibri_model *model,
                                       colibri_session **session, colibri_error *err);
 void colibri_session_destroy(colibri_session *session);
 
-void colibri_session_reset(colibri_session *session);          /* empties the KV cache */
-int32_t colibri_session_position(const colibri_session *session);
+void colibri_session_reset(colibri_session *session);          /* empties the KV cache, drops the pending token */
+int32_t colibri_session_position(const colibri_session *session);   /* positions in the KV cache */
+/* The conversation a session holds: the ids of the *n positions in its KV cache, in order (valid
+ * until the next call on the session), then maybe one pending token: the last one
+ * colibri_generate_next returned, sampled but not yet fed.  The next colibri_forward feeds the
+ * pending token before its own (its logits are not returned), so a session that generates and is
+ * then given the next turn computes what one forward over the whole conversation computes. */
+const int32_t *colibri_session_tokens(const colibri_session *session, int32_t *n);
+int32_t colibri_session_pending(const colibri_session *session);    /* -1: none */
+/* Keeps the first n tokens of the conversation (positions, then the pending token), for a turn
+ * rendered again differently, a reused prompt prefix, rejected drafts: n <= position moves the
+ * position back to n and drops the pending token; position + 1 keeps it.  Every position's state
+ * is kept until reset (the KV cache, the latent cache, the convolution's inputs; a sliding window
+ * masks older positions but never overwrites them), so what is fed next computes exactly what a
+ * session fed only the kept tokens computes.  After a cut the logits are a dropped position's:
+ * colibri_sample refuses them until a forward.  COLIBRI_E_ARG for n outside [0, tokens held]. */
+colibri_status colibri_session_truncate(colibri_session *session, int32_t n, colibri_error *err);
 int32_t colibri_session_n_ctx(const colibri_session *session);
 const char *colibri_session_kernels(const colibri_session *session);   /* "avx2", "neon", "reference", ... */
 /* The kernel variants this build has, in order of preference after the reference: name of the
  * i-th (NULL past the end), and whether this CPU runs it. */
 const char *colibri_kernel_variant(int32_t i, int *runs_here);
 
-/* Appends `n` tokens to the KV cache and computes their logits.
+/* Appends `n` tokens to the KV cache (after the pending token, if any) and computes their logits.
  * logits (n, vocab): every position's logits, or NULL to keep only the last one,
- * which colibri_session_logits returns either way. */
+ * which colibri_session_logits returns either way.  n = 0 feeds the pending token alone. */
 colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                float *logits, colibri_error *err);
 const float *colibri_session_logits(const colibri_session *session);   /* (vocab) */
@@ -497,7 +518,8 @@ typedef struct colibri_sampling {
     int32_t n_logit_bias;
 } colibri_sampling;
 
-/* Draws the next token from the session's last logits.  `rng` is the caller's
+/* Draws the next token from the session's last logits (those of the last position in the KV
+ * cache: with a pending token, the logits it was drawn from).  `rng` is the caller's
  * state (seed it with any value); the same state and logits give the same token.
  * COLIBRI_E_VALUE when a logit is not finite (NaN weights loaded without verification), or when
  * the logit bias bans every token.  colibri_sample gives the penalties no tokens to count. */
@@ -523,7 +545,8 @@ typedef enum colibri_stop {
     COLIBRI_STOP_EOS,               /* the last token is one of the model's eos_token_ids */
     COLIBRI_STOP_MAX_TOKENS,        /* max_tokens were generated (at once for max_tokens <= 0) */
     COLIBRI_STOP_CONTEXT_FULL,      /* the KV cache holds n_ctx positions */
-    COLIBRI_STOP_ERROR              /* a call failed: start again (after colibri_session_reset) */
+    COLIBRI_STOP_ERROR,             /* a call failed: start again (after colibri_session_reset) */
+    COLIBRI_STOP_STRING             /* the text completed a stop string (colibri_generate_text) */
 } colibri_stop;
 
 typedef struct colibri_generate_options {
@@ -544,10 +567,13 @@ typedef struct colibri_generation { /* caller-owned; read between calls, never w
     int32_t generated;              /* tokens returned so far */
     int32_t last;                   /* the last token returned, fed back by the next call */
     colibri_stop stop;              /* known with the last token: the next call returns none */
+    struct colibri_text_stream *text;   /* where the generated text goes (colibri_generate_text), else NULL */
 } colibri_generation;
 
 /* Appends the prompt (n_prompt tokens; 0: the session already holds it, e.g. fed position by
- * position for every position's logits) to the session's KV cache and readies `g`. */
+ * position for every position's logits) to the session's KV cache and readies `g`.  A pending
+ * token (the last one of an earlier generation) is fed first.  The generation's last token is left
+ * pending: the session's next forward or generation feeds it. */
 colibri_status colibri_generate_start(colibri_generation *g, colibri_session *session,
                                       const colibri_generate_options *options, const int32_t *prompt,
                                       size_t n_prompt, colibri_error *err);
@@ -571,6 +597,34 @@ void colibri_text_put(colibri_text_sink *sink, const uint8_t *bytes, size_t len)
 /* A token's bytes; COLIBRI_E_TENSOR (nothing written) when the model has no vocabulary. */
 colibri_status colibri_text_put_token(colibri_text_sink *sink, const colibri_model *model, int32_t token);
 void colibri_text_flush(colibri_text_sink *sink);
+
+/* A generation's text, with stop strings: the bytes of each generated token go to the sink, except
+ * that bytes which may begin a stop string wait until they cannot; when a stop string is complete
+ * the generation ends (COLIBRI_STOP_STRING) and the text is what came before it: no write ever holds
+ * a stop string or bytes of one.  The first stop string completed ends it (the longest of those the
+ * same byte completes).  Caller-owned, no allocation; the stop strings are borrowed. */
+#define COLIBRI_MAX_STOPS 16
+#define COLIBRI_STOP_MAX_BYTES 64       /* the longest stop string */
+typedef struct colibri_text_stream {
+    colibri_text_sink sink;
+    const char *const *stops;       /* (n_stops) NUL-terminated, 1 .. COLIBRI_STOP_MAX_BYTES bytes */
+    int32_t n_stops;
+    size_t stop_len[COLIBRI_MAX_STOPS];
+    uint8_t held[COLIBRI_STOP_MAX_BYTES];   /* the longest tail that begins a stop string */
+    size_t n_held;
+    int32_t matched;                /* the stop string found, -1: none yet */
+} colibri_text_stream;
+
+/* COLIBRI_E_ARG for more than COLIBRI_MAX_STOPS stop strings, an empty one or a longer one. */
+colibri_status colibri_text_stream_init(colibri_text_stream *text, const char *const *stops, int32_t n_stops,
+                                        colibri_write_fn write, void *context, colibri_error *err);
+/* Takes bytes of the text; 1 once a stop string is complete (from then on, nothing is taken). */
+int colibri_text_stream_put(colibri_text_stream *text, const uint8_t *bytes, size_t len);
+/* The end of the text: what waits is written (unless a stop string was found), then flushed. */
+void colibri_text_stream_finish(colibri_text_stream *text);
+/* Sends the text of each token `g` generates from now on (after colibri_generate_start) to `text`,
+ * finished when the generation stops.  COLIBRI_E_TENSOR when the model has no vocabulary. */
+colibri_status colibri_generate_text(colibri_generation *g, colibri_text_stream *text, colibri_error *err);
 
 /* ---- memory report ---------------------------------------------------- */
 

@@ -129,17 +129,31 @@ colibri_status colibri_read_encoder(loader *L, int32_t root, colibri_model *m)
 
 /* ---- encoding ---- */
 
-colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids, size_t cap,
-                                size_t *n, colibri_error *err)
+colibri_status colibri_tokenize_bos(const colibri_model *model, const char *text, size_t len, int32_t bos,
+                                    int32_t *ids, size_t cap, size_t *n, colibri_error *err)
 {
     colibri_vocabulary vocab;
+    colibri_encoder enc;
     if (!model || !n || (!text && len) || (!ids && cap))
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_tokenize: NULL argument");
     if (model->enc.kind == COLIBRI_ENCODER_NONE)
         return colibri_fail(err, COLIBRI_E_TENSOR, "this model carries no encoder: reconvert it with colibri convert");
+    enc = model->enc;
+    if (bos == COLIBRI_BOS_NONE) enc.bos = -1;
+    else if (bos == COLIBRI_BOS_ADD) {
+        if (enc.bos < 0) enc.bos = model->hp.bos_token_id;   /* the model's, where its template puts none */
+        if (enc.bos < 0) return colibri_fail(err, COLIBRI_E_ARG, "colibri_tokenize: the model has no BOS token to add");
+    } else if (bos != COLIBRI_BOS_DEFAULT)
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_tokenize: bos = %d is none of COLIBRI_BOS_*", bos);
     vocab = vocabulary_of(model);
-    *n = colibri_encode(&model->enc, &vocab, (const uint8_t *)text, len, ids, cap);
+    *n = colibri_encode(&enc, &vocab, (const uint8_t *)text, len, ids, cap);
     if (*n > cap)
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_tokenize: the text is %zu tokens, ids holds %zu", *n, cap);
     return COLIBRI_OK;
+}
+
+colibri_status colibri_tokenize(const colibri_model *model, const char *text, size_t len, int32_t *ids, size_t cap,
+                                size_t *n, colibri_error *err)
+{
+    return colibri_tokenize_bos(model, text, len, COLIBRI_BOS_DEFAULT, ids, cap, n, err);
 }

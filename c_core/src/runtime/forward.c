@@ -142,7 +142,9 @@ static colibri_status forward_chunk(colibri_session *s, const int32_t *tokens, i
         add_into(s->x, s->block_out, nd, hp->residual_multiplier);
         colibri_profile_add(s->profile, COLIBRI_PHASE_AGGREGATION, &clock);
     }
+    memcpy(s->tokens + s->position, tokens, (size_t)n * sizeof *tokens);
     s->position += n;
+    s->logits_position = s->position;
     clock = colibri_profile_start(s->profile);
 
     if (logits) {
@@ -168,30 +170,37 @@ colibri_status colibri_forward(colibri_session *s, const int32_t *tokens, size_t
                                colibri_error *err)
 {
     const colibri_hparams *hp;
-    size_t i, done;
-    int32_t start;
+    size_t i, done, room;
+    int32_t start, pending;
+    colibri_status st = COLIBRI_OK;
     if (!s || (!tokens && n)) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: NULL argument");
     hp = &s->model->hp;
-    if (n == 0) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: no tokens");
+    pending = s->pending;
+    if (n == 0 && pending < 0) return colibri_fail(err, COLIBRI_E_ARG, "colibri_forward: no tokens");
     /* Check everything before touching the cache, so a failed call changes nothing. */
-    if (n > (size_t)(s->n_ctx - s->position))
-        return colibri_fail(err, COLIBRI_E_CONTEXT, "%zu tokens do not fit: %d of %d positions are used",
-                            n, s->position, s->n_ctx);
+    room = (size_t)(s->n_ctx - s->position);
+    if (n > room || (pending >= 0 && n == room))
+        return colibri_fail(err, COLIBRI_E_CONTEXT, "%zu tokens%s do not fit: %d of %d positions are used",
+                            n, pending >= 0 ? " and the pending one" : "", s->position, s->n_ctx);
     for (i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= hp->vocab_size)
             return colibri_fail(err, COLIBRI_E_TOKEN, "token %zu is %d, outside [0, %d)", i, tokens[i], hp->vocab_size);
     }
     start = s->position;
-    for (done = 0; done < n; done += (size_t)s->n_batch) {
-        int32_t chunk = (int32_t)(n - done < (size_t)s->n_batch ? n - done : (size_t)s->n_batch);
-        colibri_status st = forward_chunk(s, tokens + done, chunk, logits ? logits + done * (size_t)hp->vocab_size : NULL, err);
-        if (st) {   /* a failed read: the call leaves the context as it found it */
-            s->position = start;
-            if (s->cache) colibri_cache_release_all(s->cache);
-            return st;
-        }
+    if (pending >= 0) {   /* the token sampled last enters the cache first; its logits are not asked for */
+        st = forward_chunk(s, &pending, 1, NULL, err);
+        if (st == COLIBRI_OK) s->pending = -1;
     }
-    return COLIBRI_OK;
+    for (done = 0; done < n && st == COLIBRI_OK; done += (size_t)s->n_batch) {
+        int32_t chunk = (int32_t)(n - done < (size_t)s->n_batch ? n - done : (size_t)s->n_batch);
+        st = forward_chunk(s, tokens + done, chunk, logits ? logits + done * (size_t)hp->vocab_size : NULL, err);
+    }
+    if (st) {   /* a failed read: the call leaves the context as it found it */
+        s->position = start;
+        s->pending = pending;
+        if (s->cache) colibri_cache_release_all(s->cache);
+    }
+    return st;
 }
 
 /* counts (n_layers, n_experts) <- one of the session's per-expert counters */

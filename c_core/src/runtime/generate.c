@@ -34,7 +34,7 @@ colibri_status colibri_generate_start(colibri_generation *g, colibri_session *se
     memcpy(g->eos_token_ids, session->model->hp.eos_token_ids, sizeof g->eos_token_ids);
     remember(g, prompt, n_prompt);
     g->last = -1;
-    if (n_prompt && (st = colibri_forward(session, prompt, n_prompt, NULL, err)) != COLIBRI_OK) {
+    if ((n_prompt || session->pending >= 0) && (st = colibri_forward(session, prompt, n_prompt, NULL, err)) != COLIBRI_OK) {
         g->stop = COLIBRI_STOP_ERROR;
         return st;
     }
@@ -55,14 +55,27 @@ static colibri_stop stop_after(const colibri_generation *g, int32_t token)
     return COLIBRI_STOP_NONE;
 }
 
+/* The last token's bytes to the generation's text (not an end id's: the end of a turn is no text);
+ * a completed stop string ends the generation. */
+static void take_text(colibri_generation *g)
+{
+    const uint8_t *bytes;
+    size_t len;
+    if (g->stop != COLIBRI_STOP_EOS && colibri_token_bytes(g->session->model, g->last, &bytes, &len) == COLIBRI_OK &&
+        colibri_text_stream_put(g->text, bytes, len))
+        g->stop = COLIBRI_STOP_STRING;
+    if (g->stop != COLIBRI_STOP_NONE) colibri_text_stream_finish(g->text);
+}
+
 colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, colibri_error *err)
 {
     colibri_status st;
     if (!g || !g->session || !token) return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_next: NULL argument");
     *token = -1;
     if (g->stop != COLIBRI_STOP_NONE) return COLIBRI_OK;
-    /* the first token comes from the prompt's logits; each later one from feeding the last back */
-    st = g->generated == 0 ? COLIBRI_OK : colibri_forward(g->session, &g->last, 1, NULL, err);
+    /* the first token comes from the prompt's logits; each later one from feeding the last back
+     * (the session's pending token) */
+    st = g->generated == 0 ? COLIBRI_OK : colibri_forward(g->session, NULL, 0, NULL, err);
     if (st == COLIBRI_OK)
         st = colibri_sample_after(g->session, &g->options.sampling, g->recent, g->n_recent, &g->rng, &g->last, err);
     if (st == COLIBRI_OK) remember(g, &g->last, 1);
@@ -71,7 +84,9 @@ colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, coli
         return st;
     }
     g->generated++;
+    g->session->pending = g->last;
     g->stop = stop_after(g, g->last);
+    if (g->text) take_text(g);
     *token = g->last;
     return COLIBRI_OK;
 }
@@ -84,20 +99,24 @@ void colibri_text_sink_init(colibri_text_sink *sink, colibri_write_fn write, voi
 }
 
 /* Bytes go out as they come, but an unfinished UTF-8 character (at most 3 bytes) waits in `held`
- * for the bytes that complete it, so no write splits a character. */
+ * for the bytes that complete it, so no write splits a character: a put writes the character it
+ * completes, then the rest in one write. */
 void colibri_text_put(colibri_text_sink *sink, const uint8_t *bytes, size_t len)
 {
-    while (len > 0) {
-        size_t room = sizeof sink->held - sink->n_held, take = len < room ? len : room, whole;
-        memcpy(sink->held + sink->n_held, bytes, take);
-        sink->n_held += take;
-        bytes += take;
-        len -= take;
+    size_t whole;
+    while (len > 0 && sink->n_held > 0) {   /* the held character, completed (or found invalid) byte by byte */
+        sink->held[sink->n_held++] = *bytes++;
+        len--;
         whole = colibri_utf8_whole(sink->held, sink->n_held);
         if (whole) sink->write(sink->context, (const char *)sink->held, whole);
         memmove(sink->held, sink->held + whole, sink->n_held - whole);
         sink->n_held -= whole;
     }
+    if (len == 0) return;
+    whole = colibri_utf8_whole(bytes, len);
+    if (whole) sink->write(sink->context, (const char *)bytes, whole);
+    memcpy(sink->held, bytes + whole, len - whole);
+    sink->n_held = len - whole;
 }
 
 colibri_status colibri_text_put_token(colibri_text_sink *sink, const colibri_model *model, int32_t token)
@@ -113,4 +132,118 @@ void colibri_text_flush(colibri_text_sink *sink)
 {
     if (sink->n_held) sink->write(sink->context, (const char *)sink->held, sink->n_held);
     sink->n_held = 0;
+}
+
+colibri_status colibri_text_stream_init(colibri_text_stream *text, const char *const *stops, int32_t n_stops,
+                                        colibri_write_fn write, void *context, colibri_error *err)
+{
+    int32_t i;
+    if (!text || !write || (n_stops && !stops))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_text_stream_init: NULL argument");
+    if (n_stops < 0 || n_stops > COLIBRI_MAX_STOPS)
+        return colibri_fail(err, COLIBRI_E_ARG, "%d stop strings: at most %d", n_stops, COLIBRI_MAX_STOPS);
+    memset(text, 0, sizeof *text);
+    for (i = 0; i < n_stops; i++) {
+        size_t len = stops[i] ? strlen(stops[i]) : 0;
+        if (len == 0) return colibri_fail(err, COLIBRI_E_ARG, "stop string %d is empty", i);
+        if (len > COLIBRI_STOP_MAX_BYTES)
+            return colibri_fail(err, COLIBRI_E_ARG, "stop string %d is %zu bytes long: at most %d", i, len,
+                                COLIBRI_STOP_MAX_BYTES);
+        text->stop_len[i] = len;
+    }
+    colibri_text_sink_init(&text->sink, write, context);
+    text->stops = stops;
+    text->n_stops = n_stops;
+    text->matched = -1;
+    return COLIBRI_OK;
+}
+
+/* The text seen so far, from what was released: the held bytes, then the token's `bytes`.
+ * Whether its `len` bytes from `from` are the first `len` of `stop`. */
+static int text_matches(const colibri_text_stream *text, const uint8_t *bytes, size_t from, const char *stop, size_t len)
+{
+    size_t i;
+    for (i = 0; i < len; i++) {
+        size_t at = from + i;
+        if ((at < text->n_held ? text->held[at] : bytes[at - text->n_held]) != (uint8_t)stop[i]) return 0;
+    }
+    return 1;
+}
+
+/* The longest stop string that the text's first `end` bytes end with, -1: none. */
+static int32_t completed_stop(const colibri_text_stream *text, const uint8_t *bytes, size_t end)
+{
+    int32_t i, found = -1;
+    for (i = 0; i < text->n_stops; i++) {
+        size_t len = text->stop_len[i];
+        if (len <= end && text_matches(text, bytes, end - len, text->stops[i], len) &&
+            (found < 0 || len > text->stop_len[found]))
+            found = i;
+    }
+    return found;
+}
+
+/* The longest tail of the text's first `end` bytes that begins a stop string and is shorter than it. */
+static size_t open_tail(const colibri_text_stream *text, const uint8_t *bytes, size_t end)
+{
+    size_t tail = end < COLIBRI_STOP_MAX_BYTES ? end : COLIBRI_STOP_MAX_BYTES - 1;
+    int32_t i;
+    for (; tail > 0; tail--)
+        for (i = 0; i < text->n_stops; i++)
+            if (tail < text->stop_len[i] && text_matches(text, bytes, end - tail, text->stops[i], tail)) return tail;
+    return 0;
+}
+
+/* Writes the text's bytes [0, upto) out (the held ones, then the token's) and holds [upto, upto + keep). */
+static void release(colibri_text_stream *text, const uint8_t *bytes, size_t upto, size_t keep)
+{
+    size_t from_held = upto < text->n_held ? upto : text->n_held, k;
+    uint8_t tail[COLIBRI_STOP_MAX_BYTES];
+    colibri_text_put(&text->sink, text->held, from_held);
+    colibri_text_put(&text->sink, bytes, upto - from_held);
+    for (k = 0; k < keep; k++) {
+        size_t at = upto + k;
+        tail[k] = at < text->n_held ? text->held[at] : bytes[at - text->n_held];
+    }
+    memcpy(text->held, tail, keep);
+    text->n_held = keep;
+}
+
+/* Each byte is checked for a stop string it completes, so the first one found is the first in the
+ * text; what may still begin one is held (shorter than the longest: at most 63 bytes), the rest
+ * written at once. */
+int colibri_text_stream_put(colibri_text_stream *text, const uint8_t *bytes, size_t len)
+{
+    size_t i, end;
+    if (text->matched >= 0) return 1;
+    for (i = 0; i < len; i++) {
+        end = text->n_held + i + 1;
+        text->matched = completed_stop(text, bytes, end);
+        if (text->matched >= 0) {   /* the text before it goes out; it, and what follows, never */
+            release(text, bytes, end - text->stop_len[text->matched], 0);
+            return 1;
+        }
+    }
+    end = text->n_held + len;
+    i = open_tail(text, bytes, end);
+    release(text, bytes, end - i, i);
+    return 0;
+}
+
+void colibri_text_stream_finish(colibri_text_stream *text)
+{
+    release(text, NULL, text->n_held, 0);
+    colibri_text_flush(&text->sink);
+}
+
+colibri_status colibri_generate_text(colibri_generation *g, colibri_text_stream *text, colibri_error *err)
+{
+    const uint8_t *bytes;
+    size_t len;
+    if (!g || !g->session || !text) return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_text: NULL argument");
+    if (colibri_token_bytes(g->session->model, 0, &bytes, &len) == COLIBRI_E_TENSOR)
+        return colibri_fail(err, COLIBRI_E_TENSOR, "the model carries no vocabulary (tokenizer.token_bytes): no text to match");
+    g->text = text;
+    if (g->stop != COLIBRI_STOP_NONE) colibri_text_stream_finish(text);
+    return COLIBRI_OK;
 }

@@ -100,6 +100,7 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
                                        R ? "(n_ctx, rope_dim) f32" : "(n_ctx, n_kv_heads * head_dim) f32");
         if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
     }
+    s->tokens = colibri_arena_carve(a, C * sizeof(int32_t), ARENA_KV_CACHE, "token_ids", -1, "(n_ctx) i32");
     s->rope_cos = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "cos", -1, "(n_ctx, rope_dim / 2) f32");
     s->rope_sin = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "sin", -1, "(n_ctx, rope_dim / 2) f32");
 
@@ -387,6 +388,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->moe.aggregator = colibri_moe_aggregator_at(model->hp.aggregator_kind);
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
+    s->pending = -1;
     s->arena_owned = owned;
     s->arena_hugepages = hugepages;
     s->arena_mapped = mapped;
@@ -423,8 +425,39 @@ void colibri_session_destroy(colibri_session *s)
     if (s->arena_owned) colibri_platform_unmap_arena(s->arena_raw, s->arena_mapped);
 }
 
-void colibri_session_reset(colibri_session *s) { s->position = 0; }
+void colibri_session_reset(colibri_session *s)
+{
+    s->position = s->logits_position = 0;
+    s->pending = -1;
+}
+
 int32_t colibri_session_position(const colibri_session *s) { return s->position; }
+int32_t colibri_session_pending(const colibri_session *s) { return s->pending; }
+
+const int32_t *colibri_session_tokens(const colibri_session *s, int32_t *n)
+{
+    if (n) *n = s->position;
+    return s->tokens;
+}
+
+/* Every position's state is kept whole until the session is reset: attention's keys and values
+ * (a sliding window masks older positions, it never overwrites them), the latent cache, the
+ * convolution's B*x per position.  So any prefix can be kept, and computing from it again gives
+ * what a session fed only that prefix computes. */
+colibri_status colibri_session_truncate(colibri_session *s, int32_t n, colibri_error *err)
+{
+    int32_t held;
+    if (!s) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_truncate: NULL session");
+    held = s->position + (s->pending >= 0);
+    if (n < 0 || n > held)
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_truncate: cannot keep %d tokens, the session holds %d "
+                            "(%d positions%s)", n, held, s->position, s->pending >= 0 ? " and a pending token" : "");
+    if (n <= s->position) {   /* the pending token lies past n: dropped */
+        s->position = n;
+        s->pending = -1;
+    }
+    return COLIBRI_OK;
+}
 int32_t colibri_session_n_ctx(const colibri_session *s) { return s->n_ctx; }
 const char *colibri_session_kernels(const colibri_session *s) { return s->compute.kernels->name; }
 const float *colibri_session_logits(const colibri_session *s) { return s->logits; }
@@ -473,7 +506,8 @@ colibri_status colibri_sample_after(colibri_session *s, const colibri_sampling *
     colibri_status st;
     if (!s || !params || !rng || !token) return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: NULL argument");
     clock = colibri_profile_start(s->profile);
-    if (s->position == 0) st = colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: no logits yet (forward first)");
+    if (s->position == 0 || s->logits_position != s->position)   /* none yet, or a truncated position's */
+        st = colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: no logits for the last position (forward first)");
     else st = colibri_sample_logits(s->logits, s->model->hp.vocab_size, s->probs, s->candidates, params, recent, n_recent,
                                    rng, token, err);
     colibri_profile_add(s->profile, COLIBRI_PHASE_SAMPLING, &clock);

@@ -17,6 +17,11 @@ struct colibri_session {
     int32_t n_ctx;
     int32_t n_batch;
     int32_t position;           /* tokens in the KV cache */
+    int32_t pending;            /* a sampled token not yet in the KV cache, fed first by the next
+                                   forward (colibri_generate_next leaves its last one); -1: none */
+    int32_t logits_position;    /* the position count when the logits were computed: they are the
+                                   last position's while it equals position */
+    int32_t *tokens;            /* (n_ctx) the id at each position of the KV cache */
 
     colibri_arena arena;
     void *arena_raw;            /* start of the mapping or caller buffer (before alignment) */
@@ -62,6 +67,6 @@ struct colibri_session {
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 640   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 656   /* bytes reserved for the struct on every target (util.h) */
 
 #endif

@@ -90,7 +90,7 @@ int main(void)
     if (colibri_generate_start(&g, session, &options, prompt, n_prompt, &err)) return failed("prefill", &err);
     do {
         if (colibri_generate_next(&g, &token, &err)) return failed("decode", &err);
-        if (token >= 0) colibri_text_put_token(&out, model, token);
+        if (token >= 0 && g.stop != COLIBRI_STOP_EOS) colibri_text_put_token(&out, model, token);   /* an end id: no text */
     } while (token >= 0);
     colibri_text_flush(&out);
     say("\n");
