@@ -683,7 +683,8 @@ cdef class Session:
     cdef readonly Model model
     cdef uint64_t _rng
     cdef readonly object last_seed   # the seed seed() last set (the drawn one for -1); None: never seeded
-    cdef readonly object stop_reason # why the last stream() ended: "eos", "max_tokens", "context_full"; None: running
+    cdef readonly object stop_reason # why the last stream()/stream_text() ended: "eos", "max_tokens", "context_full",
+                                     # "stop" (a stop string); None: running
     cdef bint _busy
     cdef int32_t _vocab
     cdef object _pins
@@ -691,7 +692,6 @@ cdef class Session:
     cdef object _reader
     cdef const c.colibri_device_driver **_driver_table
     cdef readonly uint64_t expert_budget
-    cdef public object stop_reason   # why the last stream_text ended: "eos", "max_tokens", "context_full", "stop"
 
     def __cinit__(self, Model model not None, *args, **options):
         """Session(model, ctx, batch, kernels, routing, noise, noise_seed, capacity_factor, profile,

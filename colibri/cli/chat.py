@@ -86,10 +86,9 @@ class Conversation:
         if ids is None:
             return None
         keep = self.feed_plan(ids)
-        args, pieces, count = self.args, [], 0
+        args, pieces = self.args, []
         t0 = time.perf_counter()
-        max_tokens = min(args.max_tokens or INT32_MAX, self.session.n_ctx - len(ids))
-        stream = self.session.stream_text(ids[keep:], max_tokens=max_tokens, temperature=args.temperature,
+        stream = self.session.stream_text(ids[keep:], max_tokens=args.max_tokens or INT32_MAX, temperature=args.temperature,
                                           top_k=args.top_k, top_p=args.top_p, seed=args.seed + len(self.messages),
                                           stop=args.stop or (), **sampling_options(args))
         try:
@@ -97,7 +96,6 @@ class Conversation:
                 pieces.append(piece)
                 out.write(piece)
                 out.flush()
-                count += 1
         except KeyboardInterrupt:   # the reply stops; the program and the conversation go on
             stream.close()
             out.write("\n[stopped]")
@@ -106,7 +104,7 @@ class Conversation:
         self.messages.append({"role": "assistant", "content": "".join(pieces)})
         if self.session.stop_reason == "context_full":
             print("[the context is full: the reply was cut; /reset, or --context-shift]", file=sys.stderr)
-        return keep, len(ids) - keep, count, time.perf_counter() - t0
+        return keep, len(ids) - keep, len(self.session.tokens) - len(ids), time.perf_counter() - t0
 
     def save(self, path):
         with open(path, "w", encoding="utf-8") as f:
