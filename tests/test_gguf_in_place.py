@@ -19,7 +19,7 @@ import colibri
 from colibri._core import gguf_sidecar
 from colibri.convert import convert
 from support import infer
-from test_gguf_families import gguf_of, q4_k_m
+from test_gguf_families import CASES as FAMILY_CASES, gguf_of, q4_k_m
 from test_gguf_tokenizer import byte_level_vocab, write_gguf
 
 N_TOKENS = 24
@@ -102,6 +102,16 @@ def test_a_gguf_runs_in_place_as_its_conversion_bit_for_bit(family, kind, gguf_r
                                "--expert-budget", "50%", "--verbose", *flags], **RUN)
     assert streamed.returncode == 0 and streamed.stdout == texts[1].stdout, streamed.stderr
     assert int(re.search(r"(\d+) misses", streamed.stderr).group(1)) > 0, streamed.stderr   # read from the file
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILY_CASES if f not in dict(CASES)])
+def test_every_family_llama_cpp_writes_runs_in_place(family, gguf_root, tmp_path):
+    """The other families of tests/test_gguf_families.py, at F16: strict logits as the conversion's."""
+    path = case_gguf(family, "f16", gguf_root)
+    converted = colibri.Model(convert(path, tmp_path / "converted", progress=False))
+    tokens = np.random.default_rng(4).integers(0, converted.config["vocab_size"], N_TOKENS)
+    ours = colibri.Model(path, verify=True).session(ctx=64, strict=True).forward(tokens)
+    assert np.array_equal(ours, converted.session(ctx=64, strict=True).forward(tokens))
 
 
 def test_text_runs_in_place_with_the_files_vocabulary(tmp_path):
