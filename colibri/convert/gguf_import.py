@@ -365,14 +365,14 @@ def describe_in_place(path, progress=None):
     (colibri_gguf_sidecar: the file's name, size, modification time and first MiB), so a file
     rewritten or replaced is described anew.  progress: a bar while the tensors' checksums are
     computed (None: on a terminal)."""
-    from tqdm import tqdm
     from .._core import gguf_sidecar
     from .output import staged
 
     path = Path(path)
     sidecar = Path(gguf_sidecar(path))
-    if (sidecar / "colibri_model.json").is_file():
+    if (sidecar / "colibri_model.json").is_file():   # described: running needs none of the convert extra
         return sidecar
+    from tqdm import tqdm
     before = path.stat()
     reader, doc, entries = _plan(path)
     start = int(reader.data_offset)
