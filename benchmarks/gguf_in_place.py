@@ -7,7 +7,7 @@ Takes the bench models benchmarks/vs_llamacpp.py makes under --work (run it with
 the llama.cpp-quantized GGUFs and their colibri conversions (Q4_0 with --repack, its best layout).
 For each file: the description the first open writes into an empty cache (bytes, as `du` counts
 them, against the file's; seconds), the strict-mode logits of a 32-token prompt in place and
-converted (bit-identical or not), then runs interleaved (llama.cpp, colibri converted, colibri in
+converted (strict mode, the reference kernels: bit-identical or not), then runs interleaved (llama.cpp, colibri converted, colibri in
 place; each a fresh process, vs_llamacpp.run_engine: pp128 and tg64) and a table of medians with
 each colibri's ratio to llama.cpp."""
 import argparse
@@ -59,8 +59,8 @@ def main():
             described = time.perf_counter() - start
             written = du(cache) - before
             prompt = bench.prompt_tokens()[:32]
-            same = np.array_equal(in_place.session(ctx=64, strict=True).forward(prompt),
-                                  colibri.Model(converted).session(ctx=64, strict=True).forward(prompt))
+            same = np.array_equal(in_place.session(ctx=64, kernels="reference").forward(prompt),   # strict mode
+                                  colibri.Model(converted).session(ctx=64, kernels="reference").forward(prompt))
             del in_place
             runs = {"llama.cpp": [], "converted": [], "in place": []}
             for rep in range(args.reps):

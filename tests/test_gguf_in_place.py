@@ -82,12 +82,12 @@ def test_a_gguf_runs_in_place_as_its_conversion_bit_for_bit(family, kind, gguf_r
     assert {t["name"]: t["dtype"] for t in converted.tensors()} == {t["name"]: t["dtype"] for t in in_place.tensors()}
 
     tokens = np.random.default_rng(3).integers(0, converted.config["vocab_size"], N_TOKENS)
-    for strict in (True, False):
-        ours = in_place.session(ctx=64, strict=strict).forward(tokens)
-        ref = converted.session(ctx=64, strict=strict).forward(tokens)
-        assert np.array_equal(ours, ref), f"strict={strict}: max |in place - converted| {np.abs(ours - ref).max()}"
-    copied = colibri.Model(path, copy=True).session(ctx=64, strict=True).forward(tokens)   # read, not mapped
-    assert np.array_equal(copied, converted.session(ctx=64, strict=True).forward(tokens))
+    for kernels in ("reference", "auto"):   # strict mode, and the fast kernels (the same layout: the same bits)
+        ours = in_place.session(ctx=64, kernels=kernels).forward(tokens)
+        ref = converted.session(ctx=64, kernels=kernels).forward(tokens)
+        assert np.array_equal(ours, ref), f"{kernels}: max |in place - converted| {np.abs(ours - ref).max()}"
+    copied = colibri.Model(path, copy=True).session(ctx=64, kernels="reference").forward(tokens)   # read, not mapped
+    assert np.array_equal(copied, converted.session(ctx=64, kernels="reference").forward(tokens))
 
     prompt = ",".join(map(str, tokens[:6]))
     flags = ["--tokens", prompt, "--max-tokens", "8", "--temperature", "0.8", "--seed", "7", "--ignore-eos"]
@@ -110,8 +110,8 @@ def test_every_family_llama_cpp_writes_runs_in_place(family, gguf_root, tmp_path
     path = case_gguf(family, "f16", gguf_root)
     converted = colibri.Model(convert(path, tmp_path / "converted", progress=False))
     tokens = np.random.default_rng(4).integers(0, converted.config["vocab_size"], N_TOKENS)
-    ours = colibri.Model(path, verify=True).session(ctx=64, strict=True).forward(tokens)
-    assert np.array_equal(ours, converted.session(ctx=64, strict=True).forward(tokens))
+    ours = colibri.Model(path, verify=True).session(ctx=64, kernels="reference").forward(tokens)
+    assert np.array_equal(ours, converted.session(ctx=64, kernels="reference").forward(tokens))
 
 
 def test_text_runs_in_place_with_the_files_vocabulary(tmp_path):
