@@ -473,12 +473,13 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
     import grpc
 
     from colibri.remote import colibri_remote_pb2_grpc as pbg
-    from colibri.remote.server import TokenCheck, bind, parse_listen
+    from colibri.remote.server import TokenCheck, bind, parse_listen, probe_port
 
     host, port = parse_listen(listen)
     if bool(tls_cert) != bool(tls_key):
         raise ValueError("TLS needs both --tls-cert and --tls-key")
     check_exposure(host, token, bool(tls_cert), insecure)
+    probe_port(host, port)   # before the gRPC server exists (server.probe_port says why)
 
     class Servicer(pbg.OrchestratorServicer):
         def Heartbeat(self, request, context):

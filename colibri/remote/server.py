@@ -262,6 +262,7 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
         raise ValueError(f"--listen {listen}: a non-loopback address is reachable by other machines, so it needs "
                          f"both a token (--token or --token-file) and TLS (--tls-cert, --tls-key); "
                          f"--insecure serves it without them")
+    probe_port(host, port)   # before the model and the gRPC server: a taken port fails at once
     service = ExpertsService(model_dir, kernels=kernels, batch=batch, threads=threads, max_message=max_message,
                              fetch=fetch)
     options = [("grpc.max_receive_message_length", service.max_message),
@@ -286,6 +287,22 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
     return Served(server), service, address.rsplit(":", 1)[0] + f":{bound}"
 
 
+def probe_port(host, port):
+    """ValueError naming the address and the cause when (host, port) cannot be listened on.  Called
+    before a gRPC server exists too: one made and dropped at exit races its own poller thread,
+    which may abort the process (\"epoll_wait error: Bad file descriptor\") instead of the clear
+    line."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:   # as gRPC binds: SO_REUSEADDR, no SO_REUSEPORT
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        why = e.strerror or str(e)   # "Address already in use", "Cannot assign requested address"
+        raise ValueError(f"cannot listen on {address}: {why}") from None
+
+
 def bind(server, host, port, tls_cert=None, tls_key=None):
     """Adds the listening port to a grpc server (threads or asyncio), TLS when given a certificate:
     (address, port bound).  ValueError naming the address and the cause when it cannot: the
@@ -299,14 +316,7 @@ def bind(server, host, port, tls_cert=None, tls_key=None):
             raise ValueError(f"cannot serve TLS on {address}: --tls-cert {tls_cert} and --tls-key {tls_key} are not "
                              f"a certificate (PEM) and its private key ({e.reason or e})") from None
         creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:   # as gRPC binds: SO_REUSEADDR, no SO_REUSEPORT
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except OSError as e:
-        why = e.strerror or str(e)   # "Address already in use", "Cannot assign requested address"
-        raise ValueError(f"cannot listen on {address}: {why}") from None
+    probe_port(host, port)
     try:
         bound = server.add_secure_port(address, creds) if tls_cert else server.add_insecure_port(address)
     except RuntimeError:   # gRPC 1.5x+: raised where older versions returned 0
