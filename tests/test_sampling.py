@@ -24,9 +24,10 @@ def logits(session):
     return session.forward(PROMPT)[-1].astype(np.float64)
 
 
-def reference_probs(logits, temperature, top_k=0, top_p=1.0):
-    """What the sampler should draw from, as transformers' TopK then TopP warpers define it:
-    softmax(logits / T), cut to the top k, then to the nucleus of the renormalised top k."""
+def reference_probs(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """What the sampler should draw from, as transformers' TopK, TopP then MinP warpers define it:
+    softmax(logits / T), cut to the top k, then to the nucleus of the renormalised top k, then to
+    the tokens at least min_p times the most likely's probability."""
     p = np.exp((logits - logits.max()) / temperature)
     p /= p.sum()
     order = sorted(range(len(p)), key=lambda i: (-p[i], i))
@@ -34,6 +35,7 @@ def reference_probs(logits, temperature, top_k=0, top_p=1.0):
     if top_p < 1.0:
         cum = np.cumsum(p[keep]) / p[keep].sum()
         keep = keep[: int(np.searchsorted(cum, top_p - 1e-6)) + 1]
+    keep = [i for i in keep if p[i] >= min_p * p.max()]
     q = np.zeros_like(p)
     q[keep] = p[keep]
     return q / q.sum()

@@ -14,7 +14,7 @@ import pytest
 import colibri
 from bad_models import FIXTURE
 from support import infer
-from test_sampling import chi_square_ok
+from test_sampling import chi_square_ok, reference_probs   # then temperature, top-k, top-p, min-p
 
 PROMPT = [3, 141, 59, 26, 5, 141, 141, 59]   # repeats: the penalties count 141 three times, 59 twice
 
@@ -40,21 +40,6 @@ def adjusted(logits, window, repeat_penalty=1.0, presence_penalty=0.0, frequency
         z[t] = z[t] / repeat_penalty if z[t] > 0 else z[t] * repeat_penalty
         z[t] -= presence_penalty + frequency_penalty * n
     return z
-
-
-def reference_probs(z, temperature, top_k=0, top_p=1.0, min_p=0.0):
-    """Then temperature, top-k, top-p (of the renormalised top k) and min-p, as transformers' warpers."""
-    p = np.exp((z - z.max()) / temperature)
-    p /= p.sum()
-    order = sorted(range(len(p)), key=lambda i: (-p[i], i))
-    keep = order[:top_k] if top_k > 0 else order
-    if top_p < 1.0:
-        cum = np.cumsum(p[keep]) / p[keep].sum()
-        keep = keep[: int(np.searchsorted(cum, top_p - 1e-6)) + 1]
-    keep = [i for i in keep if p[i] >= min_p * p.max()]
-    q = np.zeros_like(p)
-    q[keep] = p[keep]
-    return q / q.sum()
 
 
 def first_draws(session, n, **options):

@@ -290,7 +290,7 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
 def probe_port(host, port):
     """ValueError naming the address and the cause when (host, port) cannot be listened on.  Called
     before a gRPC server exists too: one made and dropped at exit races its own poller thread,
-    which may abort the process (\"epoll_wait error: Bad file descriptor\") instead of the clear
+    which may abort the process ("epoll_wait error: Bad file descriptor") instead of the clear
     line."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
