@@ -404,20 +404,46 @@ def test_off_loopback_it_refuses_to_start_without_a_key(model_dir, tmp_path):
     assert r.returncode == 1 and "--api-key-file" in r.stderr and "--insecure" in r.stderr
 
 
-def test_sigterm_finishes_the_running_request_and_exits_0(model_dir, tmp_path, ref):
+def test_sigterm_finishes_the_running_request_and_exits_0(model_dir, tmp_path):
     s = Server(model_dir, tmp_path, "--parallel", 2)
-    n = 600   # long enough to be mid-stream when the signal comes
-    body = {"prompt": "ROMEO:", "max_tokens": n, "temperature": 0, "stream": True}
+    n = 1000   # long enough to be mid-stream when the signal comes
+    body = {"prompt": "ROMEO:", "max_tokens": n, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
     with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=120) as response:
         lines = response.iter_lines()
-        first = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: "):])
+        next(line for line in lines if line.startswith("data: "))
+        assert s.metrics()["colibri_slots_in_use"] == 1   # running when the signal comes
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         with pytest.raises(httpx.ConnectError):   # no longer accepting
             httpx.get(f"{s.url}/health")
-        events = [first] + [json.loads(e) if e != "[DONE]" else e
-                            for e in (line[len("data: "):] for line in lines if line.startswith("data: "))]
-    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
-    text, _, _ = ref.run(ref.model.tokenize("ROMEO:"), n)
-    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == text
+        events = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-3])["choices"][0]["finish_reason"] == "length"
+    assert json.loads(events[-2])["usage"]["completion_tokens"] == n   # all of it, after the signal
     assert s.proc.wait(60) == 0, s.output()
+
+
+def test_sigterm_ends_what_outlives_the_grace_and_exits_0(model_dir, tmp_path):
+    s = Server(model_dir, tmp_path, "--grace", 0.5)
+    body = {"prompt": "ROMEO:", "max_tokens": CTX - 100, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=120) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(30) == 0, s.output()
+        assert time.monotonic() - t0 < 10   # the grace, not the generation's end
+
+
+def test_streamed_experts_give_the_same_text_and_their_cache_counters(model_dir, tmp_path, ref):
+    s = Server(model_dir, tmp_path, "--parallel", 1, "--expert-budget", "50%")
+    try:
+        text, _, _ = ref.run(ref.model.tokenize("ROMEO:"), 24)
+        r = s.client().completions.create(model="m", prompt="ROMEO:", max_tokens=24, temperature=0)
+        assert r.choices[0].text == text
+        m = s.metrics()
+        hits, misses = m["colibri_expert_cache_hits_total"], m["colibri_expert_cache_misses_total"]
+        assert misses > 0 and m["colibri_expert_cache_hit_ratio"] == hits / (hits + misses)
+    finally:
+        assert s.stop() == 0, s.output()
