@@ -10,10 +10,6 @@ class Batch:
         self.session = self.sessions[0]   # what the scheduler reads n_ctx and the expert cache's counters from
         self._runs = {}                   # seq -> (the generation's generator, its text stream)
 
-    @property
-    def active(self):
-        return tuple(self._runs)
-
     def start(self, seq, prompt, *, max_tokens=16, temperature=0.0, top_p=1.0, seed=None, stop=(),
               stop_at_eos=True, presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None):
         text = colibri.core()._TextOut(stop)   # the core checks the stop strings here
