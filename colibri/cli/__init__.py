@@ -1,10 +1,11 @@
-"""The `colibri` command: convert, validate, generate, chat, memdump, firmware, profile, stats, serve-experts.
+"""The `colibri` command: convert, validate, generate, chat, serve, memdump, firmware, profile, stats, serve-experts.
 
     colibri generate --prompt "ROMEO:"                     # the bundled Shakespeare model
     colibri convert path/to/hf-mixtral out/model [--dtype f16]
     colibri validate out/model
     colibri generate --model out/model --prompt "The capital of France is" --max-tokens 32
     colibri chat --model model.gguf                        # a conversation, with the model's chat template
+    colibri serve --model model.gguf --parallel 4          # an OpenAI-compatible HTTP server on 127.0.0.1:8080
     colibri memdump --model out/model --ctx 2048
     colibri firmware run --board mps2-an386 --prompt "ROMEO:"   # the bundled model on a board, under QEMU
     colibri firmware export --board mps2-an386 --out fw         # sources, model and plan for a firmware of one's own
@@ -35,7 +36,7 @@ import sys
 from pathlib import Path
 
 import colibri
-from colibri.cli import chat, convert, firmware, measure, remote, run
+from colibri.cli import chat, convert, firmware, measure, remote, run, serve
 
 
 def build_parser():
@@ -45,7 +46,7 @@ def build_parser():
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     p.add_argument("--version", action="version", version=f"colibri {colibri.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (convert.add_convert, convert.add_validate, run.add_generate, chat.add_chat, run.add_memdump,
+    for add in (convert.add_convert, convert.add_validate, run.add_generate, chat.add_chat, serve.add_serve, run.add_memdump,
                 firmware.add_firmware,
                 measure.add_profile, measure.add_stats, remote.add_serve_experts, remote.add_orchestrate,
                 remote.add_strip_experts):
@@ -56,7 +57,7 @@ def build_parser():
 # The packages of pyproject.toml's extras, by the name they are imported as: running a model needs
 # numpy alone, so a command that needs more says which extra brings it.
 EXTRAS = {"safetensors": "convert", "ml_dtypes": "convert", "tqdm": "convert", "gguf": "convert",
-          "tokenizers": "convert", "grpc": "remote", "google": "remote"}
+          "tokenizers": "convert", "grpc": "remote", "google": "remote", "starlette": "serve", "uvicorn": "serve"}
 
 
 def main(argv=None):
