@@ -186,6 +186,38 @@ def test_sampling_with_a_seed_is_a_sessions(server, ref):
         assert r.choices[0].text == text
 
 
+def test_the_extensions_llama_servers_clients_send(server, ref):
+    """top_k, min_p, repeat_penalty and ignore_eos (llama.cpp's server and vLLM take them beside OpenAI's
+    fields): the Session's text with the same options; ignore_eos runs to max_tokens."""
+    ids = ref.model.tokenize("PUCK:")
+    options = dict(temperature=0.8, top_k=20, min_p=0.05, repeat_penalty=1.3, seed=7)
+    text, generated, finish = ref.run(ids, 48, stop_at_eos=False, **options)
+    r = server.client().completions.create(model="m", prompt="PUCK:", max_tokens=48, temperature=0.8, seed=7,
+                                           extra_body={"top_k": 20, "min_p": 0.05, "repeat_penalty": 1.3,
+                                                       "ignore_eos": True})
+    assert r.choices[0].text == text and r.usage.completion_tokens == generated == 48 and finish == "length"
+
+
+def test_a_shared_prompt_prefix_is_computed_once(model_dir, tmp_path, ref):
+    """A request is put in the free slot whose cache holds the longest prefix of its prompt, however
+    many requests ran since (usage.prompt_tokens_details.cached_tokens), and answers what it answers
+    alone."""
+    s = Server(model_dir, tmp_path, "--parallel", 2)
+    try:
+        system = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
+        client = s.client()
+        client.completions.create(model="m", prompt=system + "\nJULIET:", max_tokens=4, temperature=0)
+        client.completions.create(model="m", prompt="HAMLET:", max_tokens=4, temperature=0)   # the other slot, freed last
+        prompt = system + "\nMERCUTIO:"
+        ids, shared = ref.model.tokenize(prompt), ref.model.tokenize(system + "\nJULIET:")
+        common = next(i for i, (a, b) in enumerate(zip(ids, shared)) if a != b)
+        text, _, _ = ref.run(ids, 16)
+        r = client.completions.create(model="m", prompt=prompt, max_tokens=16, temperature=0)
+        assert r.usage.prompt_tokens_details.cached_tokens == common > 20 and r.choices[0].text == text
+    finally:
+        assert s.stop() == 0, s.output()
+
+
 def test_chat_plain_and_streamed(server, ref):
     messages = [{"role": "system", "content": "Speak as the Prince."}, {"role": "user", "content": "Who goes there?"}]
     ids = ref.chat_ids(messages)

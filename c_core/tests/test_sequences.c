@@ -75,7 +75,7 @@ int main(int argc, char **argv)
     if (check(colibri_session_plan(model, &so, &plan, &err), &err, "plan")) return 1;
     colibri_memory(many, &totals);
     if (totals.arena_used != plan || colibri_session_n_seq(many) != N_SEQ) {
-        fprintf(stderr, "plan %zu, arena used %zu, n_seq %d\n", plan, totals.arena_used, colibri_session_n_seq(many));
+        fprintf(stderr, "plan %zu, arena used %zu, n_seq %d\n", plan, totals.arena_used, (int)colibri_session_n_seq(many));
         failures++;
     }
 
@@ -91,7 +91,7 @@ int main(int argc, char **argv)
             int32_t seq = calls[c][e].seq, last = calls[c][e].first + calls[c][e].n - 1;
             if (colibri_seq_position(many, seq) != last + 1 ||
                 !same(colibri_seq_logits(many, seq), alone + ((size_t)seq * MAX_LEN + (size_t)last) * V, V)) {
-                fprintf(stderr, "call %d: slot %d at position %d differs from its alone run\n", c, seq, last + 1);
+                fprintf(stderr, "call %d: slot %d at position %d differs from its alone run\n", (int)c, (int)seq, (int)(last + 1));
                 failures++;
             }
         }
@@ -129,7 +129,7 @@ int main(int argc, char **argv)
         }
         for (q = 0; q < N_SEQ; q++)
             if (colibri_seq_position(many, q) != before[q]) {
-                fprintf(stderr, "a refused call moved slot %d\n", q);
+                fprintf(stderr, "a refused call moved slot %d\n", (int)q);
                 failures++;
             }
         if (colibri_seq_position(many, N_SEQ) != -1 || colibri_seq_logits(many, -1) != NULL ||

@@ -25,15 +25,9 @@ DEADLINE_FINISH = "length"   # a deadline reached mid-generation: what came so f
 
 
 def open_batch(model, n_seq, **session_options):
-    """(batch, session): colibri.Batch over a session of `n_seq` sequence slots; the one-session-per-
-    slot stand-in (_standin) while colibri has no Batch."""
-    Batch = getattr(colibri, "Batch", None)
-    if Batch is None:
-        from colibri.serve import _standin
-        batch = _standin.Batch(model, n_seq, **session_options)
-        return batch, batch.session
+    """(batch, session): colibri.Batch over a session of `n_seq` sequence slots."""
     session = model.session(n_seq=n_seq, **session_options)
-    return Batch(session), session
+    return colibri.Batch(session), session
 
 
 class Job:
@@ -133,7 +127,10 @@ class Scheduler:
                     self._waiting.remove(job)
                 admitted = []
                 while self._waiting and self._free:
-                    admitted.append((self._free.pop(), self._waiting.popleft()))
+                    job = self._waiting.popleft()
+                    seq = self._slot_for(job.request.prompt)
+                    self._free.remove(seq)
+                    admitted.append((seq, job))
             for job in expired:
                 job.send("error", ApiError("the request's deadline passed before a slot was free", status=503,
                                            type="server_error", code="timeout", headers={"Retry-After": "1"}))
@@ -148,6 +145,19 @@ class Scheduler:
                 self._step()
         for seq in list(self._running):
             self._end(seq)
+
+    def _slot_for(self, prompt):
+        """The free slot whose cache holds the longest prefix of `prompt` when that prefix is at least
+        half of what the slot or the prompt holds (a system prompt, an earlier turn: Batch.start keeps
+        it); else an empty slot, else the one freed longest ago, so that a slot's cache outlives the
+        requests that could not use it."""
+        held = {seq: self.session.seq_tokens(seq) for seq in self._free}
+        shared = {seq: next((i for i, (a, b) in enumerate(zip(held[seq], prompt)) if a != b),
+                            min(len(held[seq]), len(prompt))) for seq in self._free}
+        best = max(reversed(self._free), key=shared.get)   # the last freed among equals
+        if shared[best] and 2 * shared[best] >= min(len(held[best]), len(prompt)):
+            return best
+        return next((seq for seq in self._free if not held[seq]), self._free[0])
 
     def _start(self, seq, job):
         try:

@@ -39,6 +39,10 @@ class Request:
     presence_penalty: float
     frequency_penalty: float
     logit_bias: object            # {id: bias} or None
+    top_k: int                    # the extensions llama.cpp's server and vLLM accept beside OpenAI's fields
+    min_p: float
+    repeat_penalty: float
+    ignore_eos: bool              # generate past the model's end ids (benchmarks: a fixed output length)
     stream: bool
     include_usage: bool
 
@@ -46,7 +50,8 @@ class Request:
         """Batch.start's keyword arguments."""
         return dict(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
                     stop=self.stop, presence_penalty=self.presence_penalty,
-                    frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias)
+                    frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias, top_k=self.top_k,
+                    min_p=self.min_p, repeat_penalty=self.repeat_penalty, stop_at_eos=not self.ignore_eos)
 
 
 def parse_json(raw):
@@ -150,11 +155,17 @@ def _common(body, ids, vocab_size, default_max_tokens, token_field):
     stream = _typed(body, "stream", bool, "a boolean", False)
     options = _typed(body, "stream_options", dict, "an object", {})
     include_usage = _typed(options, "include_usage", bool, "a boolean", False, where="stream_options")
+    top_k = _typed(body, "top_k", int, "an integer", 0)
+    if top_k < 0:
+        raise ApiError(f"'top_k' must be at least 0 (0: off), not {top_k}", "top_k")
     return Request(prompt=ids, max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0, 2),
                    top_p=_number(body, "top_p", 1.0, 0, 1), seed=seed, stop=stop or (),
                    presence_penalty=_number(body, "presence_penalty", 0.0, -2, 2),
                    frequency_penalty=_number(body, "frequency_penalty", 0.0, -2, 2),
-                   logit_bias=_logit_bias(body, vocab_size), stream=stream, include_usage=include_usage)
+                   logit_bias=_logit_bias(body, vocab_size), top_k=top_k, min_p=_number(body, "min_p", 0.0, 0, 1),
+                   repeat_penalty=_number(body, "repeat_penalty", 1.0, 0, 10),
+                   ignore_eos=_typed(body, "ignore_eos", bool, "a boolean", False),
+                   stream=stream, include_usage=include_usage)
 
 
 def _logit_bias(body, vocab_size):
