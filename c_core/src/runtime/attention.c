@@ -50,6 +50,13 @@ static void softmax_with_sink(float *x, int32_t n, float sink)
     for (i = 0; i < n; i++) x[i] /= sum;
 }
 
+/* Element `col` of row `row` of a layer's KV cache (rows of `width` in the session's kv_type; col a
+ * multiple of its block). */
+static uint8_t *kv_at(const colibri_session *s, float *cache, size_t row, int32_t width, size_t col)
+{
+    return (uint8_t *)cache + colibri_row_bytes(s->kv_type, row * (size_t)width + col);
+}
+
 /* softmax(q k^T * scale) v for heads [part * H / parts, (part + 1) * H / parts) of n queries at
  * positions pos0.., over the cached keys and values: the threads share a layer's heads, each head
  * with its own scores row, so the result does not depend on the split. */
@@ -74,12 +81,12 @@ static void attend_heads(void *context, int32_t part, int32_t parts)
             if (lw->window > 0 && pos - lw->window + 1 > 0) first = pos - lw->window + 1;
             if (lw->chunk) first = pos / lw->chunk * lw->chunk;
             span = pos - first + 1;
-            kernels->attention_scores(scores, qh, s->k_cache[job->layer] + (size_t)first * kv_dim + kv_off, (size_t)kv_dim,
-                                      span, hd, hp->attention_scale);
+            kernels->attention_scores(scores, qh, kv_at(s, s->k_cache[job->layer], (size_t)first, kv_dim, kv_off), s->kv_type,
+                                      (size_t)kv_dim, span, hd, hp->attention_scale);
             if (hp->attention_sinks) softmax_with_sink(scores, span, colibri_load_f32(lw->w[L_SINKS].data, lw->w[L_SINKS].dtype, (size_t)h));
             else kernels->softmax(scores, span);
-            kernels->attention_values(out, scores, s->v_cache[job->layer] + (size_t)first * kv_dim + kv_off, (size_t)kv_dim,
-                                      span, hd);
+            kernels->attention_values(out, scores, kv_at(s, s->v_cache[job->layer], (size_t)first, kv_dim, kv_off), s->kv_type,
+                                      (size_t)kv_dim, span, hd);
         }
     }
 }
@@ -93,8 +100,10 @@ void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
     const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hp->rope_dim / 2;
     int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd;
-    float *k_rows = s->k_cache[layer] + (size_t)pos0 * kv_dim;     /* (n, kv_dim) */
-    float *v_rows = s->v_cache[layer] + (size_t)pos0 * kv_dim;
+    /* (n, kv_dim) f32: the new positions' keys and values, in the cache itself, or, for an f16 or
+     * q8_0 cache, in kv_rows until they are stored converted */
+    float *k_rows = s->kv_rows ? s->kv_rows : s->k_cache[layer] + (size_t)pos0 * kv_dim;
+    float *v_rows = s->kv_rows ? s->kv_rows + (size_t)s->n_batch * kv_dim : s->v_cache[layer] + (size_t)pos0 * kv_dim;
     int32_t t, i;
 
     colibri_matmul(k, s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, q_dim);
@@ -122,6 +131,10 @@ void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
         const float *c = s->rope_cos + (size_t)(pos0 + t) * half, *sn = s->rope_sin + (size_t)(pos0 + t) * half;
         colibri_rope(s->q + (size_t)t * q_dim, H, hd, hp->rope_dim, hp->rope_interleaved, c, sn);
         colibri_rope(k_rows + (size_t)t * kv_dim, hp->n_kv_heads, hd, hp->rope_dim, hp->rope_interleaved, c, sn);
+    }
+    for (t = 0; t < n && s->kv_rows; t++) {
+        colibri_kv_store(kv_at(s, s->k_cache[layer], (size_t)(pos0 + t), kv_dim, 0), s->kv_type, k_rows + (size_t)t * kv_dim, kv_dim);
+        colibri_kv_store(kv_at(s, s->v_cache[layer], (size_t)(pos0 + t), kv_dim, 0), s->kv_type, v_rows + (size_t)t * kv_dim, kv_dim);
     }
     if (!lw->rope && hp->nope_temperature_floor > 0.0f) {   /* Llama 4: sharper attention far into the context */
         for (t = 0; t < n; t++) {
@@ -177,7 +190,7 @@ static void attend_latent_heads(void *context, int32_t part, int32_t parts)
             kernels->latent_query(q_latent, qh, wk, wkv_b.dtype, dn, R);
             kernels->latent_scores(scores, q_latent, qh + dn, latent, k_rope, span, R, dr, hp->attention_scale);
             kernels->softmax(scores, span);
-            kernels->attention_values(ctx_latent, scores, latent, (size_t)R, span, R);
+            kernels->attention_values(ctx_latent, scores, latent, COLIBRI_DTYPE_F32, (size_t)R, span, R);
             colibri_matmul(&alone, s->attn + ((size_t)t * H + h) * dv, ctx_latent, wk + (size_t)dn * wkv_row, wkv_b.dtype,
                            1, R, dv);
         }

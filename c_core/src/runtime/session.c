@@ -25,6 +25,21 @@ static int has_conv(const colibri_model *m)
     return 0;
 }
 
+/* Whether layer l's cache is in the session's kv_type: grouped-query attention's keys and values.
+ * Latent attention's latents and the convolution's inputs stay f32. */
+static int kv_typed(const colibri_model *m, int32_t l)
+{
+    return !m->layers[l].conv && !m->hp.kv_lora_rank;
+}
+
+/* A typed layer's key or value cache, as the memory report shows it. */
+static const char *kv_shape(colibri_dtype kv_type)
+{
+    if (kv_type == COLIBRI_DTYPE_F16) return "(n_ctx, n_kv_heads * head_dim) f16";
+    if (kv_type == COLIBRI_DTYPE_Q8_0) return "(n_ctx, n_kv_heads * head_dim) q8_0";
+    return "(n_ctx, n_kv_heads * head_dim) f32";
+}
+
 /* The widest input of any q8_0 / q4_0 matrix (0: the model has none): the int8 path quantizes
  * activations of that width. */
 static size_t widest_block_input(const colibri_model *m)
@@ -51,7 +66,7 @@ typedef struct stream_plan {
 /* Carves every buffer of a session from `a`.  Run measuring (a->base == NULL) and then for
  * real: the same sequence, so the plan is exact. */
 static void carve_session(colibri_session *s, colibri_arena *a, const colibri_model *m,
-                          int32_t n_ctx, int32_t n_batch, const stream_plan *sp)
+                          int32_t n_ctx, int32_t n_batch, colibri_dtype kv_type, const stream_plan *sp)
 {
     const colibri_hparams *hp = &m->hp;
     size_t B = (size_t)n_batch, C = (size_t)n_ctx, D = (size_t)hp->hidden_size;
@@ -89,15 +104,24 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     }
     s->block_out = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "block_out", -1, "(n_batch, dim) f32");
 
+    s->kv_type = kv_type;
+    for (l = 0; l < hp->n_layers && kv_type != COLIBRI_DTYPE_F32; l++)
+        if (kv_typed(m, l)) {   /* the new positions' keys and values, computed in f32, stored converted */
+            s->kv_rows = colibri_arena_carve(a, colibri_arena_bytes(a, 2 * B, KV, f), ARENA_ACTIVATIONS, "kv_new_rows", -1,
+                                             "(2, n_batch, n_kv_heads * head_dim) f32");
+            break;
+        }
     s->k_cache = colibri_arena_carve(a, 2 * (size_t)hp->n_layers * COLIBRI_POINTER_SLOT, ARENA_KV_CACHE, "layer_table", -1, "(2, n_layers) pointers");
     s->v_cache = s->k_cache ? s->k_cache + hp->n_layers : NULL;
     for (l = 0; l < hp->n_layers; l++) {
         int conv = m->layers[l].conv;   /* a convolution layer caches B*x per position, and no value */
-        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, conv ? D : KW, f), ARENA_KV_CACHE,
+        size_t k_row = kv_typed(m, l) ? colibri_row_bytes(kv_type, KV) : (conv ? D : KW) * f;   /* bytes a position */
+        size_t v_row = kv_typed(m, l) ? k_row : (conv ? 0 : VW) * f;
+        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, k_row, 1), ARENA_KV_CACHE,
                                        conv ? "conv_input" : R ? "latent" : "k", l,
-                                       conv ? "(n_ctx, dim) f32" : R ? "(n_ctx, kv_lora) f32" : "(n_ctx, n_kv_heads * head_dim) f32");
-        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, conv ? 0 : VW, f), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
-                                       R ? "(n_ctx, rope_dim) f32" : "(n_ctx, n_kv_heads * head_dim) f32");
+                                       conv ? "(n_ctx, dim) f32" : R ? "(n_ctx, kv_lora) f32" : kv_shape(kv_type));
+        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, v_row, 1), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
+                                       R ? "(n_ctx, rope_dim) f32" : conv ? "(n_ctx, 0): none" : kv_shape(kv_type));
         if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
     }
     s->tokens = colibri_arena_carve(a, C * sizeof(int32_t), ARENA_KV_CACHE, "token_ids", -1, "(n_ctx) i32");
@@ -206,13 +230,21 @@ static colibri_status resolve_stream(const colibri_model *m, const colibri_sessi
 }
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
-                                      int32_t *n_ctx, int32_t *n_batch, stream_plan *sp, colibri_error *err)
+                                      int32_t *n_ctx, int32_t *n_batch, colibri_dtype *kv_type, stream_plan *sp,
+                                      colibri_error *err)
 {
     const colibri_hparams *hp = &m->hp;
     colibri_status st = resolve_stream(m, o, sp, err);
     if (st) return st;
     *n_ctx = o && o->n_ctx ? o->n_ctx : (hp->max_position_embeddings < DEFAULT_CTX ? hp->max_position_embeddings : DEFAULT_CTX);
     *n_batch = o && o->n_batch ? o->n_batch : DEFAULT_BATCH;
+    *kv_type = o ? o->kv_type : COLIBRI_DTYPE_F32;
+    if (*kv_type != COLIBRI_DTYPE_F32 && *kv_type != COLIBRI_DTYPE_F16 && *kv_type != COLIBRI_DTYPE_Q8_0)
+        return colibri_fail(err, COLIBRI_E_ARG, "kv_type = %d: the KV cache holds COLIBRI_DTYPE_F32 (%d), _F16 (%d) or "
+                            "_Q8_0 (%d)", (int)*kv_type, COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_Q8_0);
+    if (*kv_type == COLIBRI_DTYPE_Q8_0 && !hp->kv_lora_rank && hp->head_dim % COLIBRI_BLOCK)
+        return colibri_fail(err, COLIBRI_E_ARG, "kv_type q8_0 quantizes each head's keys and values in blocks of 32: "
+                            "head_dim = %d is no multiple of 32", hp->head_dim);
     if (o && (o->threads < 0 || o->threads > 256))
         return colibri_fail(err, COLIBRI_E_ARG, "threads = %d must lie in [0, 256] (0: COLIBRI_THREADS, else the cores)",
                             o->threads);
@@ -243,7 +275,7 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
  * the buffers.  While measuring, the carves land in `scratch`; returns the session, or NULL then.
  * a->n_records counts the carves either way. */
 static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t n_ctx, int32_t n_batch,
-                               const stream_plan *sp, int32_t n_records, colibri_session *scratch)
+                               colibri_dtype kv_type, const stream_plan *sp, int32_t n_records, colibri_session *scratch)
 {
     colibri_session *s = colibri_arena_carve(a, COLIBRI_SESSION_SLOT, ARENA_SESSION, "session", -1, "struct");
     colibri_arena_record *records = colibri_arena_carve(a, (size_t)n_records * COLIBRI_RECORD_SLOT,
@@ -263,22 +295,22 @@ static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t
         s = scratch;
     }
     memset(s, 0, sizeof *s);
-    carve_session(s, a, m, n_ctx, n_batch, sp);
+    carve_session(s, a, m, n_ctx, n_batch, kv_type, sp);
     return s == scratch ? NULL : s;
 }
 
 /* The arena bytes and the record count of a session, measured twice: once to count the carves,
  * once with the table that records them. */
-static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_batch, const stream_plan *sp,
-                              size_t *bytes, int32_t *n_records, colibri_error *err)
+static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_batch, colibri_dtype kv_type,
+                              const stream_plan *sp, size_t *bytes, int32_t *n_records, colibri_error *err)
 {
     colibri_arena a;
     colibri_session scratch;
     memset(&a, 0, sizeof a);
-    layout(&a, m, n_ctx, n_batch, sp, 0, &scratch);
+    layout(&a, m, n_ctx, n_batch, kv_type, sp, 0, &scratch);
     *n_records = a.n_records;
     memset(&a, 0, sizeof a);
-    layout(&a, m, n_ctx, n_batch, sp, *n_records, &scratch);
+    layout(&a, m, n_ctx, n_batch, kv_type, sp, *n_records, &scratch);
     if (a.overflow)
         return colibri_fail(err, COLIBRI_E_NOMEM, "a session with n_ctx %d and n_batch %d needs more bytes than size_t counts",
                             n_ctx, n_batch);
@@ -290,12 +322,13 @@ colibri_status colibri_session_plan(const colibri_model *model, const colibri_se
                                     size_t *arena_bytes, colibri_error *err)
 {
     int32_t n_ctx, n_batch, n_records;
+    colibri_dtype kv_type;
     stream_plan sp;
     colibri_status st;
     if (!model || !arena_bytes) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_plan: NULL argument");
-    st = resolve_options(model, options, &n_ctx, &n_batch, &sp, err);
+    st = resolve_options(model, options, &n_ctx, &n_batch, &kv_type, &sp, err);
     if (st) return st;
-    return measure(model, n_ctx, n_batch, &sp, arena_bytes, &n_records, err);
+    return measure(model, n_ctx, n_batch, kv_type, &sp, arena_bytes, &n_records, err);
 }
 
 colibri_status colibri_expert_slots(const colibri_model *model, const colibri_session_options *options,
@@ -321,6 +354,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     colibri_arena a;
     colibri_session *s;
     int32_t n_ctx, n_batch, n_records;
+    colibri_dtype kv_type;
     size_t need = 0;
     void *base;
     size_t mapped = 0;
@@ -334,9 +368,9 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     *out = NULL;
     st = colibri_platform_model_check(model, err);   /* weights.bin rewritten under the mapping: its bytes are not the ones checked */
     if (st) return st;
-    st = resolve_options(model, options, &n_ctx, &n_batch, &sp, err);
+    st = resolve_options(model, options, &n_ctx, &n_batch, &kv_type, &sp, err);
     if (st) return st;
-    st = measure(model, n_ctx, n_batch, &sp, &need, &n_records, err);
+    st = measure(model, n_ctx, n_batch, kv_type, &sp, &need, &n_records, err);
     if (st) return st;
     kernels = pick_kernels(options, err);
     if (!kernels) return err ? err->status : COLIBRI_E_ARG;
@@ -360,7 +394,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     memset(&a, 0, sizeof a);
     a.base = (uint8_t *)colibri_align_up((size_t)(uintptr_t)base, COLIBRI_ALIGNMENT);
     a.capacity = mapped - (size_t)(a.base - (uint8_t *)base);
-    s = layout(&a, model, n_ctx, n_batch, &sp, n_records, NULL);
+    s = layout(&a, model, n_ctx, n_batch, kv_type, &sp, n_records, NULL);
     if (!s || a.used > a.capacity || a.n_records != n_records || (sp.n_slots && !s->cache) || (sp.n_drivers && !s->devices)) {   /* cannot happen: the plan above sized it */
         if (owned) colibri_platform_unmap_arena(base, mapped);
         return colibri_fail(err, COLIBRI_E_NOMEM, "arena layout exceeded its plan");
@@ -478,6 +512,7 @@ colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, 
     header.n_ctx = s->n_ctx;
     header.n_batch = s->n_batch;
     header.kernels = s->compute.kernels->name;
+    header.kv_type = colibri_dtype_name(s->kv_type);
     header.mapped = s->arena_owned;
     header.hugepages = s->arena_hugepages;
     memset(&header.slots, 0, sizeof header.slots);

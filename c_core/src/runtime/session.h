@@ -43,8 +43,12 @@ struct colibri_session {
     colibri_q8_block *latent_xq;   /* (n_heads, kv_lora_rank / 32) each head's ctx_latent quantized (int8 weights) */
     float *block_out;           /* (n_batch, dim) attention or MoE output before the residual add */
     /* KV cache, per layer */
-    float **k_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) */
-    float **v_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) */
+    float **k_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) in kv_type (attention.c's kv_at) */
+    float **v_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) in kv_type; latent and
+                                   convolution layers' caches are f32 whatever kv_type */
+    colibri_dtype kv_type;      /* f32, f16 or q8_0 */
+    float *kv_rows;             /* (2, n_batch, n_kv_heads * head_dim) f32 keys, values of the new positions
+                                   before an f16 or q8_0 cache stores them; NULL for f32 */
     /* RoPE angle tables */
     float *rope_cos;            /* (n_ctx, head_dim / 2) */
     float *rope_sin;            /* (n_ctx, head_dim / 2) */
@@ -67,6 +71,6 @@ struct colibri_session {
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 656   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 672   /* bytes reserved for the struct on every target (util.h) */
 
 #endif
