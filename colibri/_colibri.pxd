@@ -159,6 +159,7 @@ cdef extern from "colibri/colibri.h" nogil:
         const char *kernel_variant
         int32_t n_ctx
         int32_t n_batch
+        colibri_dtype kv_type
         int32_t routing
         float routing_noise
         uint64_t routing_seed
