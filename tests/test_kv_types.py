@@ -5,6 +5,7 @@ numpy forward pass whose keys and values are rounded the same way (numpy's float
 q8_0 quantizer written from llama.cpp's quantize_row_q8_0); a bad type and a q8_0 cache over heads
 of no multiple of 32 are refused; the command lines take --kv-type."""
 import json
+import os
 import subprocess
 import sys
 
@@ -195,3 +196,27 @@ def test_cli_kv_type(model, kv_type, tokens):
 def test_cli_refuses_a_bad_kv_type():
     r = cli("generate", "--prompt", "x", "--kv-type", "q4_0")
     assert r.returncode == 2 and "--kv-type: invalid choice: 'q4_0'" in r.stderr
+
+
+def test_firmware_plan_and_image_take_the_kv_type(model):
+    """colibri firmware plan --kv-type: the board's arena is the core's plan of that session (a
+    kv cache of the type's bytes); the q8_0 image generates, under QEMU, the text the host's
+    reference kernels generate with a q8_0 cache."""
+    from colibri.targets import firmware as fw
+
+    cfg, ctx, batch = model.config, 256, 16
+    width = cfg["num_kv_heads"] * cfg["head_dim"]
+    plans = {kv: fw.plan("mps2-an386", MODEL_DIR, ctx=ctx, batch=batch, kv_type=kv) for kv in KV_TYPES}
+    for kv, p in plans.items():
+        assert p.arena == -(-model.memory_plan(ctx, batch, kv_type=kv) // 64) * 64
+        assert (f"kv cache {kv}" in p.table().splitlines()[0]) == (kv != "f32")
+    assert plans["f32"].arena - plans["q8_0"].arena == \
+        2 * cfg["num_layers"] * ctx * (row_bytes("f32", width) - row_bytes("q8_0", width)) - 2 * batch * width * 4
+    r = cli("firmware", "plan", "--board", "mps2-an386", "--kv-type", "f16")
+    assert r.returncode == 0 and f"  {'session arena':<34}{plans['f16'].arena:>12,}\n" in r.stdout
+    args = ["--prompt", "ROMEO:", "--max-tokens", "12", "--temperature", "0", "--kv-type", "q8_0"]
+    board = cli("firmware", "run", "--board", "mps2-an386", *args)
+    assert board.returncode == 0, board.stderr
+    host = subprocess.run([sys.executable, "-m", "colibri", "generate", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLIBRI_KERNELS": "reference"})
+    assert host.returncode == 0 and board.stdout == host.stdout
