@@ -14,7 +14,7 @@ import pytest
 
 import colibri
 from colibri.demo import MODEL_DIR
-from support import FIXTURES
+from support import COMMON, FAMILIES, FIXTURES, build
 
 KV_TYPES = ("f32", "f16", "q8_0")
 
@@ -154,6 +154,25 @@ def test_logits_match_numpy_with_the_same_rounding(model, tokens):
         print(f"{kv}: max |colibri - numpy| {err:.2e} (budget {budget:.2e}); the rounding moves the logits by {moved:.2e}")
         assert err <= budget, (kv, err, budget)
         assert moved > 10 * budget, (kv, moved, budget)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_decodes_through_an_f16_cache_as_it_prefills(family, tmp_path):
+    """Position by position through an f16 cache: the logits of one forward over the whole
+    sequence, bit for bit (the reference kernels), in every family (sliding windows, chunked
+    attention, sinks, QK-norms, biases, clamps).  Latent attention's cache and the short
+    convolution's inputs stay f32: a latent-attention family's logits are the f32 cache's."""
+    from colibri.convert import convert
+
+    build(family).save_pretrained(tmp_path / "hf")
+    m = colibri.Model(convert(tmp_path / "hf", tmp_path / "colibri", dtype="f32", progress=False))
+    tokens = np.random.default_rng(1).integers(0, COMMON["vocab_size"], 24).astype(np.int32)
+    full = m.session(ctx=64, kernels="reference", kv_type="f16").forward(tokens)
+    s = m.session(ctx=64, kernels="reference", kv_type="f16", batch=1)
+    np.testing.assert_array_equal(np.concatenate([s.forward(tokens[i:i + 1]) for i in range(len(tokens))]), full)
+    f32 = m.session(ctx=64, kernels="reference").forward(tokens)
+    latent = ".latent " in s.memdump()   # the memory report's latent caches
+    assert np.array_equal(full, f32) == latent
 
 
 def test_bad_kv_type_is_refused(model):
