@@ -19,7 +19,7 @@ try:
     from colibri._version import __version__   # written by the build from meson.build's project()
 except ImportError:   # a source tree run in place (the pure-Python tools)
     __version__ = "0+unknown"
-__all__ = ["Model", "Session", "Error", "kernel_variants", "source_root", "get_include", "c_sources",
+__all__ = ["Model", "Session", "Batch", "Error", "kernel_variants", "source_root", "get_include", "c_sources",
            "__version__"]
 
 # The wheel's copy of the sources, laid out as in a checkout (colibri/meson.build installs it).
@@ -70,6 +70,6 @@ def __getattr__(name):
     if name == "Model":
         from colibri.model import Model
         return Model
-    if name in ("Session", "Error", "kernel_variants"):
+    if name in ("Session", "Batch", "Error", "kernel_variants"):
         return getattr(core(), name)
     raise AttributeError(f"module 'colibri' has no attribute {name!r}")

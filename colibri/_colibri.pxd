@@ -5,6 +5,7 @@ cdef extern from "colibri/colibri.h" nogil:
     ctypedef enum colibri_status:
         COLIBRI_OK
         COLIBRI_E_ARG
+        COLIBRI_E_CONTEXT
         COLIBRI_E_TENSOR
         COLIBRI_E_DEVICE
 
@@ -159,6 +160,7 @@ cdef extern from "colibri/colibri.h" nogil:
         const char *kernel_variant
         int32_t n_ctx
         int32_t n_batch
+        int32_t n_seq
         colibri_dtype kv_type
         int32_t routing
         float routing_noise
@@ -206,6 +208,21 @@ cdef extern from "colibri/colibri.h" nogil:
     colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                    float *logits, colibri_error *err)
     const float *colibri_session_logits(const colibri_session *session)
+    int32_t colibri_session_n_seq(const colibri_session *session)
+    int32_t colibri_seq_position(const colibri_session *session, int32_t seq)
+    const int32_t *colibri_seq_tokens(const colibri_session *session, int32_t seq, int32_t *n)
+    int32_t colibri_seq_pending(const colibri_session *session, int32_t seq)
+    colibri_status colibri_seq_truncate(colibri_session *session, int32_t seq, int32_t n, colibri_error *err)
+    colibri_status colibri_seq_reset(colibri_session *session, int32_t seq, colibri_error *err)
+    colibri_status colibri_seq_copy(colibri_session *session, int32_t src, int32_t dst, colibri_error *err)
+    const float *colibri_seq_logits(const colibri_session *session, int32_t seq)
+    ctypedef struct colibri_batch_entry:
+        int32_t seq
+        const int32_t *tokens
+        int32_t n_tokens
+        int32_t logits
+    colibri_status colibri_forward_batch(colibri_session *session, const colibri_batch_entry *entries,
+                                         int32_t n_entries, colibri_error *err)
     enum: COLIBRI_PHASE_COUNT
     const char *colibri_phase_name(int32_t phase)
     colibri_status colibri_profile(const colibri_session *session, uint64_t *ns)
@@ -281,11 +298,21 @@ cdef extern from "colibri/colibri.h" nogil:
         uint64_t rng
         int32_t generated
         colibri_stop stop
+        int32_t seq
+        int32_t n_prompt
+        int32_t prompt_done
+        int32_t fresh
+        int32_t last
 
     colibri_status colibri_generate_start(colibri_generation *g, colibri_session *session,
                                           const colibri_generate_options *options, const int32_t *prompt,
                                           size_t n_prompt, colibri_error *err)
     colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, colibri_error *err)
+    colibri_status colibri_generate_begin(colibri_generation *g, colibri_session *session, int32_t seq,
+                                          const colibri_generate_options *options, const int32_t *prompt,
+                                          size_t n_prompt, colibri_error *err)
+    colibri_status colibri_generate_step(colibri_session *session, colibri_generation *const *gens, int32_t n_gens,
+                                         colibri_error *err)
 
     ctypedef void (*colibri_write_fn)(void *context, const char *bytes, size_t len) noexcept nogil
     enum: COLIBRI_MAX_STOPS

@@ -175,7 +175,7 @@ cdef c.colibri_dtype _kv_type(kv_type) except *:
 # streaming ones, Model.expert_slots and .expert_slot_count the streaming ones.
 SESSION_OPTIONS = {
     "ctx": 0, "batch": 0, "kernels": "auto", "routing": "model", "noise": 1.0, "noise_seed": 0,
-    "capacity_factor": 1.0, "profile": False, "threads": None, "kv_type": "f32",
+    "capacity_factor": 1.0, "profile": False, "threads": None, "n_seq": 1, "kv_type": "f32",
     # expert streaming
     "expert_budget": 0, "expert_cache": "global", "direct_io": False, "prefetch": True, "pins": None,
     "verify": False, "expert_read": None,
@@ -545,16 +545,17 @@ cdef class Model:
         return b"".join(out).decode("utf-8", "replace")
 
     def memory_plan(self, *args, **options):
-        """memory_plan(ctx, batch, kv_type="f32", **streaming options): exact arena bytes a session
-        with this context, batch and KV cache type needs (nothing is allocated); with an
+        """memory_plan(ctx, batch, n_seq=1, kv_type="f32", **streaming options): exact arena bytes a
+        session with this context, batch, sequence slots and KV cache type needs (nothing is allocated); with an
         ``expert_budget``, its slot pool included (the options and their defaults: SESSION_OPTIONS, STREAMING_OPTIONS; see Session)."""
-        o = _bind("memory_plan", args, options, ("ctx", "batch"), ("ctx", "batch", "kv_type") + STREAMING_OPTIONS)
+        o = _bind("memory_plan", args, options, ("ctx", "batch"), ("ctx", "batch", "n_seq", "kv_type") + STREAMING_OPTIONS)
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef size_t need = 0
         memset(&opts, 0, sizeof(opts))
         opts.n_ctx = o["ctx"]
         opts.n_batch = o["batch"]
+        opts.n_seq = o["n_seq"]
         opts.kv_type = _kv_type(o["kv_type"])
         kept = _streaming_options(&opts, o)
         if c.colibri_session_plan(self._model, &opts, &need, &err) != c.COLIBRI_OK:
@@ -717,6 +718,9 @@ cdef class Session:
         head_dim a multiple of 32); keys and values are computed in f32 and stored converted.
         Latent attention's cache and the short convolution's inputs stay f32 (memdump() shows each).
 
+        ``n_seq``: sequence slots, each with its own KV cache of ``ctx`` positions (forward_batch,
+        the seq_* calls, colibri.Batch); the single-sequence calls are slot 0's.
+
         Expert streaming: with ``expert_budget`` bytes (0: every weight used where weights.bin is
         mapped) the routed experts are read from storage into a cache of slots in the arena, at
         least Model.expert_slots()'s minimum; the logits are the same.  ``expert_cache``: "global"
@@ -767,6 +771,7 @@ cdef class Session:
         opts.kernel_variant = NULL if kernels == "auto" else <const char *>kernel_name
         opts.n_ctx = ctx
         opts.n_batch = batch
+        opts.n_seq = o["n_seq"]
         opts.kv_type = _kv_type(o["kv_type"])
         self._pins = _streaming_options(&opts, o)
         self.expert_budget = opts.expert_budget
@@ -1010,6 +1015,127 @@ cdef class Session:
     @property
     def n_ctx(self):
         return c.colibri_session_n_ctx(self._session)
+
+    # ---- several sequences ----
+
+    @property
+    def n_seq(self):
+        """Sequence slots: each its own KV cache of n_ctx positions, position, pending token, logits."""
+        return c.colibri_session_n_seq(self._session)
+
+    cdef int32_t _seq(self, seq) except -1:
+        """seq as a slot index; colibri.Error (as the core's calls say it) outside [0, n_seq)."""
+        cdef int32_t n_seq = c.colibri_session_n_seq(self._session)
+        index = operator.index(seq)
+        if not 0 <= index < n_seq:
+            raise Error("COLIBRI_E_ARG", <int>c.COLIBRI_E_ARG, f"sequence {index} outside [0, {n_seq})")
+        return index
+
+    def seq_position(self, seq):
+        """Tokens in slot ``seq``'s KV cache."""
+        return c.colibri_seq_position(self._session, self._seq(seq))
+
+    def seq_tokens(self, seq):
+        """The ids slot ``seq`` holds: its KV cache's positions, then its pending token if any."""
+        cdef int32_t n = 0, index = self._seq(seq)
+        cdef const int32_t *ids = c.colibri_seq_tokens(self._session, index, &n)
+        out = [ids[i] for i in range(n)]
+        if c.colibri_seq_pending(self._session, index) >= 0:
+            out.append(c.colibri_seq_pending(self._session, index))
+        return out
+
+    def seq_pending(self, seq):
+        """Slot ``seq``'s token sampled and not yet fed, else None."""
+        cdef int32_t t = c.colibri_seq_pending(self._session, self._seq(seq))
+        return None if t < 0 else t
+
+    def seq_logits(self, seq):
+        """float32 (vocab,): a copy of slot ``seq``'s last logits."""
+        cdef const float *p = c.colibri_seq_logits(self._session, self._seq(seq))
+        return np.asarray(<const float[:self._vocab]>p).copy()
+
+    def seq_truncate(self, seq, int n):
+        """Keeps slot ``seq``'s first ``n`` tokens (seq_tokens(seq)[:n]), as truncate() does slot 0's."""
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        self._enter()
+        try:
+            st = c.colibri_seq_truncate(self._session, operator.index(seq), n, &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def seq_reset(self, seq):
+        """Empties slot ``seq``: no positions, no pending token."""
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        self._enter()
+        try:
+            st = c.colibri_seq_reset(self._session, operator.index(seq), &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def seq_copy(self, src, dst):
+        """Slot ``dst`` holds what slot ``src`` holds (KV cache, tokens, pending token, logits): a
+        shared prefix computed once."""
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        self._enter()
+        try:
+            st = c.colibri_seq_copy(self._session, operator.index(src), operator.index(dst), &err)
+        finally:
+            self._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+
+    def forward_batch(self, entries):
+        """One forward over several slots: ``entries`` are (seq, token_ids, want_logits), each slot
+        at most once; a slot's token_ids (may be empty when it has a pending token) are appended
+        after its pending token.  With want_logits the slot's last position's logits go to
+        seq_logits(seq).  Everything is checked before anything is computed (colibri.Error, every
+        slot unchanged); the GIL is released while it computes."""
+        entries = list(entries)
+        cdef Py_ssize_t n = len(entries), i
+        if n >= 2**31:
+            raise ValueError(f"{n} entries do not fit in 32 bits")
+        arrays = []
+        for entry in entries:
+            if len(entry) != 3:
+                raise ValueError(f"a batch entry is (seq, token_ids, want_logits), not {entry!r}")
+            seq, ids, want = entry
+            arrays.append((operator.index(seq), _token_ids(ids) if len(ids) else None, bool(want)))
+        cdef c.colibri_batch_entry *table = <c.colibri_batch_entry *>malloc(max(n, 1) * sizeof(c.colibri_batch_entry))
+        cdef int32_t[::1] view
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        if table is NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                seq, ids, want = arrays[i]
+                if not -2**31 <= seq < 2**31:
+                    raise ValueError(f"sequence {seq} does not fit in 32 bits")
+                table[i].seq = seq
+                table[i].logits = want
+                table[i].n_tokens = 0
+                table[i].tokens = NULL
+                if ids is not None:
+                    view = ids
+                    table[i].tokens = &view[0]
+                    table[i].n_tokens = <int32_t>ids.shape[0]
+            self._enter()
+            try:
+                with nogil:
+                    st = c.colibri_forward_batch(self._session, table, <int32_t>n, &err)
+            finally:
+                self._busy = False
+        finally:
+            free(table)
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
 
     @property
     def kernels(self):
@@ -1295,3 +1421,164 @@ cdef class Session:
         return {"weights": t.weights, "metadata": t.metadata, "arena_reserved": t.arena_reserved,
                 "arena_used": t.arena_used, "kv_cache": t.kv_cache, "activations": t.activations,
                 "expert_cache": t.expert_cache}
+
+
+cdef class Batch:
+    """One generation per sequence slot of a session, stepped together: what a server's scheduler
+    thread drives.  start() readies a slot, step() makes one batched forward (the running slots'
+    next tokens first, then the prompts still prefilling in what is left of the session's batch)
+    and returns what each slot produced.  The session must not be used otherwise while a slot runs."""
+    cdef readonly Session session
+    cdef c.colibri_generation *_gens      # (n_seq)
+    cdef c.colibri_generation **_running  # (n_seq) the running ones, for colibri_generate_step
+    cdef list _active                     # running seqs, in the order they started
+    cdef dict _keep                       # seq -> (prompt ids, logit bias pairs, _TextOut): alive while it runs
+    cdef dict _seeds
+
+    def __cinit__(self, Session session not None):
+        cdef int32_t n = c.colibri_session_n_seq(session._session)
+        self.session = session
+        self._gens = <c.colibri_generation *>malloc(n * sizeof(c.colibri_generation))
+        self._running = <c.colibri_generation **>malloc(n * sizeof(void *))
+        if self._gens is NULL or self._running is NULL:
+            raise MemoryError()
+        memset(self._gens, 0, n * sizeof(c.colibri_generation))
+        self._active = []
+        self._keep = {}
+        self._seeds = {}
+
+    def __dealloc__(self):
+        free(self._gens)
+        free(self._running)
+
+    cdef int32_t _slot(self, seq) except -1:
+        return self.session._seq(seq)
+
+    def start(self, seq, prompt, *, int max_tokens=16, float temperature=0.0, int top_k=0, float top_p=1.0,
+              float min_p=0.0, seed=None, stop=(), bint stop_at_eos=True, float repeat_penalty=1.0,
+              int repeat_last_n=c.COLIBRI_PENALTY_LAST_N_DEFAULT, float presence_penalty=0.0,
+              float frequency_penalty=0.0, logit_bias=None, bint reuse_prefix=True):
+        """Readies slot ``seq`` to generate after ``prompt`` (token ids), the options Session.stream's
+        (seed None: one drawn at random, seed_of(seq) tells it).  With reuse_prefix the slot keeps
+        the longest prefix it shares with the prompt (not computed again), else it starts empty;
+        returns the prompt tokens reused.  Nothing is computed until step()."""
+        cdef int32_t index = self._slot(seq)
+        cdef c.colibri_generate_options o
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        cdef int32_t[::1] ids
+        cdef uint8_t[::1] bias_bytes
+        cdef c.colibri_generation *g = &self._gens[index]
+        if index in self._active:
+            raise ValueError(f"seq {index} is running: cancel() it first")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, not {max_tokens}")
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        cdef uint64_t seed_value = _seed_value(seed)
+        arr = _token_ids(prompt)
+        ids = arr
+        pairs = _logit_bias_pairs(logit_bias)
+        text = _TextOut(stop)
+        memset(&o, 0, sizeof(o))
+        o.max_tokens = max_tokens
+        o.sampling.temperature = temperature
+        o.sampling.top_k = top_k
+        o.sampling.top_p = top_p
+        o.sampling.min_p = min_p
+        o.sampling.repeat_penalty = repeat_penalty
+        o.sampling.presence_penalty = presence_penalty
+        o.sampling.frequency_penalty = frequency_penalty
+        o.sampling.penalty_last_n = repeat_last_n
+        if len(pairs):
+            bias_bytes = pairs.view(np.uint8)
+            o.sampling.logit_bias = <const c.colibri_logit_bias *>&bias_bytes[0]
+            o.sampling.n_logit_bias = len(pairs)
+        o.stop_at_eos = stop_at_eos
+        o.seed = seed_value
+        if arr.shape[0] > self.session.n_ctx:   # before the slot is cut: the core's begin says it too
+            raise Error("COLIBRI_E_CONTEXT", <int>c.COLIBRI_E_CONTEXT,
+                        f"a prompt of {arr.shape[0]} tokens does not fit a context of {self.session.n_ctx} positions")
+        reused = 0
+        if reuse_prefix:   # the longest common prefix, less one token: the prompt's last logits come out of step()
+            held = self.session.seq_tokens(index)
+            limit = min(len(held), arr.shape[0] - 1, self.session.seq_position(index))
+            while reused < limit and held[reused] == arr[reused]:
+                reused += 1
+            self.session.seq_truncate(index, reused)
+        else:
+            self.session.seq_reset(index)
+        st = c.colibri_generate_begin(g, self.session._session, index, &o, &ids[0], arr.shape[0], &err)
+        if st == c.COLIBRI_OK:
+            st = c.colibri_generate_text(g, &text.stream, &err)
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+        self._keep[index] = (arr, pairs, text)
+        self._seeds[index] = seed
+        self._active.append(index)
+        return reused
+
+    def cancel(self, seq):
+        """Ends slot ``seq``'s generation at once; its KV cache stays for a later start to reuse."""
+        cdef int32_t index = self._slot(seq)
+        if index in self._active:
+            self._active.remove(index)
+            del self._keep[index]
+
+    def step(self):
+        """One colibri_generate_step over the running slots (the GIL released while it computes):
+        [(seq, token, text, finish)] for each slot that produced a token; text is what its text stream
+        wrote (whole UTF-8 characters; stop strings held back, then dropped), finish None or "eos",
+        "max_tokens", "context_full", "stop".  A finished slot leaves ``active``.  colibri.Error on a
+        core failure (the slots as they were)."""
+        cdef int32_t n = len(self._active), i
+        cdef c.colibri_error err
+        cdef c.colibri_status st
+        cdef c.colibri_generation *g
+        for i in range(n):
+            self._running[i] = &self._gens[<int32_t>self._active[i]]
+        self.session._enter()
+        try:
+            with nogil:
+                st = c.colibri_generate_step(self.session._session, self._running, n, &err)
+        finally:
+            self.session._busy = False
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
+        out = []
+        for seq in list(self._active):
+            g = &self._gens[<int32_t>seq]
+            text = (<_TextOut>self._keep[seq][2])
+            if not g.fresh and g.stop == c.COLIBRI_STOP_NONE:
+                continue
+            finish = None if g.stop == c.COLIBRI_STOP_NONE else _STOP_REASONS.get(g.stop)
+            out.append((seq, g.last if g.fresh else None, text.take(), finish))
+            if finish is not None:
+                self._active.remove(seq)
+                del self._keep[seq]
+        return out
+
+    @property
+    def active(self):
+        """The running slots, in the order they started."""
+        return tuple(self._active)
+
+    @property
+    def n_running_prefill(self):
+        """Running slots whose prompt is not all fed yet."""
+        cdef int32_t seq, count = 0
+        for seq in self._active:
+            count += self._gens[seq].prompt_done < self._gens[seq].n_prompt
+        return count
+
+    def prompt_done(self, seq):
+        """Prompt tokens of slot ``seq``'s generation fed so far (a reused prefix included)."""
+        return self._gens[self._slot(seq)].prompt_done
+
+    def generated(self, seq):
+        """Tokens slot ``seq``'s generation produced so far."""
+        return self._gens[self._slot(seq)].generated
+
+    def seed_of(self, seq):
+        """The seed slot ``seq``'s generation started from (drawn when start() was given None)."""
+        return self._seeds.get(self._slot(seq))

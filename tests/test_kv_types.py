@@ -128,7 +128,7 @@ def test_plan_counts_the_types_bytes_exactly(model, kv_type):
     assert mem["activations"] - mem32["activations"] == (0 if kv_type == "f32" else 2 * batch * width * 4)
     report = s.memdump()
     assert f"kv cache {kv_type}" in report
-    assert f"layers.0.k                  (n_ctx, n_kv_heads * head_dim) {kv_type}" in report
+    assert f"layers.0.k                  (n_seq * n_ctx, n_kv_heads * head_dim) {kv_type}" in report
     assert f"{ctx * row_bytes(kv_type, width):,} B" in report
 
 
@@ -218,19 +218,16 @@ def test_cli_refuses_a_bad_kv_type():
 
 
 def test_firmware_plan_and_image_take_the_kv_type(model):
-    """colibri firmware plan --kv-type: the board's arena is the core's plan of that session (a
-    kv cache of the type's bytes); the q8_0 image generates, under QEMU, the text the host's
+    """colibri firmware plan --kv-type: the board's arena is the core's plan of that session
+    (test_plan_counts_the_types_bytes_exactly checks that plan); the q8_0 image generates, under QEMU, the text the host's
     reference kernels generate with a q8_0 cache."""
     from colibri.targets import firmware as fw
 
-    cfg, ctx, batch = model.config, 256, 16
-    width = cfg["num_kv_heads"] * cfg["head_dim"]
+    ctx, batch = 256, 16
     plans = {kv: fw.plan("mps2-an386", MODEL_DIR, ctx=ctx, batch=batch, kv_type=kv) for kv in KV_TYPES}
     for kv, p in plans.items():
         assert p.arena == -(-model.memory_plan(ctx, batch, kv_type=kv) // 64) * 64
         assert (f"kv cache {kv}" in p.table().splitlines()[0]) == (kv != "f32")
-    assert plans["f32"].arena - plans["q8_0"].arena == \
-        2 * cfg["num_layers"] * ctx * (row_bytes("f32", width) - row_bytes("q8_0", width)) - 2 * batch * width * 4
     r = cli("firmware", "plan", "--board", "mps2-an386", "--kv-type", "f16")
     assert r.returncode == 0 and f"  {'session arena':<34}{plans['f16'].arena:>12,}\n" in r.stdout
     args = ["--prompt", "ROMEO:", "--max-tokens", "12", "--temperature", "0", "--kv-type", "q8_0"]
@@ -239,3 +236,22 @@ def test_firmware_plan_and_image_take_the_kv_type(model):
     host = subprocess.run([sys.executable, "-m", "colibri", "generate", *args], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "COLIBRI_KERNELS": "reference"})
     assert host.returncode == 0 and board.stdout == host.stdout
+
+
+@pytest.mark.parametrize("kv_type", ("f16", "q8_0"))
+def test_typed_cache_with_several_sequences(model, tokens, kv_type):
+    """Slots of a typed cache: two sequences in one forward, and a third copied from the first then
+    continued, each bit for bit the one-sequence session's logits (the reference kernels)."""
+    a, b, more = list(tokens[:12]), list(tokens[20:29]), list(tokens[40:44])
+
+    def alone(ids):
+        return model.session(ctx=64, kernels="reference", kv_type=kv_type).forward(ids)[-1]
+
+    s = model.session(ctx=64, n_seq=3, kernels="reference", kv_type=kv_type)
+    s.forward_batch([(0, a, True), (1, b, True)])
+    np.testing.assert_array_equal(s.seq_logits(0), alone(a))
+    np.testing.assert_array_equal(s.seq_logits(1), alone(b))
+    s.seq_copy(0, 2)
+    s.forward_batch([(2, more, True), (1, more, True)])
+    np.testing.assert_array_equal(s.seq_logits(2), alone(a + more))
+    np.testing.assert_array_equal(s.seq_logits(1), alone(b + more))

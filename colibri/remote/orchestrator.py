@@ -473,13 +473,13 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
     import grpc
 
     from colibri.remote import colibri_remote_pb2_grpc as pbg
-    from colibri.remote.server import TokenCheck, bind, parse_listen, probe_port
+    from colibri.remote.server import TokenCheck, bind, check_listen, parse_listen
 
     host, port = parse_listen(listen)
     if bool(tls_cert) != bool(tls_key):
         raise ValueError("TLS needs both --tls-cert and --tls-key")
     check_exposure(host, token, bool(tls_cert), insecure)
-    probe_port(host, port)   # before the gRPC server exists (server.probe_port says why)
+    creds = check_listen(host, port, tls_cert, tls_key)   # before the gRPC server exists (server.probe_port says why)
 
     class Servicer(pbg.OrchestratorServicer):
         def Heartbeat(self, request, context):
@@ -496,7 +496,7 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                          interceptors=[TokenCheck(token)] if token else [])
     pbg.add_OrchestratorServicer_to_server(Servicer(), server)
-    _, port = bind(server, host, port, tls_cert, tls_key)   # the port its own: grpc.so_reuseport 0
+    _, port = bind(server, host, port, creds)   # the port its own: grpc.so_reuseport 0
     orchestrator.start()   # after the bind: an orchestrator that cannot have the port leaves the state alone
     server.start()
     return server, port

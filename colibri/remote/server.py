@@ -262,7 +262,7 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
         raise ValueError(f"--listen {listen}: a non-loopback address is reachable by other machines, so it needs "
                          f"both a token (--token or --token-file) and TLS (--tls-cert, --tls-key); "
                          f"--insecure serves it without them")
-    probe_port(host, port)   # before the model and the gRPC server: a taken port fails at once
+    creds = check_listen(host, port, tls_cert, tls_key)   # before the model and the gRPC server: fails at once
     service = ExpertsService(model_dir, kernels=kernels, batch=batch, threads=threads, max_message=max_message,
                              fetch=fetch)
     options = [("grpc.max_receive_message_length", service.max_message),
@@ -275,7 +275,7 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
     async def serve():
         server = grpc.aio.server(options=options, interceptors=[AsyncTokenCheck(token)] if token else [])
         rpc.add_ExpertsServicer_to_server(service, server)
-        address, bound = bind(server, host, port, tls_cert, tls_key)
+        address, bound = bind(server, host, port, creds)
         await server.start()
         return server, address, bound
 
@@ -303,12 +303,13 @@ def probe_port(host, port):
         raise ValueError(f"cannot listen on {address}: {why}") from None
 
 
-def bind(server, host, port, tls_cert=None, tls_key=None):
-    """Adds the listening port to a grpc server (threads or asyncio), TLS when given a certificate:
-    (address, port bound).  ValueError naming the address and the cause when it cannot: the
-    certificate and key are checked, and the port tried, before gRPC is asked (its own failure is
-    a log line on stderr and no reason)."""
+def check_listen(host, port, tls_cert=None, tls_key=None):
+    """The gRPC credentials to listen with (None: no TLS), after checking what gRPC would only log
+    when asked: the certificate and key are a pair, and (host, port) can be listened on.
+    ValueError naming the address and the cause.  Called before any gRPC server exists (probe_port
+    says why)."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    creds = None
     if tls_cert:
         try:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls_cert, tls_key)
@@ -317,8 +318,15 @@ def bind(server, host, port, tls_cert=None, tls_key=None):
                              f"a certificate (PEM) and its private key ({e.reason or e})") from None
         creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
     probe_port(host, port)
+    return creds
+
+
+def bind(server, host, port, creds=None):
+    """Adds the listening port to a grpc server (threads or asyncio), TLS when given check_listen's
+    credentials: (address, port bound).  ValueError when the port was taken since it was checked."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_secure_port(address, creds) if tls_cert else server.add_insecure_port(address)
+        bound = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     except RuntimeError:   # gRPC 1.5x+: raised where older versions returned 0
         bound = 0
     if not bound:

@@ -335,6 +335,7 @@ typedef struct colibri_session_options {
                                overrides `kernels`; NULL: as `kernels` says */
     int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings, at most 4096 */
     int32_t n_batch;        /* tokens computed together in one forward chunk; 0: 64 */
+    int32_t n_seq;          /* sequence slots, each with a KV cache of n_ctx positions; 0: 1 */
     colibri_dtype kv_type;  /* what the KV cache stores: COLIBRI_DTYPE_F32 (0, exact), _F16 (half the bytes,
                                rounded to nearest even) or _Q8_0 (34 bytes a 32, llama.cpp's q8_0 along each
                                head: head_dim a multiple of 32).  Keys and values are computed in f32 and
@@ -429,6 +430,40 @@ const char *colibri_kernel_variant(int32_t i, int *runs_here);
 colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                float *logits, colibri_error *err);
 const float *colibri_session_logits(const colibri_session *session);   /* (vocab) */
+
+/* ---- several sequences ------------------------------------------------ */
+
+/* A session holds n_seq sequence slots (colibri_session_options.n_seq), each with its own KV cache
+ * of n_ctx positions, token ids, position, pending token and last logits; the calls above are slot
+ * 0's.  The calls below name a slot; COLIBRI_E_ARG (or -1, NULL) for one outside [0, n_seq). */
+int32_t colibri_session_n_seq(const colibri_session *session);
+int32_t colibri_seq_position(const colibri_session *session, int32_t seq);
+const int32_t *colibri_seq_tokens(const colibri_session *session, int32_t seq, int32_t *n);
+int32_t colibri_seq_pending(const colibri_session *session, int32_t seq);
+colibri_status colibri_seq_truncate(colibri_session *session, int32_t seq, int32_t n, colibri_error *err);
+colibri_status colibri_seq_reset(colibri_session *session, int32_t seq, colibri_error *err);
+/* dst holds what src holds (its KV cache rows, token ids, pending token, logits): a shared prefix
+ * such as a system prompt computed once, then each slot continued its own way. */
+colibri_status colibri_seq_copy(colibri_session *session, int32_t src, int32_t dst, colibri_error *err);
+const float *colibri_seq_logits(const colibri_session *session, int32_t seq);   /* (vocab) its last logits */
+
+/* One slot's part of colibri_forward_batch. */
+typedef struct colibri_batch_entry {
+    int32_t seq;                /* the slot; at most once per call */
+    const int32_t *tokens;      /* appended after the slot's pending token (fed first, as colibri_forward does) */
+    int32_t n_tokens;           /* may be 0 when the slot has a pending token */
+    int32_t logits;             /* nonzero: the slot's last position's logits into colibri_seq_logits */
+} colibri_batch_entry;
+
+/* One forward over the tokens of several slots (continuous batching: a new sequence's prompt beside
+ * the running ones' next tokens).  Every entry is checked before anything is computed (slot range
+ * and uniqueness, token ids, room in each slot); the rows (each entry's pending token, then its
+ * tokens, entry after entry) go in chunks of at most n_batch, each row attending over its own slot
+ * at its own position, the MoE block computing each expert once over every row routed to it.  A
+ * failed read (streamed expert, device) leaves every slot's position and pending token as they were.
+ * With the reference kernels each slot's logits are bit-identical to the same sequence run alone. */
+colibri_status colibri_forward_batch(colibri_session *session, const colibri_batch_entry *entries, int32_t n_entries,
+                                     colibri_error *err);
 
 /* Router statistics: how many tokens each expert of each layer received, counted over every
  * forward since the session was created or the counts cleared (colibri_session_reset keeps
@@ -563,6 +598,10 @@ typedef struct colibri_generate_options {
 
 typedef struct colibri_generation { /* caller-owned; read between calls, never written */
     colibri_session *session;
+    int32_t seq;                    /* its sequence slot (colibri_generate_start: 0) */
+    const int32_t *prompt;          /* borrowed until fed: n_prompt tokens, prompt_done of them fed */
+    int32_t n_prompt, prompt_done;
+    int32_t fresh;                  /* colibri_generate_step: 1 when `last` is a new token this step */
     colibri_generate_options options;
     uint64_t rng;                   /* the sampler's state now */
     int32_t n_eos_token_ids;        /* the ids that stop it: the model's at the start */
@@ -585,6 +624,23 @@ colibri_status colibri_generate_start(colibri_generation *g, colibri_session *se
 /* *token: the next token, or -1 once g->stop is set (then nothing is computed).  After a token,
  * colibri_session_logits holds the logits it was drawn from. */
 colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, colibri_error *err);
+
+/* Generations over several slots, stepped together (a server's scheduler):
+ * colibri_generate_begin readies g on slot `seq` without computing: the slot holds nothing or the
+ * prompt's first tokens (a prefix kept with colibri_seq_truncate is not computed again: prompt_done
+ * counts it), and no pending token; the prompt is borrowed until it is fed; COLIBRI_E_CONTEXT when
+ * it is longer than n_ctx.  colibri_generate_step makes one
+ * colibri_forward_batch: each decoding generation feeds its pending token, then the generations
+ * still prefilling feed their next prompt chunk in what is left of n_batch (at least one token), so
+ * running streams never wait behind a long prompt; each generation whose logits came out samples
+ * its next token exactly as colibri_generate_next does (the same sampler, penalties window, stop
+ * conditions, text stream) and gets g->fresh = 1.  Generations already stopped are skipped; each
+ * slot at most once.  A failed forward leaves every slot and generation as they were. */
+colibri_status colibri_generate_begin(colibri_generation *g, colibri_session *session, int32_t seq,
+                                      const colibri_generate_options *options, const int32_t *prompt,
+                                      size_t n_prompt, colibri_error *err);
+colibri_status colibri_generate_step(colibri_session *session, colibri_generation *const *gens, int32_t n_gens,
+                                     colibri_error *err);
 
 /* Streamed text: each token's bytes (colibri_token_bytes) go to `write` as they come, but an
  * unfinished UTF-8 character (at most 3 bytes) waits for the bytes that complete it, so no write

@@ -45,6 +45,8 @@ typedef struct colibri_route_call {
     colibri_moe_shape shape;
     int32_t layer;              /* -1 when the router runs alone (no session) */
     int32_t position;           /* of the run's first token */
+    const int32_t *positions;   /* (n) each token's position in its own sequence (a run may mix sequences);
+                                   NULL when the router runs alone */
     const int32_t *tokens;      /* (n) the run's token ids; NULL when the router runs alone */
     const void *core;           /* the core's own routers read the model's routing hyper-parameters
                                    and weights through it; a registered router leaves it alone */

@@ -144,7 +144,8 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
 
     emit(&r, "colibri memory report: %s, %d layers, %d experts (top-%d), dim %d, vocab %d\n",
          m->architecture, hp->n_layers, hp->n_experts, hp->top_k, hp->hidden_size, hp->vocab_size);
-    emit(&r, "session: n_ctx %d, n_batch %d, kernels %s, kv cache %s\n\n", h->n_ctx, h->n_batch, h->kernels, h->kv_type);
+    emit(&r, "session: n_ctx %d, n_batch %d, n_seq %d, kernels %s, kv cache %s\n\n", h->n_ctx, h->n_batch, h->n_seq,
+         h->kernels, h->kv_type);
 
     emit(&r, "weights (weights.bin, mapped read-only, %s)  %s B  @%p\n",
          h->slots.n_slots ? "the routed experts read into the expert cache, the rest used in place" : "used in place",
@@ -183,6 +184,10 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
         }
     }
     emit(&r, "    (alignment padding %s B)\n", grouped(n1, padding));
+    emit(&r, "\nsequence slots: %d, each a KV cache of %d positions in every layer's rows\n", h->n_seq, h->n_ctx);
+    for (i = 0; i < h->n_seq; i++)
+        emit(&r, "    seq %d: KV cache rows [%s, %s)  %s B\n", i, grouped(n1, (size_t)i * h->n_ctx),
+             grouped(n2, (size_t)(i + 1) * h->n_ctx), grouped(n3, h->seq_kv_bytes));
     if (h->slots.n_slots) slot_holdings(&r, h, hp->n_layers);
     emit(&r, "\nmetadata (model tables, JSON tokens)  %s B  @%p\n", grouped(n1, m->meta_bytes), (const void *)m);
     emit(&r, "\ntotal: weights %s B + arena %s B + metadata %s B = %s B\n",

@@ -43,7 +43,8 @@ static void route_part(void *context, int32_t part, int32_t parts)
     if (t1 <= t0) return;
     if (j->r) {   /* the research routers read the tokens' positions and ids */
         r = *j->r;
-        r.position += t0;
+        if (r.positions) { r.positions += t0; r.position = r.positions[0]; }
+        else r.position += t0;
         if (r.tokens) r.tokens += t0;
     }
     colibri_router_run(j->router, j->hp, j->lw, j->r ? &r : NULL, j->logits + (size_t)t0 * E, t1 - t0,

@@ -25,7 +25,8 @@ typedef struct colibri_routing {
     uint64_t seed;
     float capacity_factor;      /* capacity: an expert keeps ceil(factor * n * top_k / n_experts) pairs */
     const int32_t *tokens;      /* (n) the chunk's token ids: hash routing */
-    int32_t position;           /* of the chunk's first token: the noise */
+    const int32_t *positions;   /* (n) each token's position in its sequence: the noise */
+    int32_t position;           /* of the chunk's first token */
     int32_t layer;
     uint64_t *dropped;          /* (n_experts) this layer's dropped-token counters */
 } colibri_routing;

@@ -187,7 +187,7 @@ static void route_noisy(const colibri_route_call *call, float *logits, int32_t n
     int32_t E = hp->n_experts, t, e;
     for (t = 0; t < n; t++)
         for (e = 0; e < E; e++) {
-            uint64_t key = r->seed ^ ((uint64_t)(uint32_t)r->layer << 48) ^ ((uint64_t)(uint32_t)(r->position + t) << 20)
+            uint64_t key = r->seed ^ ((uint64_t)(uint32_t)r->layer << 48) ^ ((uint64_t)(uint32_t)(r->positions ? r->positions[t] : r->position + t) << 20)
                            ^ (uint64_t)(uint32_t)e;
             double g = sqrt(-2.0 * colibri_log(uniform(2 * key))) * colibri_cos(6.283185307179586 * uniform(2 * key + 1));
             logits[(size_t)t * E + e] += (float)(r->noise * g);
@@ -256,6 +256,7 @@ void colibri_router_run(const colibri_router_def *router, const colibri_hparams 
     call.shape = colibri_moe_shape_of(hp);
     call.layer = r ? r->layer : -1;
     call.position = r ? r->position : 0;
+    call.positions = r ? r->positions : NULL;
     call.tokens = r ? r->tokens : NULL;
     call.core = &core;
     router->route(&call, logits, n, scratch, ids, gates);

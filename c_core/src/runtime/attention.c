@@ -57,10 +57,10 @@ static uint8_t *kv_at(const colibri_session *s, float *cache, size_t row, int32_
     return (uint8_t *)cache + colibri_row_bytes(s->kv_type, row * (size_t)width + col);
 }
 
-/* softmax(q k^T * scale) v for heads [part * H / parts, (part + 1) * H / parts) of n queries at
- * positions pos0.., over the cached keys and values: the threads share a layer's heads, each head
- * with its own scores row, so the result does not depend on the split. */
-typedef struct heads_job { colibri_session *s; int32_t layer, pos0, n; } heads_job;
+/* softmax(q k^T * scale) v for heads [part * H / parts, (part + 1) * H / parts) of n queries, each at
+ * its own position over its own slot's cached keys and values: the threads share a layer's heads,
+ * each head with its own scores row, so the result does not depend on the split. */
+typedef struct heads_job { colibri_session *s; int32_t layer, n; const int32_t *pos, *row; } heads_job;
 
 static void attend_heads(void *context, int32_t part, int32_t parts)
 {
@@ -75,24 +75,41 @@ static void attend_heads(void *context, int32_t part, int32_t parts)
         float *scores = s->scores + (size_t)h * s->n_ctx;
         size_t kv_off = (size_t)(h / group) * hd;
         for (t = 0; t < job->n; t++) {
-            int32_t pos = job->pos0 + t, first = 0, span;
+            int32_t pos = job->pos[t], first = 0, span;
+            size_t slot = (size_t)(job->row[t] - pos);   /* the slot's first cache row */
             const float *qh = s->q + (size_t)t * q_dim + (size_t)h * hd;
             float *out = s->attn + (size_t)t * q_dim + (size_t)h * hd;
             if (lw->window > 0 && pos - lw->window + 1 > 0) first = pos - lw->window + 1;
             if (lw->chunk) first = pos / lw->chunk * lw->chunk;
             span = pos - first + 1;
-            kernels->attention_scores(scores, qh, kv_at(s, s->k_cache[job->layer], (size_t)first, kv_dim, kv_off), s->kv_type,
-                                      (size_t)kv_dim, span, hd, hp->attention_scale);
+            kernels->attention_scores(scores, qh, kv_at(s, s->k_cache[job->layer], slot + (size_t)first, kv_dim, kv_off),
+                                      s->kv_type, (size_t)kv_dim, span, hd, hp->attention_scale);
             if (hp->attention_sinks) softmax_with_sink(scores, span, colibri_load_f32(lw->w[L_SINKS].data, lw->w[L_SINKS].dtype, (size_t)h));
             else kernels->softmax(scores, span);
-            kernels->attention_values(out, scores, kv_at(s, s->v_cache[job->layer], (size_t)first, kv_dim, kv_off), s->kv_type,
-                                      (size_t)kv_dim, span, hd);
+            kernels->attention_values(out, scores, kv_at(s, s->v_cache[job->layer], slot + (size_t)first, kv_dim, kv_off),
+                                      s->kv_type, (size_t)kv_dim, span, hd);
         }
     }
 }
 
-/* block_out (n, dim) = wo @ attention(x_normed) for the n tokens at positions pos0 .. pos0 + n - 1. */
-void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
+/* The largest position + 1 of n rows: how far the longest of them attends. */
+static int32_t reach(const int32_t *pos, int32_t n)
+{
+    int32_t t, far = 0;
+    for (t = 0; t < n; t++) if (pos[t] + 1 > far) far = pos[t] + 1;
+    return far;
+}
+
+/* Whether the n rows lie in one run of cache rows, row[0] onwards. */
+static int one_run(const int32_t *row, int32_t n)
+{
+    int32_t t;
+    for (t = 1; t < n; t++) if (row[t] != row[0] + t) return 0;
+    return 1;
+}
+
+/* block_out (n, dim) = wo @ attention(x_normed) for n rows at positions pos (n), cache rows row (n). */
+void colibri_attention(colibri_session *s, int32_t layer, const int32_t *pos, const int32_t *row, int32_t n)
 {
     const colibri_hparams *hp = &s->model->hp;
     const colibri_layer_weights *lw = &s->model->layers[layer];
@@ -100,10 +117,11 @@ void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
     const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hp->rope_dim / 2;
     int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd;
-    /* (n, kv_dim) f32: the new positions' keys and values, in the cache itself, or, for an f16 or
-     * q8_0 cache, in kv_rows until they are stored converted */
-    float *k_rows = s->kv_rows ? s->kv_rows : s->k_cache[layer] + (size_t)pos0 * kv_dim;
-    float *v_rows = s->kv_rows ? s->kv_rows + (size_t)s->n_batch * kv_dim : s->v_cache[layer] + (size_t)pos0 * kv_dim;
+    /* one slot's rows in a run of an f32 cache: projected straight into it; else into k_rows, v_rows, then
+     * each row to its slot's cache row, converted for an f16 or q8_0 cache */
+    int run = s->kv_type == COLIBRI_DTYPE_F32 && (s->n_seq == 1 || one_run(row, n));
+    float *k_rows = run ? s->k_cache[layer] + (size_t)row[0] * kv_dim : s->k_rows;     /* (n, kv_dim) */
+    float *v_rows = run ? s->v_cache[layer] + (size_t)row[0] * kv_dim : s->v_rows;
     int32_t t, i;
 
     colibri_matmul(k, s->q, s->xn, w[L_WQ].data, w[L_WQ].dtype, n, d, q_dim);
@@ -128,26 +146,26 @@ void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
         clamp(v_rows, (size_t)n * kv_dim, hp->clip_qkv);
     }
     for (t = 0; t < n && lw->rope; t++) {
-        const float *c = s->rope_cos + (size_t)(pos0 + t) * half, *sn = s->rope_sin + (size_t)(pos0 + t) * half;
+        const float *c = s->rope_cos + (size_t)pos[t] * half, *sn = s->rope_sin + (size_t)pos[t] * half;
         colibri_rope(s->q + (size_t)t * q_dim, H, hd, hp->rope_dim, hp->rope_interleaved, c, sn);
         colibri_rope(k_rows + (size_t)t * kv_dim, hp->n_kv_heads, hd, hp->rope_dim, hp->rope_interleaved, c, sn);
     }
-    for (t = 0; t < n && s->kv_rows; t++) {
-        colibri_kv_store(kv_at(s, s->k_cache[layer], (size_t)(pos0 + t), kv_dim, 0), s->kv_type, k_rows + (size_t)t * kv_dim, kv_dim);
-        colibri_kv_store(kv_at(s, s->v_cache[layer], (size_t)(pos0 + t), kv_dim, 0), s->kv_type, v_rows + (size_t)t * kv_dim, kv_dim);
-    }
     if (!lw->rope && hp->nope_temperature_floor > 0.0f) {   /* Llama 4: sharper attention far into the context */
         for (t = 0; t < n; t++) {
-            float steps = (float)floor((double)((float)(pos0 + t) + 1.0f) / hp->nope_temperature_floor);
+            float steps = (float)floor((double)((float)pos[t] + 1.0f) / hp->nope_temperature_floor);
             float scale = (float)colibri_log(1.0 + steps) * hp->nope_temperature_scale + 1.0f;
             for (i = 0; i < q_dim; i++) s->q[(size_t)t * q_dim + i] *= scale;
         }
     }
 
+    for (t = 0; t < n && !run; t++) {   /* each row's key and value into its own slot's cache row */
+        colibri_kv_store(kv_at(s, s->k_cache[layer], (size_t)row[t], kv_dim, 0), s->kv_type, k_rows + (size_t)t * kv_dim, kv_dim);
+        colibri_kv_store(kv_at(s, s->v_cache[layer], (size_t)row[t], kv_dim, 0), s->kv_type, v_rows + (size_t)t * kv_dim, kv_dim);
+    }
     {
         heads_job job;
-        job.s = s; job.layer = layer; job.pos0 = pos0; job.n = n;
-        if (k->pool && (uint64_t)n * (uint64_t)(pos0 + n) * (uint64_t)q_dim >= (1u << 16))
+        job.s = s; job.layer = layer; job.pos = pos; job.row = row; job.n = n;
+        if (k->pool && (uint64_t)n * (uint64_t)reach(pos, n) * (uint64_t)q_dim >= (1u << 16))
             colibri_platform_pool_run(k->pool, attend_heads, &job, hp->n_heads);
         else
             attend_heads(&job, 0, 1);
@@ -160,9 +178,9 @@ void colibri_attention(colibri_session *s, int32_t layer, int32_t pos0, int32_t 
  * (kv_lora) and the rotary key k_pe (rope_dim) every head shares; each head's key and value
  * up-projections (wkv_b) are folded into its query and its output instead of expanding the cache:
  *   q_nope . (Wk c) = (Wk^T q_nope) . c   and   sum_j p_j Wv c_j = Wv sum_j p_j c_j.
- * Heads [part * H / parts, (part + 1) * H / parts) of n queries at positions pos0.., each head with
- * its own rows of q_latent, ctx_latent, scores and latent_xq. */
-typedef struct latent_job { colibri_session *s; int32_t layer, pos0, n; } latent_job;
+ * Heads [part * H / parts, (part + 1) * H / parts) of n queries, each at its own position over its
+ * own slot, each head with its own rows of q_latent, ctx_latent, scores and latent_xq. */
+typedef struct latent_job { colibri_session *s; int32_t layer, n; const int32_t *pos, *row; } latent_job;
 
 static void attend_latent_heads(void *context, int32_t part, int32_t parts)
 {
@@ -173,7 +191,7 @@ static void attend_latent_heads(void *context, int32_t part, int32_t parts)
     const colibri_kernels *kernels = s->compute.kernels;
     int32_t H = hp->n_heads, dn = hp->nope_dim, dr = hp->rope_dim, dv = hp->v_head_dim, R = hp->kv_lora_rank;
     int32_t qd = hp->head_dim, t, h;
-    const float *latent = s->k_cache[job->layer], *k_rope = s->v_cache[job->layer];   /* (n_ctx, R), (n_ctx, dr) */
+    const float *latent = s->k_cache[job->layer], *k_rope = s->v_cache[job->layer];   /* (n_seq * n_ctx, R), (.., dr) */
     size_t wkv_row = colibri_row_bytes(wkv_b.dtype, (size_t)R);   /* bytes of one wkv_b row */
     for (h = H * part / parts; h < H * (part + 1) / parts; h++) {
         const uint8_t *wk = (const uint8_t *)wkv_b.data + (size_t)h * (dn + dv) * wkv_row;   /* (dn, R), then Wv (dv, R) */
@@ -186,26 +204,28 @@ static void attend_latent_heads(void *context, int32_t part, int32_t parts)
         alone.xq_row_blocks = R / COLIBRI_BLOCK;
         for (t = 0; t < job->n; t++) {
             const float *qh = s->q + ((size_t)t * H + h) * qd;   /* [nope (dn) | rope (dr)] */
-            int32_t span = job->pos0 + t + 1;
+            int32_t span = job->pos[t] + 1;
+            size_t slot = (size_t)(job->row[t] - job->pos[t]);   /* the slot's first cache row */
             kernels->latent_query(q_latent, qh, wk, wkv_b.dtype, dn, R);
-            kernels->latent_scores(scores, q_latent, qh + dn, latent, k_rope, span, R, dr, hp->attention_scale);
+            kernels->latent_scores(scores, q_latent, qh + dn, latent + slot * R, k_rope + slot * dr, span, R, dr,
+                                   hp->attention_scale);
             kernels->softmax(scores, span);
-            kernels->attention_values(ctx_latent, scores, latent, COLIBRI_DTYPE_F32, (size_t)R, span, R);
+            kernels->attention_values(ctx_latent, scores, latent + slot * R, COLIBRI_DTYPE_F32, (size_t)R, span, R);
             colibri_matmul(&alone, s->attn + ((size_t)t * H + h) * dv, ctx_latent, wk + (size_t)dn * wkv_row, wkv_b.dtype,
                            1, R, dv);
         }
     }
 }
 
-/* block_out (n, dim) = wo @ latent attention(x_normed) for the n tokens at positions pos0 .. pos0 + n - 1. */
-void colibri_attention_latent(colibri_session *s, int32_t layer, int32_t pos0, int32_t n)
+/* block_out (n, dim) = wo @ latent attention(x_normed) for n rows at positions pos (n), cache rows row (n). */
+void colibri_attention_latent(colibri_session *s, int32_t layer, const int32_t *pos, const int32_t *row, int32_t n)
 {
     const colibri_hparams *hp = &s->model->hp;
     const colibri_weight *w = s->model->layers[layer].w;
     const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, H = hp->n_heads, dn = hp->nope_dim, dr = hp->rope_dim, dv = hp->v_head_dim;
     int32_t R = hp->kv_lora_rank, qd = hp->head_dim, QL = hp->q_lora_rank, half = dr / 2, t;
-    float *latent = s->k_cache[layer], *k_rope = s->v_cache[layer];   /* (n_ctx, R), (n_ctx, dr) */
+    float *latent = s->k_cache[layer], *k_rope = s->v_cache[layer];   /* (n_seq * n_ctx, R), (n_seq * n_ctx, dr) */
 
     /* queries (n, H * qd): [nope | rope] per head */
     if (QL) {
@@ -222,18 +242,18 @@ void colibri_attention_latent(colibri_session *s, int32_t layer, int32_t pos0, i
     colibri_matmul(k, s->latent_in, s->xn, w[L_WKV_A].data, w[L_WKV_A].dtype, n, d, R + dr);   /* (n, R + dr) */
     if (hp->attention_bias) colibri_add_bias(s->latent_in, w[L_BKV_A], n, R + dr);
     for (t = 0; t < n; t++) {
-        const float *row = s->latent_in + (size_t)t * (R + dr);
-        const float *c = s->rope_cos + (size_t)(pos0 + t) * half, *sn = s->rope_sin + (size_t)(pos0 + t) * half;
-        k->kernels->rmsnorm(latent + (size_t)(pos0 + t) * R, row, w[L_KV_A_NORM].data, w[L_KV_A_NORM].dtype, R, hp->latent_norm_eps);
-        memcpy(k_rope + (size_t)(pos0 + t) * dr, row + R, (size_t)dr * sizeof(float));
-        colibri_rope(k_rope + (size_t)(pos0 + t) * dr, 1, dr, dr, hp->rope_interleaved, c, sn);
+        const float *in = s->latent_in + (size_t)t * (R + dr);
+        const float *c = s->rope_cos + (size_t)pos[t] * half, *sn = s->rope_sin + (size_t)pos[t] * half;
+        k->kernels->rmsnorm(latent + (size_t)row[t] * R, in, w[L_KV_A_NORM].data, w[L_KV_A_NORM].dtype, R, hp->latent_norm_eps);
+        memcpy(k_rope + (size_t)row[t] * dr, in + R, (size_t)dr * sizeof(float));
+        colibri_rope(k_rope + (size_t)row[t] * dr, 1, dr, dr, hp->rope_interleaved, c, sn);
         colibri_rope(s->q + (size_t)t * H * qd + dn, H, qd, dr, hp->rope_interleaved, c, sn);
     }
 
     {   /* threads when worth waking: per head and token, the fold (dn x R), scores and sum (2 x span x R), Wv (dv x R) */
         latent_job job;
-        job.s = s; job.layer = layer; job.pos0 = pos0; job.n = n;
-        if (k->pool && (uint64_t)n * (uint64_t)H * (uint64_t)R * (uint64_t)(dn + dv + 2 * (pos0 + n)) >= (1u << 16))
+        job.s = s; job.layer = layer; job.pos = pos; job.row = row; job.n = n;
+        if (k->pool && (uint64_t)n * (uint64_t)H * (uint64_t)R * (uint64_t)(dn + dv + 2 * reach(pos, n)) >= (1u << 16))
             colibri_platform_pool_run(k->pool, attend_latent_heads, &job, H);
         else
             attend_latent_heads(&job, 0, 1);

@@ -19,6 +19,23 @@ static void remember(colibri_generation *g, const int32_t *tokens, size_t n)
     g->n_recent += (int32_t)keep - (int32_t)drop;
 }
 
+/* g readied on slot seq: options, the sampler's state, the penalties' window from the prompt. */
+static void ready(colibri_generation *g, colibri_session *s, int32_t seq, const colibri_generate_options *options,
+                  const int32_t *prompt, size_t n_prompt)
+{
+    memset(g, 0, sizeof *g);
+    g->session = s;
+    g->seq = seq;
+    g->prompt = prompt;
+    g->n_prompt = (int32_t)n_prompt;
+    g->options = *options;
+    g->rng = options->seed;
+    g->n_eos_token_ids = s->model->hp.n_eos_token_ids;
+    memcpy(g->eos_token_ids, s->model->hp.eos_token_ids, sizeof g->eos_token_ids);
+    remember(g, prompt, n_prompt);
+    g->last = -1;
+}
+
 colibri_status colibri_generate_start(colibri_generation *g, colibri_session *session,
                                       const colibri_generate_options *options, const int32_t *prompt,
                                       size_t n_prompt, colibri_error *err)
@@ -26,20 +43,39 @@ colibri_status colibri_generate_start(colibri_generation *g, colibri_session *se
     colibri_status st;
     if (!g || !session || !options || (n_prompt && !prompt))
         return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_start: NULL argument");
-    memset(g, 0, sizeof *g);
-    g->session = session;
-    g->options = *options;
-    g->rng = options->seed;
-    g->n_eos_token_ids = session->model->hp.n_eos_token_ids;
-    memcpy(g->eos_token_ids, session->model->hp.eos_token_ids, sizeof g->eos_token_ids);
-    remember(g, prompt, n_prompt);
-    g->last = -1;
-    if ((n_prompt || session->pending >= 0) && (st = colibri_forward(session, prompt, n_prompt, NULL, err)) != COLIBRI_OK) {
+    ready(g, session, 0, options, prompt, n_prompt);
+    if ((n_prompt || session->seq[0].pending >= 0) && (st = colibri_forward(session, prompt, n_prompt, NULL, err)) != COLIBRI_OK) {
         g->stop = COLIBRI_STOP_ERROR;
         return st;
     }
+    g->prompt_done = g->n_prompt;
     /* the prompt is prefilled even when no token is asked for (its KV cache is the caller's) */
     if (options->max_tokens <= 0) g->stop = COLIBRI_STOP_MAX_TOKENS;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_generate_begin(colibri_generation *g, colibri_session *s, int32_t seq,
+                                      const colibri_generate_options *options, const int32_t *prompt,
+                                      size_t n_prompt, colibri_error *err)
+{
+    const colibri_seq *q;
+    const int32_t *held;
+    if (!g || !s || !options || (n_prompt && !prompt))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_begin: NULL argument");
+    if (seq < 0 || seq >= s->n_seq)
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_begin: sequence %d outside [0, %d)", seq, s->n_seq);
+    if (n_prompt > (size_t)s->n_ctx)
+        return colibri_fail(err, COLIBRI_E_CONTEXT, "a prompt of %zu tokens does not fit a context of %d positions",
+                            n_prompt, s->n_ctx);
+    q = &s->seq[seq];
+    held = s->tokens + (size_t)seq * s->n_ctx;
+    if (q->pending >= 0 || (size_t)q->position > n_prompt ||
+        (q->position && memcmp(held, prompt, (size_t)q->position * sizeof *held) != 0))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_begin: sequence %d holds %d tokens%s that are not the "
+                            "prompt's first ones (reset it, or truncate it to what it shares with the prompt)", seq,
+                            q->position, q->pending >= 0 ? " and a pending one" : "");
+    ready(g, s, seq, options, prompt, n_prompt);
+    g->prompt_done = q->position;   /* the slot's tokens are the prompt's first ones: computed already */
     return COLIBRI_OK;
 }
 
@@ -51,7 +87,7 @@ static colibri_stop stop_after(const colibri_generation *g, int32_t token)
     for (i = 0; g->options.stop_at_eos && i < g->n_eos_token_ids; i++)
         if (token == g->eos_token_ids[i]) return COLIBRI_STOP_EOS;
     if (g->generated >= g->options.max_tokens) return COLIBRI_STOP_MAX_TOKENS;
-    if (colibri_session_position(g->session) >= colibri_session_n_ctx(g->session)) return COLIBRI_STOP_CONTEXT_FULL;
+    if (g->session->seq[g->seq].position >= g->session->n_ctx) return COLIBRI_STOP_CONTEXT_FULL;
     return COLIBRI_STOP_NONE;
 }
 
@@ -67,6 +103,96 @@ static void take_text(colibri_generation *g)
     if (g->stop != COLIBRI_STOP_NONE) colibri_text_stream_finish(g->text);
 }
 
+/* The next token from the slot's logits; it is left pending on the slot. */
+static colibri_status sample_next(colibri_generation *g, colibri_error *err)
+{
+    colibri_status st = colibri_seq_sample(g->session, g->seq, &g->options.sampling, g->recent, g->n_recent, &g->rng,
+                                           &g->last, err);
+    if (st != COLIBRI_OK) {
+        g->stop = COLIBRI_STOP_ERROR;
+        return st;
+    }
+    remember(g, &g->last, 1);
+    g->generated++;
+    g->fresh = 1;
+    g->session->seq[g->seq].pending = g->last;
+    g->stop = stop_after(g, g->last);
+    if (g->text) take_text(g);
+    return COLIBRI_OK;
+}
+
+/* What a running generation does this step: feed its last token back (decode), feed prompt tokens
+ * (prefill; the slot's pending token, if any, goes first), or only sample (its prompt was fed). */
+enum { ROLE_DECODE, ROLE_PREFILL, ROLE_SAMPLE };
+
+static int role(const colibri_generation *g)
+{
+    if (g->generated > 0) return ROLE_DECODE;
+    if (g->prompt_done < g->n_prompt || g->session->seq[g->seq].pending >= 0) return ROLE_PREFILL;
+    return ROLE_SAMPLE;
+}
+
+colibri_status colibri_generate_step(colibri_session *s, colibri_generation *const *gens, int32_t n_gens,
+                                     colibri_error *err)
+{
+    colibri_batch_entry *entries;
+    int32_t i, n_entries = 0, budget, pass;
+    colibri_status st = COLIBRI_OK, first = COLIBRI_OK;
+    if (!s || (n_gens && !gens) || n_gens < 0)
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_step: NULL argument or a negative count");
+    if (n_gens > s->n_seq)
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_step: %d generations for %d sequence slots", n_gens,
+                            s->n_seq);
+    entries = s->entries;
+    budget = s->n_batch;
+    for (i = 0; i < n_gens; i++) {
+        if (!gens[i] || gens[i]->session != s)
+            return colibri_fail(err, COLIBRI_E_ARG, "colibri_generate_step: generation %d is not this session's", i);
+        gens[i]->fresh = 0;
+    }
+    for (pass = ROLE_DECODE; pass <= ROLE_PREFILL; pass++)   /* decode rows first, then prompt chunks in what is left */
+        for (i = 0; i < n_gens; i++) {
+            colibri_generation *g = gens[i];
+            colibri_batch_entry *e = &entries[n_entries];
+            int32_t left, pending;
+            if (g->stop != COLIBRI_STOP_NONE || role(g) != pass) continue;
+            pending = s->seq[g->seq].pending >= 0;
+            e->seq = g->seq;
+            e->tokens = NULL;
+            e->n_tokens = 0;
+            e->logits = 1;
+            if (pass == ROLE_PREFILL) {
+                left = g->n_prompt - g->prompt_done;
+                e->n_tokens = left < budget - pending ? left : budget - pending;
+                if (e->n_tokens < 1 && left) e->n_tokens = 1;   /* a prompt always moves on */
+                e->tokens = g->prompt + g->prompt_done;
+                e->logits = e->n_tokens == left;
+            }
+            budget -= pending + e->n_tokens;
+            n_entries++;
+        }
+    if (n_entries && (st = colibri_forward_batch(s, entries, n_entries, err)) != COLIBRI_OK) return st;
+    for (i = 0; i < n_gens; i++) {   /* the prompts fed, then every generation whose logits came out samples */
+        colibri_generation *g = gens[i];
+        int32_t e, fed = 0, done;
+        if (g->stop != COLIBRI_STOP_NONE) continue;
+        for (e = 0; e < n_entries; e++) if (entries[e].seq == g->seq) break;
+        if (e < n_entries) fed = entries[e].n_tokens;
+        else if (role(g) != ROLE_SAMPLE) continue;   /* waits for a later step */
+        g->prompt_done += fed;
+        done = g->prompt_done == g->n_prompt;
+        if (!done) continue;
+        if (g->generated == 0 && g->options.max_tokens <= 0) {   /* the prompt prefilled, no token asked for */
+            g->stop = COLIBRI_STOP_MAX_TOKENS;
+            if (g->text) colibri_text_stream_finish(g->text);
+            continue;
+        }
+        st = sample_next(g, err);
+        if (st && !first) first = st;
+    }
+    return first;
+}
+
 colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, colibri_error *err)
 {
     colibri_status st;
@@ -74,20 +200,13 @@ colibri_status colibri_generate_next(colibri_generation *g, int32_t *token, coli
     *token = -1;
     if (g->stop != COLIBRI_STOP_NONE) return COLIBRI_OK;
     /* the first token comes from the prompt's logits; each later one from feeding the last back
-     * (the session's pending token) */
-    st = g->generated == 0 ? COLIBRI_OK : colibri_forward(g->session, NULL, 0, NULL, err);
-    if (st == COLIBRI_OK)
-        st = colibri_sample_after(g->session, &g->options.sampling, g->recent, g->n_recent, &g->rng, &g->last, err);
-    if (st == COLIBRI_OK) remember(g, &g->last, 1);
+     * (the slot's pending token) */
+    st = colibri_generate_step(g->session, &g, 1, err);
     if (st != COLIBRI_OK) {
         g->stop = COLIBRI_STOP_ERROR;
         return st;
     }
-    g->generated++;
-    g->session->pending = g->last;
-    g->stop = stop_after(g, g->last);
-    if (g->text) take_text(g);
-    *token = g->last;
+    if (g->fresh) *token = g->last;
     return COLIBRI_OK;
 }
 

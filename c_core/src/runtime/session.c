@@ -12,6 +12,7 @@
 
 COLIBRI_SLOT_CHECK(colibri_session, COLIBRI_SESSION_SLOT);
 COLIBRI_SLOT_CHECK(colibri_arena_record, COLIBRI_RECORD_SLOT);
+COLIBRI_SLOT_CHECK(colibri_batch_entry, COLIBRI_ENTRY_SLOT);
 
 #define DEFAULT_BATCH 64
 #define DEFAULT_CTX 4096    /* a default, not a limit: a model may allow millions of positions */
@@ -35,9 +36,9 @@ static int kv_typed(const colibri_model *m, int32_t l)
 /* A typed layer's key or value cache, as the memory report shows it. */
 static const char *kv_shape(colibri_dtype kv_type)
 {
-    if (kv_type == COLIBRI_DTYPE_F16) return "(n_ctx, n_kv_heads * head_dim) f16";
-    if (kv_type == COLIBRI_DTYPE_Q8_0) return "(n_ctx, n_kv_heads * head_dim) q8_0";
-    return "(n_ctx, n_kv_heads * head_dim) f32";
+    if (kv_type == COLIBRI_DTYPE_F16) return "(n_seq * n_ctx, n_kv_heads * head_dim) f16";
+    if (kv_type == COLIBRI_DTYPE_Q8_0) return "(n_seq * n_ctx, n_kv_heads * head_dim) q8_0";
+    return "(n_seq * n_ctx, n_kv_heads * head_dim) f32";
 }
 
 /* The widest input of any q8_0 / q4_0 matrix (0: the model has none): the int8 path quantizes
@@ -66,10 +67,10 @@ typedef struct stream_plan {
 /* Carves every buffer of a session from `a`.  Run measuring (a->base == NULL) and then for
  * real: the same sequence, so the plan is exact. */
 static void carve_session(colibri_session *s, colibri_arena *a, const colibri_model *m,
-                          int32_t n_ctx, int32_t n_batch, colibri_dtype kv_type, const stream_plan *sp)
+                          int32_t n_ctx, int32_t n_batch, int32_t n_seq, colibri_dtype kv_type, const stream_plan *sp)
 {
     const colibri_hparams *hp = &m->hp;
-    size_t B = (size_t)n_batch, C = (size_t)n_ctx, D = (size_t)hp->hidden_size;
+    size_t B = (size_t)n_batch, S = (size_t)n_seq, C = (size_t)n_ctx, D = (size_t)hp->hidden_size;
     size_t Q = (size_t)hp->n_heads * hp->head_dim, KV = (size_t)hp->n_kv_heads * hp->head_dim;
     size_t E = (size_t)hp->n_experts, K = (size_t)hp->top_k, F = (size_t)hp->intermediate_size;
     size_t V = (size_t)hp->vocab_size, half = (size_t)hp->rope_dim / 2, f = sizeof(float);
@@ -103,28 +104,32 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
                                                ARENA_ACTIVATIONS, "latent_quantized", -1, "(n_heads, kv_lora / 32) q8 blocks");
     }
     s->block_out = colibri_arena_carve(a, colibri_arena_bytes(a, B, D, f), ARENA_ACTIVATIONS, "block_out", -1, "(n_batch, dim) f32");
-
+    s->row_tokens = colibri_arena_carve(a, colibri_arena_bytes(a, 3, B, sizeof(int32_t)), ARENA_ACTIVATIONS, "rows", -1,
+                                        "(3, n_batch) i32: ids, positions, cache rows");
+    s->row_pos = s->row_tokens ? s->row_tokens + B : NULL;
+    s->row_cache = s->row_tokens ? s->row_tokens + 2 * B : NULL;
     s->kv_type = kv_type;
-    for (l = 0; l < hp->n_layers && kv_type != COLIBRI_DTYPE_F32; l++)
-        if (kv_typed(m, l)) {   /* the new positions' keys and values, computed in f32, stored converted */
-            s->kv_rows = colibri_arena_carve(a, colibri_arena_bytes(a, 2 * B, KV, f), ARENA_ACTIVATIONS, "kv_new_rows", -1,
-                                             "(2, n_batch, n_kv_heads * head_dim) f32");
-            break;
-        }
+    /* a mixed chunk's keys and values land in scattered cache rows; a typed cache stores them converted */
+    if ((S > 1 || kv_type != COLIBRI_DTYPE_F32) && !R && KV) {
+        s->k_rows = colibri_arena_carve(a, colibri_arena_bytes(a, B, KV, f), ARENA_ACTIVATIONS, "k_rows", -1, "(n_batch, n_kv_heads * head_dim) f32");
+        s->v_rows = colibri_arena_carve(a, colibri_arena_bytes(a, B, KV, f), ARENA_ACTIVATIONS, "v_rows", -1, "(n_batch, n_kv_heads * head_dim) f32");
+    }
     s->k_cache = colibri_arena_carve(a, 2 * (size_t)hp->n_layers * COLIBRI_POINTER_SLOT, ARENA_KV_CACHE, "layer_table", -1, "(2, n_layers) pointers");
     s->v_cache = s->k_cache ? s->k_cache + hp->n_layers : NULL;
     for (l = 0; l < hp->n_layers; l++) {
         int conv = m->layers[l].conv;   /* a convolution layer caches B*x per position, and no value */
         size_t k_row = kv_typed(m, l) ? colibri_row_bytes(kv_type, KV) : (conv ? D : KW) * f;   /* bytes a position */
         size_t v_row = kv_typed(m, l) ? k_row : (conv ? 0 : VW) * f;
-        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, C, k_row, 1), ARENA_KV_CACHE,
+        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, S * C, k_row, 1), ARENA_KV_CACHE,
                                        conv ? "conv_input" : R ? "latent" : "k", l,
-                                       conv ? "(n_ctx, dim) f32" : R ? "(n_ctx, kv_lora) f32" : kv_shape(kv_type));
-        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, C, v_row, 1), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
-                                       R ? "(n_ctx, rope_dim) f32" : conv ? "(n_ctx, 0): none" : kv_shape(kv_type));
+                                       conv ? "(n_seq * n_ctx, dim) f32" : R ? "(n_seq * n_ctx, kv_lora) f32" : kv_shape(kv_type));
+        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, S * C, v_row, 1), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
+                                       R ? "(n_seq * n_ctx, rope_dim) f32" : conv ? "(n_seq * n_ctx, 0): none" : kv_shape(kv_type));
         if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
     }
-    s->tokens = colibri_arena_carve(a, C * sizeof(int32_t), ARENA_KV_CACHE, "token_ids", -1, "(n_ctx) i32");
+    s->tokens = colibri_arena_carve(a, colibri_arena_bytes(a, S, C, sizeof(int32_t)), ARENA_KV_CACHE, "token_ids", -1, "(n_seq, n_ctx) i32");
+    s->seq = colibri_arena_carve(a, S * sizeof(colibri_seq), ARENA_KV_CACHE, "sequences", -1, "(n_seq) struct");
+    s->entries = colibri_arena_carve(a, S * COLIBRI_ENTRY_SLOT, ARENA_SAMPLING, "batch_entries", -1, "(n_seq) struct");
     s->rope_cos = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "cos", -1, "(n_ctx, rope_dim / 2) f32");
     s->rope_sin = colibri_arena_carve(a, colibri_arena_bytes(a, C, half, f), ARENA_ROPE, "sin", -1, "(n_ctx, rope_dim / 2) f32");
 
@@ -151,7 +156,10 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
     s->compute.xq = colibri_arena_carve(a, colibri_arena_bytes(a, B, widest_block_input(m) / COLIBRI_BLOCK, sizeof(colibri_q8_block)),
                                         ARENA_ACTIVATIONS, "quantized_input", -1, "(n_batch, widest q8_0/q4_0 input / 32) q8 blocks");
 
-    s->logits = colibri_arena_carve(a, V * f, ARENA_OUTPUT, "logits", -1, "(vocab) f32");
+    s->logits = colibri_arena_carve(a, colibri_arena_bytes(a, S, V, f), ARENA_OUTPUT, "logits", -1, "(n_seq, vocab) f32");
+    if (S > 1)
+        s->batch_logits = colibri_arena_carve(a, colibri_arena_bytes(a, S < B ? S : B, V, f), ARENA_OUTPUT, "batch_logits", -1,
+                                              "(min(n_seq, n_batch), vocab) f32");
     s->probs = colibri_arena_carve(a, V * f, ARENA_SAMPLING, "probs", -1, "(vocab) f32");
     s->candidates = colibri_arena_carve(a, V * sizeof(int32_t), ARENA_SAMPLING, "candidates", -1, "(vocab) i32");
 
@@ -230,7 +238,7 @@ static colibri_status resolve_stream(const colibri_model *m, const colibri_sessi
 }
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
-                                      int32_t *n_ctx, int32_t *n_batch, colibri_dtype *kv_type, stream_plan *sp,
+                                      int32_t *n_ctx, int32_t *n_batch, int32_t *n_seq, colibri_dtype *kv_type, stream_plan *sp,
                                       colibri_error *err)
 {
     const colibri_hparams *hp = &m->hp;
@@ -238,6 +246,7 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
     if (st) return st;
     *n_ctx = o && o->n_ctx ? o->n_ctx : (hp->max_position_embeddings < DEFAULT_CTX ? hp->max_position_embeddings : DEFAULT_CTX);
     *n_batch = o && o->n_batch ? o->n_batch : DEFAULT_BATCH;
+    *n_seq = o && o->n_seq ? o->n_seq : 1;
     *kv_type = o ? o->kv_type : COLIBRI_DTYPE_F32;
     if (*kv_type != COLIBRI_DTYPE_F32 && *kv_type != COLIBRI_DTYPE_F16 && *kv_type != COLIBRI_DTYPE_Q8_0)
         return colibri_fail(err, COLIBRI_E_ARG, "kv_type = %d: the KV cache holds COLIBRI_DTYPE_F32 (%d), _F16 (%d) or "
@@ -265,6 +274,8 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
         return colibri_fail(err, COLIBRI_E_ARG, "kernels = %d: use COLIBRI_KERNELS_AUTO or _REFERENCE", o->kernels);
     if (o && o->kernel_variant && !colibri_kernels_named(o->kernel_variant))
         return unknown_variant(o->kernel_variant, "kernel_variant", err);
+    if (*n_seq < 1 || *n_seq > 4096)
+        return colibri_fail(err, COLIBRI_E_ARG, "n_seq = %d must lie in [1, 4096] (0: 1)", *n_seq);
     if (*n_batch < 1 || *n_batch > 4096)
         return colibri_fail(err, COLIBRI_E_ARG, "n_batch = %d must lie in [1, 4096]", *n_batch);
     if (*n_batch > *n_ctx) *n_batch = *n_ctx;
@@ -275,7 +286,8 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
  * the buffers.  While measuring, the carves land in `scratch`; returns the session, or NULL then.
  * a->n_records counts the carves either way. */
 static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t n_ctx, int32_t n_batch,
-                               colibri_dtype kv_type, const stream_plan *sp, int32_t n_records, colibri_session *scratch)
+                               int32_t n_seq, colibri_dtype kv_type, const stream_plan *sp, int32_t n_records,
+                               colibri_session *scratch)
 {
     colibri_session *s = colibri_arena_carve(a, COLIBRI_SESSION_SLOT, ARENA_SESSION, "session", -1, "struct");
     colibri_arena_record *records = colibri_arena_carve(a, (size_t)n_records * COLIBRI_RECORD_SLOT,
@@ -295,25 +307,25 @@ static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t
         s = scratch;
     }
     memset(s, 0, sizeof *s);
-    carve_session(s, a, m, n_ctx, n_batch, kv_type, sp);
+    carve_session(s, a, m, n_ctx, n_batch, n_seq, kv_type, sp);
     return s == scratch ? NULL : s;
 }
 
 /* The arena bytes and the record count of a session, measured twice: once to count the carves,
  * once with the table that records them. */
-static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_batch, colibri_dtype kv_type,
+static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_batch, int32_t n_seq, colibri_dtype kv_type,
                               const stream_plan *sp, size_t *bytes, int32_t *n_records, colibri_error *err)
 {
     colibri_arena a;
     colibri_session scratch;
     memset(&a, 0, sizeof a);
-    layout(&a, m, n_ctx, n_batch, kv_type, sp, 0, &scratch);
+    layout(&a, m, n_ctx, n_batch, n_seq, kv_type, sp, 0, &scratch);
     *n_records = a.n_records;
     memset(&a, 0, sizeof a);
-    layout(&a, m, n_ctx, n_batch, kv_type, sp, *n_records, &scratch);
+    layout(&a, m, n_ctx, n_batch, n_seq, kv_type, sp, *n_records, &scratch);
     if (a.overflow)
-        return colibri_fail(err, COLIBRI_E_NOMEM, "a session with n_ctx %d and n_batch %d needs more bytes than size_t counts",
-                            n_ctx, n_batch);
+        return colibri_fail(err, COLIBRI_E_NOMEM, "a session with n_ctx %d, n_batch %d and n_seq %d needs more bytes than size_t counts",
+                            n_ctx, n_batch, n_seq);
     *bytes = a.used;
     return COLIBRI_OK;
 }
@@ -321,14 +333,14 @@ static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_b
 colibri_status colibri_session_plan(const colibri_model *model, const colibri_session_options *options,
                                     size_t *arena_bytes, colibri_error *err)
 {
-    int32_t n_ctx, n_batch, n_records;
+    int32_t n_ctx, n_batch, n_seq, n_records;
     colibri_dtype kv_type;
     stream_plan sp;
     colibri_status st;
     if (!model || !arena_bytes) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_plan: NULL argument");
-    st = resolve_options(model, options, &n_ctx, &n_batch, &kv_type, &sp, err);
+    st = resolve_options(model, options, &n_ctx, &n_batch, &n_seq, &kv_type, &sp, err);
     if (st) return st;
-    return measure(model, n_ctx, n_batch, kv_type, &sp, arena_bytes, &n_records, err);
+    return measure(model, n_ctx, n_batch, n_seq, kv_type, &sp, arena_bytes, &n_records, err);
 }
 
 colibri_status colibri_expert_slots(const colibri_model *model, const colibri_session_options *options,
@@ -353,7 +365,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
 {
     colibri_arena a;
     colibri_session *s;
-    int32_t n_ctx, n_batch, n_records;
+    int32_t n_ctx, n_batch, n_seq, n_records, i;
     colibri_dtype kv_type;
     size_t need = 0;
     void *base;
@@ -368,9 +380,9 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     *out = NULL;
     st = colibri_platform_model_check(model, err);   /* weights.bin rewritten under the mapping: its bytes are not the ones checked */
     if (st) return st;
-    st = resolve_options(model, options, &n_ctx, &n_batch, &kv_type, &sp, err);
+    st = resolve_options(model, options, &n_ctx, &n_batch, &n_seq, &kv_type, &sp, err);
     if (st) return st;
-    st = measure(model, n_ctx, n_batch, kv_type, &sp, &need, &n_records, err);
+    st = measure(model, n_ctx, n_batch, n_seq, kv_type, &sp, &need, &n_records, err);
     if (st) return st;
     kernels = pick_kernels(options, err);
     if (!kernels) return err ? err->status : COLIBRI_E_ARG;
@@ -394,7 +406,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     memset(&a, 0, sizeof a);
     a.base = (uint8_t *)colibri_align_up((size_t)(uintptr_t)base, COLIBRI_ALIGNMENT);
     a.capacity = mapped - (size_t)(a.base - (uint8_t *)base);
-    s = layout(&a, model, n_ctx, n_batch, kv_type, &sp, n_records, NULL);
+    s = layout(&a, model, n_ctx, n_batch, n_seq, kv_type, &sp, n_records, NULL);
     if (!s || a.used > a.capacity || a.n_records != n_records || (sp.n_slots && !s->cache) || (sp.n_drivers && !s->devices)) {   /* cannot happen: the plan above sized it */
         if (owned) colibri_platform_unmap_arena(base, mapped);
         return colibri_fail(err, COLIBRI_E_NOMEM, "arena layout exceeded its plan");
@@ -422,7 +434,8 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     s->moe.aggregator = colibri_moe_aggregator_at(model->hp.aggregator_kind);
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
-    s->pending = -1;
+    s->n_seq = n_seq;
+    for (i = 0; i < n_seq; i++) colibri_seq_clear(&s->seq[i]);
     s->arena_owned = owned;
     s->arena_hugepages = hugepages;
     s->arena_mapped = mapped;
@@ -459,42 +472,146 @@ void colibri_session_destroy(colibri_session *s)
     if (s->arena_owned) colibri_platform_unmap_arena(s->arena_raw, s->arena_mapped);
 }
 
-void colibri_session_reset(colibri_session *s)
+void colibri_seq_clear(colibri_seq *q)
 {
-    s->position = s->logits_position = 0;
-    s->pending = -1;
+    q->position = q->logits_position = 0;
+    q->pending = q->last_row = -1;
 }
 
-int32_t colibri_session_position(const colibri_session *s) { return s->position; }
-int32_t colibri_session_pending(const colibri_session *s) { return s->pending; }
+void colibri_session_reset(colibri_session *s) { colibri_seq_clear(&s->seq[0]); }
+int32_t colibri_session_position(const colibri_session *s) { return s->seq[0].position; }
+int32_t colibri_session_pending(const colibri_session *s) { return s->seq[0].pending; }
+const int32_t *colibri_session_tokens(const colibri_session *s, int32_t *n) { return colibri_seq_tokens(s, 0, n); }
+int32_t colibri_session_n_seq(const colibri_session *s) { return s->n_seq; }
 
-const int32_t *colibri_session_tokens(const colibri_session *s, int32_t *n)
+/* Whether `seq` names one of the session's slots (a message in err if not). */
+static colibri_status check_seq(const colibri_session *s, int32_t seq, const char *call, colibri_error *err)
 {
-    if (n) *n = s->position;
-    return s->tokens;
+    if (!s) return colibri_fail(err, COLIBRI_E_ARG, "%s: NULL session", call);
+    if (seq < 0 || seq >= s->n_seq)
+        return colibri_fail(err, COLIBRI_E_ARG, "%s: sequence %d outside [0, %d)", call, seq, s->n_seq);
+    return COLIBRI_OK;
+}
+
+int32_t colibri_seq_position(const colibri_session *s, int32_t seq)
+{
+    return check_seq(s, seq, "", NULL) ? -1 : s->seq[seq].position;
+}
+
+int32_t colibri_seq_pending(const colibri_session *s, int32_t seq)
+{
+    return check_seq(s, seq, "", NULL) ? -1 : s->seq[seq].pending;
+}
+
+const int32_t *colibri_seq_tokens(const colibri_session *s, int32_t seq, int32_t *n)
+{
+    if (n) *n = 0;
+    if (check_seq(s, seq, "", NULL)) return NULL;
+    if (n) *n = s->seq[seq].position;
+    return s->tokens + (size_t)seq * s->n_ctx;
+}
+
+const float *colibri_seq_logits(const colibri_session *s, int32_t seq)
+{
+    return check_seq(s, seq, "", NULL) ? NULL : s->logits + (size_t)seq * s->model->hp.vocab_size;
+}
+
+colibri_status colibri_seq_reset(colibri_session *s, int32_t seq, colibri_error *err)
+{
+    colibri_status st = check_seq(s, seq, "colibri_seq_reset", err);
+    if (!st) colibri_seq_clear(&s->seq[seq]);
+    return st;
+}
+
+/* Bytes of one cache row of layer l: (key, value); kv_type's for attention, f32 for latents and the
+ * convolution's inputs; a convolution layer keeps no value. */
+static void row_bytes(const colibri_session *s, int32_t l, size_t *kb, size_t *vb)
+{
+    const colibri_hparams *hp = &s->model->hp;
+    int conv = s->model->layers[l].conv;
+    size_t KV = (size_t)hp->n_kv_heads * hp->head_dim;
+    if (kv_typed(s->model, l)) {
+        *kb = *vb = colibri_row_bytes(s->kv_type, KV);
+        return;
+    }
+    *kb = (conv ? (size_t)hp->hidden_size : (size_t)hp->kv_lora_rank) * sizeof(float);
+    *vb = conv ? 0 : (size_t)hp->rope_dim * sizeof(float);
+}
+
+/* One slot's bytes of the KV cache: every layer's n_ctx rows, and its token ids. */
+static size_t seq_kv_bytes(const colibri_session *s)
+{
+    size_t total = (size_t)s->n_ctx * sizeof(int32_t), kb, vb;
+    int32_t l;
+    for (l = 0; l < s->model->hp.n_layers; l++) {
+        row_bytes(s, l, &kb, &vb);
+        total += (size_t)s->n_ctx * (kb + vb);
+    }
+    return total;
+}
+
+/* dst's rows [0, n) of every cache <- src's: keys and values, latents, convolution inputs. */
+colibri_status colibri_seq_copy(colibri_session *s, int32_t src, int32_t dst, colibri_error *err)
+{
+    const colibri_hparams *hp;
+    colibri_status st = check_seq(s, src, "colibri_seq_copy (source)", err);
+    size_t n, C;
+    int32_t l;
+    if (st || (st = check_seq(s, dst, "colibri_seq_copy (destination)", err)) != COLIBRI_OK || src == dst) return st;
+    hp = &s->model->hp;
+    n = (size_t)s->seq[src].position;
+    C = (size_t)s->n_ctx;
+    for (l = 0; l < hp->n_layers; l++) {
+        size_t kb, vb;
+        uint8_t *k = (uint8_t *)s->k_cache[l], *v = (uint8_t *)s->v_cache[l];
+        row_bytes(s, l, &kb, &vb);
+        memcpy(k + (size_t)dst * C * kb, k + (size_t)src * C * kb, n * kb);
+        if (vb) memcpy(v + (size_t)dst * C * vb, v + (size_t)src * C * vb, n * vb);
+    }
+    memcpy(s->tokens + (size_t)dst * C, s->tokens + (size_t)src * C, n * sizeof(int32_t));
+    memcpy(s->logits + (size_t)dst * hp->vocab_size, s->logits + (size_t)src * hp->vocab_size,
+           (size_t)hp->vocab_size * sizeof(float));
+    s->seq[dst] = s->seq[src];
+    return COLIBRI_OK;
 }
 
 /* Every position's state is kept whole until the session is reset: attention's keys and values
  * (a sliding window masks older positions, it never overwrites them), the latent cache, the
  * convolution's B*x per position.  So any prefix can be kept, and computing from it again gives
  * what a session fed only that prefix computes. */
-colibri_status colibri_session_truncate(colibri_session *s, int32_t n, colibri_error *err)
+/* Keeps slot seq's first n tokens; whole_session: slot 0 speaking as the session. */
+static colibri_status truncate_seq(colibri_session *s, int32_t seq, int32_t n, int whole_session, colibri_error *err)
 {
-    int32_t held;
-    if (!s) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_truncate: NULL session");
-    held = s->position + (s->pending >= 0);
-    if (n < 0 || n > held)
-        return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_truncate: cannot keep %d tokens, the session holds %d "
-                            "(%d positions%s)", n, held, s->position, s->pending >= 0 ? " and a pending token" : "");
-    if (n <= s->position) {   /* the pending token lies past n: dropped */
-        s->position = n;
-        s->pending = -1;
+    colibri_seq *q = &s->seq[seq];
+    int32_t held = q->position + (q->pending >= 0);
+    char who[32];
+    if (n < 0 || n > held) {
+        colibri_format(who, sizeof who, whole_session ? "the session" : "sequence %d", seq);
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_%s_truncate: cannot keep %d tokens, %s holds %d (%d positions%s)",
+                            whole_session ? "session" : "seq", n, who, held, q->position,
+                            q->pending >= 0 ? " and a pending token" : "");
+    }
+    if (n <= q->position) {   /* the pending token lies past n: dropped */
+        q->position = n;
+        q->pending = -1;
     }
     return COLIBRI_OK;
 }
+
+colibri_status colibri_seq_truncate(colibri_session *s, int32_t seq, int32_t n, colibri_error *err)
+{
+    colibri_status st = check_seq(s, seq, "colibri_seq_truncate", err);
+    return st ? st : truncate_seq(s, seq, n, 0, err);
+}
+
+colibri_status colibri_session_truncate(colibri_session *s, int32_t n, colibri_error *err)
+{
+    if (!s) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_truncate: NULL session");
+    return truncate_seq(s, 0, n, 1, err);
+}
 int32_t colibri_session_n_ctx(const colibri_session *s) { return s->n_ctx; }
 const char *colibri_session_kernels(const colibri_session *s) { return s->compute.kernels->name; }
-const float *colibri_session_logits(const colibri_session *s) { return s->logits; }
+const float *colibri_session_logits(const colibri_session *s) { return s->logits; }   /* slot 0's */
 
 /* ---- the rooms below, handed the session's parts ---- */
 
@@ -511,6 +628,8 @@ colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, 
     if (!s || (!buf && cap)) return COLIBRI_E_ARG;
     header.n_ctx = s->n_ctx;
     header.n_batch = s->n_batch;
+    header.n_seq = s->n_seq;
+    header.seq_kv_bytes = seq_kv_bytes(s);
     header.kernels = s->compute.kernels->name;
     header.kv_type = colibri_dtype_name(s->kv_type);
     header.mapped = s->arena_owned;
@@ -537,14 +656,20 @@ colibri_status colibri_sample(colibri_session *s, const colibri_sampling *params
 colibri_status colibri_sample_after(colibri_session *s, const colibri_sampling *params, const int32_t *recent,
                                     int32_t n_recent, uint64_t *rng, int32_t *token, colibri_error *err)
 {
-    uint64_t clock;
-    colibri_status st;
     if (!s || !params || !rng || !token) return colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: NULL argument");
-    clock = colibri_profile_start(s->profile);
-    if (s->position == 0 || s->logits_position != s->position)   /* none yet, or a truncated position's */
+    return colibri_seq_sample(s, 0, params, recent, n_recent, rng, token, err);
+}
+
+colibri_status colibri_seq_sample(colibri_session *s, int32_t seq, const colibri_sampling *params, const int32_t *recent,
+                                  int32_t n_recent, uint64_t *rng, int32_t *token, colibri_error *err)
+{
+    const colibri_seq *q = &s->seq[seq];
+    uint64_t clock = colibri_profile_start(s->profile);
+    colibri_status st;
+    if (q->position == 0 || q->logits_position != q->position)   /* none yet, or a truncated position's */
         st = colibri_fail(err, COLIBRI_E_ARG, "colibri_sample: no logits for the last position (forward first)");
-    else st = colibri_sample_logits(s->logits, s->model->hp.vocab_size, s->probs, s->candidates, params, recent, n_recent,
-                                   rng, token, err);
+    else st = colibri_sample_logits(s->logits + (size_t)seq * s->model->hp.vocab_size, s->model->hp.vocab_size, s->probs,
+                                   s->candidates, params, recent, n_recent, rng, token, err);
     colibri_profile_add(s->profile, COLIBRI_PHASE_SAMPLING, &clock);
     return st;
 }

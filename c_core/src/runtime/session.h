@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The run state of one sequence: everything lives inside the session's arena.  Private to
+/* The run state of a session's sequences: everything lives inside the session's arena.  Private to
  * c_core/src/runtime/: the lower rooms (mem, sample, moe, ops) are handed the parts they need. */
 #ifndef COLIBRI_SESSION_H
 #define COLIBRI_SESSION_H
@@ -10,18 +10,32 @@
 #include "../moe/moe.h"
 #include "../ops/ops.h"
 
+/* One sequence slot (no pointers: the same bytes on every target).  Its KV cache rows, token ids
+ * and logits lie in the session's arrays at the slot's index. */
+typedef struct colibri_seq {
+    int32_t position;           /* tokens in the slot's KV cache */
+    int32_t pending;            /* a sampled token not yet in the KV cache, fed first by the next
+                                   forward (colibri_generate_next leaves its last one); -1: none */
+    int32_t logits_position;    /* the position count when the logits were computed: they are the
+                                   last position's while it equals position */
+    int32_t start, start_pending;   /* forward_batch: position and pending before the call, for a failed one */
+    int32_t last_row;           /* forward_batch: the row of the call that is the slot's last, -1: none */
+} colibri_seq;
+
 struct colibri_session {
     const colibri_model *model;
     colibri_compute compute;    /* the kernels, and the threads that share big matmuls */
     colibri_moe moe;
     int32_t n_ctx;
     int32_t n_batch;
-    int32_t position;           /* tokens in the KV cache */
-    int32_t pending;            /* a sampled token not yet in the KV cache, fed first by the next
-                                   forward (colibri_generate_next leaves its last one); -1: none */
-    int32_t logits_position;    /* the position count when the logits were computed: they are the
-                                   last position's while it equals position */
-    int32_t *tokens;            /* (n_ctx) the id at each position of the KV cache */
+    int32_t n_seq;              /* sequence slots */
+    colibri_seq *seq;           /* (n_seq) */
+    int32_t *tokens;            /* (n_seq, n_ctx) the id at each position of each slot's KV cache */
+    /* a forward chunk's rows, whatever their slots */
+    int32_t *row_tokens;        /* (n_batch) ids: the chunk's tokens, gathered from the call's entries */
+    int32_t *row_pos;           /* (n_batch) each row's position in its sequence */
+    int32_t *row_cache;         /* (n_batch) its row in the caches: slot * n_ctx + position */
+    colibri_batch_entry *entries;   /* (n_seq) colibri_generate_step's call of colibri_forward_batch */
 
     colibri_arena arena;
     void *arena_raw;            /* start of the mapping or caller buffer (before alignment) */
@@ -42,13 +56,14 @@ struct colibri_session {
     float *ctx_latent;          /* (n_heads, kv_lora_rank) each head's attention-weighted latent */
     colibri_q8_block *latent_xq;   /* (n_heads, kv_lora_rank / 32) each head's ctx_latent quantized (int8 weights) */
     float *block_out;           /* (n_batch, dim) attention or MoE output before the residual add */
-    /* KV cache, per layer */
-    float **k_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) in kv_type (attention.c's kv_at) */
-    float **v_cache;            /* (n_layers) -> (n_ctx, n_kv_heads * head_dim) in kv_type; latent and
+    float *k_rows, *v_rows;     /* (n_batch, n_kv_heads * head_dim) a chunk's keys and values before they go
+                                   to their cache rows, when those are not one run (n_seq > 1) or the cache
+                                   stores them converted (kv_type f16 or q8_0) */
+    /* KV cache, per layer: slot s's rows are [s * n_ctx, (s + 1) * n_ctx) */
+    float **k_cache;            /* (n_layers) -> (n_seq * n_ctx, n_kv_heads * head_dim) in kv_type (attention.c's kv_at) */
+    float **v_cache;            /* (n_layers) -> (n_seq * n_ctx, n_kv_heads * head_dim) in kv_type; latent and
                                    convolution layers' caches are f32 whatever kv_type */
     colibri_dtype kv_type;      /* f32, f16 or q8_0 */
-    float *kv_rows;             /* (2, n_batch, n_kv_heads * head_dim) f32 keys, values of the new positions
-                                   before an f16 or q8_0 cache stores them; NULL for f32 */
     /* RoPE angle tables */
     float *rope_cos;            /* (n_ctx, head_dim / 2) */
     float *rope_sin;            /* (n_ctx, head_dim / 2) */
@@ -66,11 +81,19 @@ struct colibri_session {
     int32_t *guess_ids;         /* (top_k) the experts guessed */
     colibri_devices *devices;   /* drivers registered (n_devices > 0), else NULL */
     /* output */
-    float *logits;              /* (vocab) the last position's logits */
+    float *logits;              /* (n_seq, vocab) each slot's last position's logits */
+    float *batch_logits;        /* (min(n_seq, n_batch), vocab) a chunk's last rows' logits (n_seq > 1 only) */
     /* sampling */
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 672   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 728   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_ENTRY_SLOT 24      /* bytes reserved per colibri_batch_entry on every target */
+
+/* An empty slot: no positions, no pending token. */
+void colibri_seq_clear(colibri_seq *q);
+/* colibri_sample_after on slot `seq` (in range: the caller checked it). */
+colibri_status colibri_seq_sample(colibri_session *s, int32_t seq, const colibri_sampling *params, const int32_t *recent,
+                                  int32_t n_recent, uint64_t *rng, int32_t *token, colibri_error *err);
 
 #endif
