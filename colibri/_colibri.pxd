@@ -161,6 +161,7 @@ cdef extern from "colibri/colibri.h" nogil:
         int32_t n_ctx
         int32_t n_batch
         int32_t n_seq
+        colibri_dtype kv_type
         int32_t routing
         float routing_noise
         uint64_t routing_seed

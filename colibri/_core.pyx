@@ -160,14 +160,22 @@ def check_hparams(json_text):
 
 
 _EXPERT_CACHES = {"global": c.COLIBRI_CACHE_GLOBAL, "per_layer": c.COLIBRI_CACHE_PER_LAYER}
+KV_TYPES = {"f32": c.COLIBRI_DTYPE_F32, "f16": c.COLIBRI_DTYPE_F16, "q8_0": c.COLIBRI_DTYPE_Q8_0}
+
+
+cdef c.colibri_dtype _kv_type(kv_type) except *:
+    """The core's dtype of a KV cache type's name."""
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
+    return KV_TYPES[kv_type]
 
 # A session's options, each declared here once with its default (Session's docstring says what each
 # does).  Session takes them all, the first nine also by position after the model; Model.session
-# passes them on (ctx, batch and kernels by position); Model.memory_plan takes ctx, batch and the
+# passes them on (ctx, batch and kernels by position); Model.memory_plan takes ctx, batch, kv_type and the
 # streaming ones, Model.expert_slots and .expert_slot_count the streaming ones.
 SESSION_OPTIONS = {
     "ctx": 0, "batch": 0, "kernels": "auto", "routing": "model", "noise": 1.0, "noise_seed": 0,
-    "capacity_factor": 1.0, "profile": False, "threads": None, "n_seq": 1,
+    "capacity_factor": 1.0, "profile": False, "threads": None, "n_seq": 1, "kv_type": "f32",
     # expert streaming
     "expert_budget": 0, "expert_cache": "global", "direct_io": False, "prefetch": True, "pins": None,
     "verify": False, "expert_read": None,
@@ -537,10 +545,10 @@ cdef class Model:
         return b"".join(out).decode("utf-8", "replace")
 
     def memory_plan(self, *args, **options):
-        """memory_plan(ctx, batch, **streaming options): exact arena bytes a session with this
-        context and batch needs (nothing is allocated); with an ``expert_budget``, its slot pool
-        included (the options and their defaults: SESSION_OPTIONS, STREAMING_OPTIONS; see Session)."""
-        o = _bind("memory_plan", args, options, ("ctx", "batch"), ("ctx", "batch", "n_seq") + STREAMING_OPTIONS)
+        """memory_plan(ctx, batch, n_seq=1, kv_type="f32", **streaming options): exact arena bytes a
+        session with this context, batch, sequence slots and KV cache type needs (nothing is allocated); with an
+        ``expert_budget``, its slot pool included (the options and their defaults: SESSION_OPTIONS, STREAMING_OPTIONS; see Session)."""
+        o = _bind("memory_plan", args, options, ("ctx", "batch"), ("ctx", "batch", "n_seq", "kv_type") + STREAMING_OPTIONS)
         cdef c.colibri_session_options opts
         cdef c.colibri_error err
         cdef size_t need = 0
@@ -548,6 +556,7 @@ cdef class Model:
         opts.n_ctx = o["ctx"]
         opts.n_batch = o["batch"]
         opts.n_seq = o["n_seq"]
+        opts.kv_type = _kv_type(o["kv_type"])
         kept = _streaming_options(&opts, o)
         if c.colibri_session_plan(self._model, &opts, &need, &err) != c.COLIBRI_OK:
             raise_error(&err)
@@ -704,7 +713,10 @@ cdef class Session:
         ``noise_seed``, layer, position and expert), "hash" (a token id's experts are fixed, weights
         1/top_k), "capacity" (each expert takes at most ceil(capacity_factor * n * top_k / n_experts)
         of a chunk's n tokens; expert_dropped() counts the rest; 0: the model's routing.capacity_factor).  ``profile``: time each phase of
-        the forward pass (profile()).
+        the forward pass (profile()).  ``kv_type``: what the KV cache stores, "f32" (exact), "f16"
+        (half the bytes) or "q8_0" (llama.cpp's 8-bit blocks of 32 along each head, 34 bytes a 32:
+        head_dim a multiple of 32); keys and values are computed in f32 and stored converted.
+        Latent attention's cache and the short convolution's inputs stay f32 (memdump() shows each).
 
         ``n_seq``: sequence slots, each with its own KV cache of ``ctx`` positions (forward_batch,
         the seq_* calls, colibri.Batch); the single-sequence calls are slot 0's.
@@ -760,6 +772,7 @@ cdef class Session:
         opts.n_ctx = ctx
         opts.n_batch = batch
         opts.n_seq = o["n_seq"]
+        opts.kv_type = _kv_type(o["kv_type"])
         self._pins = _streaming_options(&opts, o)
         self.expert_budget = opts.expert_budget
         self.model = model

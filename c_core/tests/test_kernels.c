@@ -333,41 +333,51 @@ static void test_reference_formats(const colibri_kernels *k)
            checked - count, failures - before);
 }
 
-/* The attention kernels against the reference: any order of n float products and sums (fused or
- * not) lies within (n + 1) * 2^-24 * sum |terms| of the exact sum, so two orders differ by at most
- * twice that: per score (n = hd terms q k) and per output (n = span terms p v). */
+/* The attention kernels against the reference, over a cache of each KV type (rows stored by
+ * colibri_kv_store, every value then exact in f32): any order of n float products and sums (fused
+ * or not) lies within (n + 1) * 2^-24 * sum |terms| of the exact sum, so two orders differ by at
+ * most twice that: per score (n = hd terms q k) and per output (n = span terms p v). */
 static void test_attention(const colibri_kernels *k)
 {
     static const int32_t hds[] = { 4, 8, 12, 16, 32, 64, 80, 128, 256 }, spans[] = { 1, 3, 4, 5, 17, 64 };
-    int hi, si, before = failures, count = checked;
-    size_t stride_extra = 8;   /* rows lie stride apart in the cache: other heads between them */
-    for (hi = 0; hi < (int)(sizeof hds / sizeof hds[0]); hi++) for (si = 0; si < (int)(sizeof spans / sizeof spans[0]); si++) {
+    static const colibri_dtype kv_types[] = { COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_Q8_0 };
+    int hi, si, ti, before = failures, count = checked;
+    for (ti = 0; ti < 3; ti++) for (hi = 0; hi < (int)(sizeof hds / sizeof hds[0]); hi++) for (si = 0; si < (int)(sizeof spans / sizeof spans[0]); si++) {
+        colibri_dtype dtype = kv_types[ti];
+        const char *type_name = colibri_dtypes[dtype].name;
         int32_t hd = hds[hi], span = spans[si], i, j;
-        size_t stride = (size_t)hd + stride_extra;
-        float *q = malloc((size_t)hd * 4), *kv = malloc((size_t)span * stride * 4), *p = malloc((size_t)span * 4);
+        size_t stride = (size_t)hd + (dtype == COLIBRI_DTYPE_Q8_0 ? 32 : 8);   /* other heads between a head's rows */
+        size_t row_bytes = colibri_row_bytes(dtype, stride);
+        float *q = malloc((size_t)hd * 4), *kv32 = malloc(stride * 4), *p = malloc((size_t)span * 4);
         float *scores = malloc((size_t)span * 4), *scores_ref = malloc((size_t)span * 4);
         float *out = malloc((size_t)hd * 4), *out_ref = malloc((size_t)hd * 4);
+        uint8_t *kv = malloc((size_t)span * row_bytes);
+        if (dtype == COLIBRI_DTYPE_Q8_0 && hd % 32) goto next;   /* q8_0 caches hold heads of whole blocks */
         for (i = 0; i < hd; i++) q[i] = next_float();
-        for (i = 0; i < (int32_t)(span * stride); i++) kv[i] = next_float();
+        for (j = 0; j < span; j++) {
+            for (i = 0; i < (int32_t)stride; i++) kv32[i] = next_float();
+            colibri_kv_store(kv + (size_t)j * row_bytes, dtype, kv32, (int32_t)stride);
+        }
         for (j = 0; j < span; j++) p[j] = (next_float() + 1.0f) / (float)span;
-        colibri_ref_attention_scores(scores_ref, q, kv, stride, span, hd, 0.125f);
-        k->attention_scores(scores, q, kv, stride, span, hd, 0.125f);
+        colibri_ref_attention_scores(scores_ref, q, kv, dtype, stride, span, hd, 0.125f);
+        k->attention_scores(scores, q, kv, dtype, stride, span, hd, 0.125f);
         for (j = 0; j < span; j++) {
             double mag = 0.0;
-            for (i = 0; i < hd; i++) mag += fabs((double)q[i] * kv[(size_t)j * stride + i]) * 0.125;
-            check(k->name, "attention_scores", "f32", 1, hd, span, 0, j, scores[j], scores_ref[j], 2 * (hd + 1) * ldexp(1.0, -24) * mag + 1e-30);
+            for (i = 0; i < hd; i++) mag += fabs((double)q[i] * colibri_load_f32(kv + (size_t)j * row_bytes, dtype, (size_t)i)) * 0.125;
+            check(k->name, "attention_scores", type_name, 1, hd, span, 0, j, scores[j], scores_ref[j], 2 * (hd + 1) * ldexp(1.0, -24) * mag + 1e-30);
         }
-        colibri_ref_attention_values(out_ref, p, kv, stride, span, hd);
-        k->attention_values(out, p, kv, stride, span, hd);
+        colibri_ref_attention_values(out_ref, p, kv, dtype, stride, span, hd);
+        k->attention_values(out, p, kv, dtype, stride, span, hd);
         for (i = 0; i < hd; i++) {
             double mag = 0.0;
-            for (j = 0; j < span; j++) mag += fabs((double)p[j] * kv[(size_t)j * stride + i]);
-            check(k->name, "attention_values", "f32", 1, span, hd, 0, i, out[i], out_ref[i], 2 * (span + 1) * ldexp(1.0, -24) * mag + 1e-30);
+            for (j = 0; j < span; j++) mag += fabs((double)p[j] * colibri_load_f32(kv + (size_t)j * row_bytes, dtype, (size_t)i));
+            check(k->name, "attention_values", type_name, 1, span, hd, 0, i, out[i], out_ref[i], 2 * (span + 1) * ldexp(1.0, -24) * mag + 1e-30);
         }
-        free(q); free(kv); free(p); free(scores); free(scores_ref); free(out); free(out_ref);
+next:
+        free(q); free(kv32); free(kv); free(p); free(scores); free(scores_ref); free(out); free(out_ref);
     }
-    printf("%s attention: %d outputs compared with the reference, %d outside the budget\n", k->name, checked - count,
-           failures - before);
+    printf("%s attention (f32, f16, q8_0 caches): %d outputs compared with the reference, %d outside the budget\n", k->name,
+           checked - count, failures - before);
 }
 
 /* The latent-attention kernels against the reference, with the budget of test_attention: the fold
@@ -420,8 +430,8 @@ static void test_latent(const colibri_kernels *k)
             check(k->name, "latent_scores", "f32", 1, rank + dr, span, 0, j, scores[j], scores_ref[j],
                   2 * (rank + dr + 1) * ldexp(1.0, -24) * mag + 1e-30);
         }
-        colibri_ref_attention_values(q_latent_ref, p, cache, (size_t)rank, span, rank);
-        k->attention_values(q_latent, p, cache, (size_t)rank, span, rank);
+        colibri_ref_attention_values(q_latent_ref, p, cache, COLIBRI_DTYPE_F32, (size_t)rank, span, rank);
+        k->attention_values(q_latent, p, cache, COLIBRI_DTYPE_F32, (size_t)rank, span, rank);
         for (r = 0; r < rank; r++) {
             double mag = 0.0;
             for (j = 0; j < span; j++) mag += fabs((double)p[j] * cache[(size_t)j * rank + r]);
@@ -486,15 +496,15 @@ static void test_tails(const colibri_kernels *k)
                       len * ldexp(1.0, -24) * mag[j] + 1e-30);
             }
         }
-        colibri_ref_attention_scores(y_ref, x, v, (size_t)len, 3, len, 0.125f);
-        k->attention_scores(y, x, v, (size_t)len, 3, len, 0.125f);
+        colibri_ref_attention_scores(y_ref, x, v, COLIBRI_DTYPE_F32, (size_t)len, 3, len, 0.125f);
+        k->attention_scores(y, x, v, COLIBRI_DTYPE_F32, (size_t)len, 3, len, 0.125f);
         for (j = 0; j < 3; j++) {
             double mag = 0.0;
             for (i = 0; i < len; i++) mag += fabs((double)x[i] * v[j * len + i]) * 0.125;
             check(k->name, "attention_scores (tails)", "f32", 1, len, 3, 0, j, y[j], y_ref[j], 2 * (len + 1) * ldexp(1.0, -24) * mag + 1e-30);
         }
-        colibri_ref_attention_values(y_ref, x, v, (size_t)len, 3, len);
-        k->attention_values(y, x, v, (size_t)len, 3, len);
+        colibri_ref_attention_values(y_ref, x, v, COLIBRI_DTYPE_F32, (size_t)len, 3, len);
+        k->attention_values(y, x, v, COLIBRI_DTYPE_F32, (size_t)len, 3, len);
         for (i = 0; i < len; i++) {
             double mag = 0.0;
             for (j = 0; j < 3; j++) mag += fabs((double)x[j] * v[j * len + i]);
@@ -579,6 +589,62 @@ static void test_exp_kernels(const colibri_kernels *k)
            failures - before);
 }
 
+/* colibri_kv_store's conversions against their definitions.  f16: every finite half comes back
+ * unchanged, and each point halfway between neighbours (and a hair either side of it) rounds to the
+ * even one (to the nearer); past 65504 + half a step, inf.  q8_0: llama.cpp's rule, d = max|x| / 127
+ * (stored as f16) and q = roundf(x * 127 / max|x|) with that unrounded d, over blocks of assorted
+ * magnitudes, an all-zero block included. */
+static void test_kv_store(void)
+{
+    int before = failures, count = checked, c;
+    uint32_t h;
+    for (h = 0; h < 0x7bffu; h++) {   /* 0x7bff's upper neighbour is inf: checked below */   /* the positive finite halves; the negative ones by sign */
+        float x = colibri_f16_to_f32((uint16_t)h), next = colibri_f16_to_f32((uint16_t)(h + 1));
+        float mid = (float)(((double)x + next) / 2);   /* exact in f32: halves have 11 significant bits */
+        uint16_t even = (uint16_t)((h & 1u) ? h + 1 : h);
+        uint16_t got[5], want[5];
+        got[0] = colibri_f32_to_f16(x); want[0] = (uint16_t)h;
+        got[1] = colibri_f32_to_f16(-x); want[1] = (uint16_t)(h | 0x8000u);
+        got[2] = colibri_f32_to_f16(mid); want[2] = even;
+        got[3] = colibri_f32_to_f16(nextafterf(mid, 0.0f)); want[3] = (uint16_t)h;
+        got[4] = colibri_f32_to_f16(nextafterf(mid, 1e30f)); want[4] = (uint16_t)(h + 1);
+        for (c = 0; c < 5; c++) {
+            checked++;
+            if (got[c] != want[c] && failures++ < 10)
+                fprintf(stderr, "f32 -> f16 of case %d near half 0x%04x: 0x%04x, want 0x%04x\n", c, (unsigned)h,
+                        (unsigned)got[c], (unsigned)want[c]);
+        }
+    }
+    {
+        float x[4 * 32];
+        uint8_t blocks[4 * 34];
+        int32_t b, j;
+        for (b = 0; b < 4; b++)
+            for (j = 0; j < 32; j++) x[32 * b + j] = b == 3 ? 0.0f : next_float() * (b == 0 ? 1e-3f : b == 1 ? 1.0f : 300.0f);
+        colibri_kv_store(blocks, COLIBRI_DTYPE_Q8_0, x, 4 * 32);
+        for (b = 0; b < 4; b++) {
+            float amax = 0.0f, d, id;
+            uint16_t dh;
+            for (j = 0; j < 32; j++) amax = fabsf(x[32 * b + j]) > amax ? fabsf(x[32 * b + j]) : amax;
+            d = amax / 127.0f;
+            id = d != 0.0f ? 1.0f / d : 0.0f;
+            memcpy(&dh, blocks + 34 * b, 2);
+            checked++;
+            if (dh != colibri_f32_to_f16(d) && failures++ < 10) fprintf(stderr, "q8_0 block %d: d 0x%04x\n", (int)b, (unsigned)dh);
+            for (j = 0; j < 32; j++) {
+                checked++;
+                if ((int8_t)blocks[34 * b + 2 + j] != (int8_t)roundf(x[32 * b + j] * id) && failures++ < 10)
+                    fprintf(stderr, "q8_0 block %d quant %d: %d\n", (int)b, (int)j, (int)(int8_t)blocks[34 * b + 2 + j]);
+            }
+        }
+    }
+    checked++;
+    if ((colibri_f32_to_f16(65504.0f) != 0x7bffu || colibri_f32_to_f16(65519.99f) != 0x7bffu ||
+         colibri_f32_to_f16(65520.0f) != 0x7c00u) && failures++ < 10)
+        fprintf(stderr, "f32 -> f16 at the top of the range: not 65504, 65504, inf\n");
+    printf("KV cache stores (f16 rounding, q8_0 blocks): %d checked, %d wrong\n", checked - count, failures - before);
+}
+
 int main(int argc, char **argv)
 {
     int32_t i, tested = 0;
@@ -596,6 +662,7 @@ int main(int argc, char **argv)
         test_f16_values(k);
         tested++;
     }
+    test_kv_store();
     if (tested == 1) printf("no SIMD kernel variant runs here: only the references\n");
     return failures ? 1 : 0;
 }

@@ -40,6 +40,7 @@ typedef struct options {
     long reset_every;               /* -1: stop at a full context; 0: reset there; K: also after K tokens */
     long ctx;
     long batch;
+    colibri_dtype kv_type;          /* what the KV cache stores: f32 (0), f16, q8_0 */
     double temperature;
     long top_k;
     double top_p;
@@ -65,7 +66,7 @@ typedef struct options {
 enum flag_id {
     F_MODEL, F_PROMPT, F_TOKENS, F_MAX_TOKENS, F_TEMPERATURE, F_TOP_K, F_TOP_P, F_MIN_P, F_REPEAT_PENALTY,
     F_REPEAT_LAST_N, F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_LOGIT_BIAS, F_SEED, F_CTX, F_BATCH,
-    F_IGNORE_EOS, F_STOP, F_RESET_EVERY, F_LATENCY, F_IDS, F_LOGITS, F_REFERENCE, F_KERNELS, F_EXPERT_LOAD, F_THREADS,
+    F_KV_TYPE, F_IGNORE_EOS, F_STOP, F_RESET_EVERY, F_LATENCY, F_IDS, F_LOGITS, F_REFERENCE, F_KERNELS, F_EXPERT_LOAD, F_THREADS,
     F_PROFILE, F_ROUTING, F_ROUTING_NOISE, F_ROUTING_SEED, F_CAPACITY_FACTOR, F_EXPERT_BUDGET, F_EXPERT_CACHE,
     F_DIRECT_IO, F_NO_PREFETCH, F_VERIFY_EXPERTS, F_DEVICE, F_PLACEMENT, F_VALIDATE_MODEL, F_MEMDUMP, F_VERBOSE,
     F_VERSION, F_HELP, F_COUNT
@@ -106,6 +107,9 @@ static const struct flag {
     [F_SEED] = { "seed", required_argument, "S", "0", "sampling seed, -1 = a random one (printed with --verbose)" },
     [F_CTX] = { "ctx", required_argument, "N", "0", "context length to reserve, 0: the model's, at most 4096" },
     [F_BATCH] = { "batch", required_argument, "N", "0", "tokens per prefill chunk, 0: 64" },
+    [F_KV_TYPE] = { "kv_type", required_argument, "TYPE", "f32",
+                    "what the KV cache stores: f32, f16 (half the bytes) or q8_0 (8-bit blocks of 32 along\n"
+                    "each head; head_dim a multiple of 32)" },
     [F_IGNORE_EOS] = { "ignore_eos", no_argument, NULL, NULL, "do not stop at the end-of-sequence token" },
     [F_STOP] = { "stop", required_argument, "STR", NULL,
                  "end the generation when its text completes STR, which is not printed (repeatable)" },
@@ -163,9 +167,9 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: colibri-infer --model DIR [--prompt TEXT | --tokens ID,ID,...] [--max_tokens N]\n"
         "                     [--temperature T] [--top_k K] [--top_p P] [--seed S]\n"
-        "                     [--ctx N] [--batch N] [--ignore_eos] [--ids] [--verbose]\n"
+        "                     [--ctx N] [--batch N] [--kv_type TYPE] [--ignore_eos] [--ids] [--verbose]\n"
         "       colibri-infer --model DIR --validate-model\n"
-        "       colibri-infer --model DIR --memdump [--ctx N] [--batch N]\n"
+        "       colibri-infer --model DIR --memdump [--ctx N] [--batch N] [--kv_type TYPE]\n"
         "       colibri-infer --version\n\n");
     for (k = 0; k < F_COUNT; k++) {
         const struct flag *fl = &flags[k];
@@ -259,6 +263,18 @@ bad:
     return 0;
 }
 
+static int parse_kv_type(const char *s, colibri_dtype *kv_type)
+{
+    if (strcmp(s, "f32") == 0) *kv_type = COLIBRI_DTYPE_F32;
+    else if (strcmp(s, "f16") == 0) *kv_type = COLIBRI_DTYPE_F16;
+    else if (strcmp(s, "q8_0") == 0) *kv_type = COLIBRI_DTYPE_Q8_0;
+    else {
+        fprintf(stderr, "colibri-infer: --kv_type is one of f32 f16 q8_0, not %s\n", s);
+        return 0;
+    }
+    return 1;
+}
+
 static int parse_routing(const char *s, int *routing)
 {
     static const char *const modes[] = { [COLIBRI_ROUTING_MODEL] = "model", [COLIBRI_ROUTING_NOISY] = "noisy",
@@ -307,6 +323,7 @@ static int set_option(options *o, int id, const char *v)
     }
     case F_CTX: return parse_long(flag, v, 0, 1 << 24, &o->ctx);
     case F_BATCH: return parse_long(flag, v, 0, 4096, &o->batch);
+    case F_KV_TYPE: return parse_kv_type(v, &o->kv_type);
     case F_IGNORE_EOS: o->stop_at_eos = 0; return 1;
     case F_STOP:
         if (o->n_stops == COLIBRI_MAX_STOPS) {
@@ -558,6 +575,7 @@ static colibri_session_options session_options(const options *o, const colibri_h
     memset(&so, 0, sizeof so);
     so.n_ctx = (int32_t)o->ctx;   /* 0: the model's, at most 4096 */
     so.n_batch = (int32_t)o->batch;
+    so.kv_type = o->kv_type;
     so.kernels = o->reference_kernels ? COLIBRI_KERNELS_REFERENCE : COLIBRI_KERNELS_AUTO;
     so.kernel_variant = o->kernels;
     so.routing = o->routing;

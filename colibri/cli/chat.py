@@ -15,8 +15,8 @@ import json
 import sys
 import time
 
-from colibri.cli.options import (INT32_MAX, count_in, open_model, resolve_seed, sampling_arguments, sampling_options,
-                                 stream_options, streaming_arguments)
+from colibri.cli.options import (INT32_MAX, count_in, kv_type_argument, open_model, resolve_seed, sampling_arguments,
+                                 sampling_options, stream_options, streaming_arguments)
 
 COMMANDS = "/reset  /system TEXT  /save FILE  /quit"
 
@@ -124,7 +124,8 @@ def _template_arg(text):
 def cmd_chat(args):
     model = open_model(args.model)
     resolve_seed(args)
-    session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, **stream_options(model, args))
+    session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, kv_type=args.kv_type,
+                            **stream_options(model, args))
     try:
         talk = Conversation(model, session, args)
     except ValueError as e:
@@ -187,6 +188,7 @@ def add_chat(sub):
                    help="KV cache positions (default: the model's, at most 4096)")
     c.add_argument("--batch", type=count_in(0, INT32_MAX), default=0, help="prefill tokens per forward (default 64)")
     c.add_argument("--threads", type=count_in(0, 4096), default=0)
+    kv_type_argument(c)
     c.add_argument("--max-tokens", type=count_in(0, INT32_MAX), default=0,
                    help="the longest reply, 0 = until the model ends its turn or the context fills (default 0)")
     c.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")

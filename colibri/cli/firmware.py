@@ -4,7 +4,7 @@ from pathlib import Path
 
 from colibri import experts
 from colibri.cli.options import (INT32_MAX, build_dir_argument, checkout_names, count_in, generation_arguments,
-                                 open_model, parse_size, prompt_ids, resolve_seed)
+                                 kv_type_argument, open_model, parse_size, prompt_ids, resolve_seed)
 
 
 def _firmware_session(args):
@@ -24,7 +24,7 @@ def cmd_firmware_plan(args):
     from colibri.targets import firmware
 
     session = _firmware_session(args)
-    p = firmware.plan(*session)
+    p = firmware.plan(*session, kv_type=args.kv_type)
     if args.flash or args.ram:   # a chip of one's own: the board's code, this memory
         try:
             flash, ram = (parse_size(v) if v else d for v, d in ((args.flash, p.flash_size + p.model_flash_size),
@@ -33,7 +33,7 @@ def cmd_firmware_plan(args):
             raise SystemExit(f"colibri firmware plan: {e}")
         p = firmware.for_memory(p, flash, ram)
         print(p.table())
-        largest = firmware.largest_ctx(session[0], session[1], flash, ram, *session[3:5])
+        largest = firmware.largest_ctx(session[0], session[1], flash, ram, *session[3:5], kv_type=args.kv_type)
         print(f"largest n_ctx that fits: {largest}" if largest else "no n_ctx fits")
     else:
         print(p.table())
@@ -44,7 +44,7 @@ def cmd_firmware_build(args):
     from colibri.targets import firmware
 
     board = args.board
-    image = firmware.build_image(*_firmware_session(args))
+    image = firmware.build_image(*_firmware_session(args), kv_type=args.kv_type)
     flash, ram = firmware.image_usage(board, image)
     mm = firmware.memory_map(board)
     print(image)
@@ -63,7 +63,7 @@ def cmd_firmware_run(args):
     resolve_seed(args)
     prompt = args.prompt if args.tokens is None else prompt_ids(model, args)   # text: encoded on the board
     session = _firmware_session(args)
-    image = firmware.build_image(*session)
+    image = firmware.build_image(*session, kv_type=args.kv_type)
     experts = Path(model.path) / "weights.bin" if session[-1] else None
     result = firmware.run(args.board, image, firmware.arguments(
         prompt, args.max_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.ignore_eos,
@@ -97,7 +97,8 @@ def cmd_firmware_export(args):
 
     model = _model_directory(args)
     try:
-        sizes = export.export(args.out, model.path, args.ctx, args.batch, args.stack, board=args.board, cpu=args.cpu)
+        sizes = export.export(args.out, model.path, args.ctx, args.batch, args.stack, board=args.board, cpu=args.cpu,
+                              kv_type=args.kv_type)
     except export.ExportError as e:
         raise SystemExit(f"colibri firmware export: {e}")
     print(f"{args.out}: {Path(model.path).name} for {args.board or args.cpu}, n_ctx {args.ctx}: RAM block "
@@ -126,6 +127,7 @@ def add_firmware(sub):
                             "512K, 2M, or a percentage of what every routed expert takes): flash holds the rest of "
                             "the model, the image reads the experts from the host's weights.bin (default: the whole "
                             "model in flash)")
+        kv_type_argument(f)
         build_dir_argument(f)
         return f
 
@@ -161,5 +163,6 @@ def add_firmware(sub):
     fe.add_argument("--batch", type=count_in(1, 4096), default=DEFAULT_BATCH, help=f"prefill chunk (default {DEFAULT_BATCH})")
     fe.add_argument("--stack", type=count_in(1, INT32_MAX), default=DEFAULT_STACK,
                     help=f"stack bytes (default {DEFAULT_STACK})")
+    kv_type_argument(fe)
     fe.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new, or empty)")
     fe.set_defaults(func=cmd_firmware_export)

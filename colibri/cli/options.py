@@ -137,6 +137,15 @@ def build_dir_argument(p):
                    "$COLIBRI_BUILD_DIR, else build/ of a checkout, else ~/.cache/colibri/)")
 
 
+def kv_type_argument(p):
+    """--kv-type: what a session's KV cache stores (Session's kv_type)."""
+    from colibri._core import KV_TYPES
+
+    p.add_argument("--kv-type", choices=list(KV_TYPES), default="f32",
+                   help="what the KV cache stores: f32 (exact, the default), f16 (half the bytes) or q8_0 (8-bit "
+                        "blocks of 32 along each head: 34 bytes a 32, head_dim a multiple of 32)")
+
+
 def streaming_arguments(p):
     """Expert streaming, which `generate` and `memdump` share."""
     s = p.add_argument_group("expert streaming", "the routed experts read from storage into a cache in the "

@@ -5,8 +5,8 @@ import sys
 import time
 
 from colibri.cli.options import (INT32_MAX, build_dir_argument, checkout_names, count_in, generation_arguments,
-                                 open_model, prompt_ids, resolve_seed, sampling_arguments, sampling_options,
-                                 stream_options, streaming_arguments)
+                                 kv_type_argument, open_model, prompt_ids, resolve_seed, sampling_arguments,
+                                 sampling_options, stream_options, streaming_arguments)
 
 
 def _cache_counters(stats):
@@ -36,6 +36,8 @@ def generate_on_target(model, ids, args):
         command += ["--logit_bias", ",".join(f"{t}={b!r}" for t, b in args.logit_bias.items())]
     if args.batch:
         command += ["--batch", str(args.batch)]
+    if args.kv_type != "f32":
+        command += ["--kv_type", args.kv_type]
     if args.ignore_eos:
         command.append("--ignore_eos")
     for stop in args.stop or ():
@@ -69,7 +71,8 @@ def cmd_generate(args):
         session = edge.session
     else:
         edge = None
-        session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, **stream_options(model, args))
+        session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, kv_type=args.kv_type,
+                                **stream_options(model, args))
     decode = None   # text out: the core's byte table, else the tokenizer library; ids for --tokens
     if args.tokens is None:
         decode = model.detokenize if model.token_bytes(0) is not None else model.tokenizer.decode
@@ -137,7 +140,7 @@ def _edge(model, args):
                     experts_elsewhere=args.experts_elsewhere, fetch_mbit=args.fetch_mbit, token=args.token,
                     tls_ca=args.tls_ca, deadline_ms=args.device_deadline_ms,
                     device_threshold_ms=args.device_threshold_ms, strict=args.strict,
-                    ctx=args.ctx, batch=args.batch, threads=args.threads, **stream)
+                    ctx=args.ctx, batch=args.batch, threads=args.threads, kv_type=args.kv_type, **stream)
     except (ValueError, OSError, RemoteError) as e:
         raise SystemExit(f"colibri generate: {e}")
 
@@ -173,7 +176,7 @@ def edge_arguments(p):
 
 def cmd_memdump(args):
     model = open_model(args.model)
-    session = model.session(ctx=args.ctx, batch=args.batch, **stream_options(model, args))
+    session = model.session(ctx=args.ctx, batch=args.batch, kv_type=args.kv_type, **stream_options(model, args))
     sys.stdout.write(session.memdump())
     return 0
 
@@ -186,6 +189,7 @@ def add_generate(sub):
     g.add_argument("--ctx", type=count_in(0, INT32_MAX), default=0, help="context to reserve (default: model's, at most 4096)")
     g.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
     g.add_argument("--threads", type=count_in(0, 256), default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
+    kv_type_argument(g)
     g.add_argument("--verbose", action="store_true", help="timings (and the expert cache's counters) on stderr")
     g.add_argument("--stop", action="append", metavar="STR",
                    help="end the generation when its text completes STR, which is not printed (repeatable)")
@@ -205,5 +209,6 @@ def add_memdump(sub):
     m.add_argument("--model", help="colibri model directory or GGUF file (default: the bundled model)")
     m.add_argument("--ctx", type=count_in(0, INT32_MAX), default=0, help="context length (default: the model's, at most 4096)")
     m.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
+    kv_type_argument(m)
     streaming_arguments(m)
     m.set_defaults(func=cmd_memdump)

@@ -69,17 +69,17 @@ def _target(board, cpu):
     return board, flags, f
 
 
-def plan_sizes(model_dir, ctx, batch):
+def plan_sizes(model_dir, ctx, batch, kv_type="f32"):
     """{meta, arena}: the bytes the core plans for the model's tables and the session, 64-byte
     aligned (as firmware/plan/model_image.c rounds them)."""
     try:
         model = colibri.Model(model_dir)
-        return {"meta": _align64(model.metadata_bytes), "arena": _align64(model.memory_plan(ctx, min(batch, ctx)))}
+        return {"meta": _align64(model.metadata_bytes), "arena": _align64(model.memory_plan(ctx, min(batch, ctx), kv_type=kv_type))}
     except colibri.Error as e:
         raise ExportError(f"{model_dir}: {e}") from None
 
 
-def _plan_header(name, target, ctx, batch, stack, sizes, json_bytes, weights_bytes):
+def _plan_header(name, target, ctx, batch, stack, sizes, json_bytes, weights_bytes, kv_type):
     sha = hashlib.sha256(json_bytes + weights_bytes).hexdigest()
     crc = zlib.crc32(json_bytes)
     return f"""/* The plan `colibri firmware export` made for model {name} on {target} (colibri {colibri.__version__}).
@@ -101,6 +101,7 @@ def _plan_header(name, target, ctx, batch, stack, sizes, json_bytes, weights_byt
 #define COLIBRI_PLAN_WEIGHTS_BYTES {len(weights_bytes)}u
 #define COLIBRI_PLAN_N_CTX {ctx}
 #define COLIBRI_PLAN_N_BATCH {min(batch, ctx)}
+#define COLIBRI_PLAN_KV_TYPE COLIBRI_DTYPE_{kv_type.upper()}   /* what the KV cache stores (colibri_session_options.kv_type) */
 #define COLIBRI_PLAN_META_BYTES {sizes["meta"]}u     /* colibri_model_meta_bytes, rounded up to 64 */
 #define COLIBRI_PLAN_ARENA_BYTES {sizes["arena"]}u   /* colibri_session_plan, rounded up to 64 */
 #define COLIBRI_PLAN_RAM_BYTES (COLIBRI_PLAN_META_BYTES + COLIBRI_PLAN_ARENA_BYTES)
@@ -224,7 +225,8 @@ def _fill(text, **values):
     return text
 
 
-def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, board=None, cpu=None):
+def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, board=None, cpu=None,
+           kv_type="f32"):
     """Writes the folder `out` (new, or empty) for the board or CPU; returns the plan's sizes."""
     target, flags, board_file = _target(board, cpu)
     # the sources colibri.c_sources lists: this package's own (the checkout it runs from, or the wheel's copy)
@@ -233,7 +235,7 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
         raise ExportError(f"{out}: exists and is not an empty folder")
     if stack < 1024 or stack % 8:
         raise ExportError(f"a stack of {stack} bytes: at least 1024, a multiple of 8")
-    sizes = plan_sizes(model_dir, ctx, batch)
+    sizes = plan_sizes(model_dir, ctx, batch, kv_type)
     json_bytes = (model_dir / "colibri_model.json").read_bytes()
     weights_bytes = (model_dir / "weights.bin").read_bytes()
     if board_file is not None:   # the board's own code comes on top: `colibri firmware plan` measures it
@@ -250,7 +252,7 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     try:
         partial.mkdir()
         _write(partial, root, model_dir, target, flags, board_file, ctx, batch, stack, sizes, json_bytes,
-               weights_bytes)
+               weights_bytes, kv_type)
         os.rename(partial, out)            # replaces an empty folder, fails on one filled meanwhile
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
@@ -261,7 +263,8 @@ def export(out, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_S
     return sizes
 
 
-def _write(out, root, model_dir, target, flags, board_file, ctx, batch, stack, sizes, json_bytes, weights_bytes):
+def _write(out, root, model_dir, target, flags, board_file, ctx, batch, stack, sizes, json_bytes, weights_bytes,
+           kv_type):
     """The folder's files, into `out` (an empty folder)."""
     template = root / "firmware" / "export"
     core = root / "c_core"
@@ -283,7 +286,7 @@ def _write(out, root, model_dir, target, flags, board_file, ctx, batch, stack, s
     shutil.copyfile(model_dir / "weights.bin", out / "model" / "weights.bin")
     (out / "model" / "colibri_model.c").write_text(_c_array(json_bytes, weights_bytes))
     (out / "colibri_plan.h").write_text(_plan_header(model_dir.name, target, ctx, batch, stack, sizes,
-                                                     json_bytes, weights_bytes))
+                                                     json_bytes, weights_bytes, kv_type))
     names = [f"core/{s.as_posix()}" for s in sources]
     values = dict(VERSION=colibri.__version__, TARGET=target)
     (out / "CMakeLists.txt").write_text(_fill((template / "CMakeLists.txt").read_text(), CPU_FLAGS=";".join(flags),

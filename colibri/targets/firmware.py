@@ -167,6 +167,7 @@ class Plan:
     expert_slot_bytes: int = 0  # one slot: the largest routed expert (0: no routed experts)
     expert_min_budget: int = 0  # the smallest budget: one layer's top_k slots
     streamed: int = 0           # bytes of weights.bin left on storage: the experts' extents
+    kv_type: str = "f32"        # what the session's KV cache stores: f32, f16, q8_0
     chip: str = ""              # for_memory's: not the board's memory, this one (the code still the board's)
 
     @property
@@ -210,6 +211,7 @@ class Plan:
         model = "model (resident prefix + JSON)" if self.expert_budget else "model (weights.bin + JSON)"
         on = f"{self.chip}, the code as on {self.board} ({b.cpu})" if self.chip else f"{self.board} ({b.cpu}, {b.float})"
         lines = [f"{self.model} on {on}, n_ctx {self.ctx}, n_batch {self.batch}"
+                 + (f", kv cache {self.kv_type}" if self.kv_type != "f32" else "")
                  + (", experts streamed" if self.expert_budget else ""),
                  f"{'flash':<36}{'bytes':>12}{'of the chip' if self.chip else 'of the board':>14}"]
         if self.model_flash_size:   # two flashes: the code's, the model's
@@ -256,20 +258,21 @@ def stack_reserved(board, elf):
     raise FirmwareError(f"{elf} has no __stack_size")
 
 
-def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0):
+def plan(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0, kv_type="f32"):
     """What an image of this model and session needs on this board, without building it.  With an
-    expert budget (bytes), the image that streams the routed experts."""
+    expert budget (bytes), the image that streams the routed experts; kv_type: the session's KV
+    cache type (Session's kv_type)."""
     mm, code = memory_map(board), code_size(board)   # builds <builds>/<board>, with colibri-model-image
     path = Path(model_dir).resolve()
     tool = build(board) / "firmware" / "colibri-model-image"
-    r = subprocess.run([str(tool), "--plan", str(path), str(ctx), str(batch), str(stack), str(expert_budget)],
+    r = subprocess.run([str(tool), "--plan", str(path), str(ctx), str(batch), str(stack), str(expert_budget), kv_type],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise FirmwareError(r.stderr.strip().removeprefix("colibri-model-image: "))
     n = {key: int(value) for key, _, value in (line.partition(": ") for line in r.stdout.splitlines())}
     return Plan(board, path.name, ctx, min(batch, ctx), code.flash, n["model_flash"], code.ram, n["metadata"],
                 n["arena"], stack, mm["flash_size"], mm["ram_size"], mm["model_flash_size"], n["expert_budget"], n["expert_slots"],
-                n["expert_slot_bytes"], n["expert_min_budget"], n["streamed"])
+                n["expert_slot_bytes"], n["expert_min_budget"], n["streamed"], kv_type)
 
 
 def for_memory(p, flash, ram):
@@ -279,14 +282,14 @@ def for_memory(p, flash, ram):
                                ram_size=ram, model_flash_size=0)
 
 
-def largest_ctx(board, model_dir, flash, ram, batch=DEFAULT_BATCH, stack=DEFAULT_STACK):
+def largest_ctx(board, model_dir, flash, ram, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, kv_type="f32"):
     """The longest context, up to the model's max_position_embeddings, at which an image of the model
     fits `flash` and `ram` bytes with `board`'s code: the arena (the KV cache) grows with n_ctx, so
     it is a bisection over plans.  0: none fits (the flash, or the RAM at n_ctx 1)."""
     hparams = json.loads((Path(model_dir) / "colibri_model.json").read_text())["hparams"]
 
     def fits(ctx):
-        return not for_memory(plan(board, model_dir, ctx, batch, stack), flash, ram).problems()
+        return not for_memory(plan(board, model_dir, ctx, batch, stack, kv_type=kv_type), flash, ram).problems()
 
     lo, hi = 0, int(hparams["max_position_embeddings"])   # fits(lo) (or lo == 0); the answer is in [lo, hi]
     while lo < hi:
@@ -296,12 +299,12 @@ def largest_ctx(board, model_dir, flash, ram, batch=DEFAULT_BATCH, stack=DEFAULT
 
 
 def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DEFAULT_STACK, expert_budget=0,
-                chip=None):
+                chip=None, kv_type="f32"):
     """Plans, refuses what does not fit, builds; returns the image's path.  Each (board, model,
     session) gets its own build directory under firmware/ of the builds' folder (targets.build_dir).
     `chip` (flash, RAM bytes): the image linked for that memory instead of the board's (the plan
     of for_memory), so the linker refuses what overflows it; it still runs on the board."""
-    p = plan(board, model_dir, ctx, batch, stack, expert_budget)
+    p = plan(board, model_dir, ctx, batch, stack, expert_budget, kv_type)
     if chip:
         if _board(board).model_flash_size:
             raise FirmwareError(f"{board} keeps its model in a flash of its own: plan a chip on another board")
@@ -309,7 +312,7 @@ def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DE
     if p.problems():
         raise FirmwareError(f"{p.model} does not fit {p.chip or board}:\n  " + "\n  ".join(p.problems()))
     model_dir = str(Path(model_dir).resolve())
-    key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}|{expert_budget}|{chip}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{model_dir}|{ctx}|{batch}|{stack}|{expert_budget}|{chip}|{kv_type}".encode()).hexdigest()[:12]
     out = build_dir() / "firmware" / f"{board}-{key}"
     options = [*targets.OPTIONS[board]]
     if chip:   # a second cross file: the board's link arguments with the chip's sizes
@@ -322,7 +325,7 @@ def build_image(board, model_dir, ctx=DEFAULT_CTX, batch=DEFAULT_BATCH, stack=DE
     # -Dtests=false: an image needs none of the C tests, which build(board) builds and runs
     out = meson_build(out, [*options, "-Dtests=false", f"-Dfirmware_model={model_dir}", f"-Dfirmware_ctx={ctx}",
                             f"-Dfirmware_batch={batch}", f"-Dfirmware_stack={stack}",
-                            f"-Dfirmware_expert_budget={expert_budget}"])
+                            f"-Dfirmware_expert_budget={expert_budget}", f"-Dfirmware_kv_type={kv_type}"])
     return out / "firmware" / "colibri-firmware.elf"
 
 

@@ -225,6 +225,7 @@ int fw_generate(fw_request *r, fw_token_hook hook, void *context, size_t (*stack
     memset(&so, 0, sizeof so);
     so.n_ctx = (int32_t)img->n_ctx;
     so.n_batch = (int32_t)img->n_batch;
+    so.kv_type = (colibri_dtype)img->kv_type;
     so.arena = arena;
     so.arena_size = img->arena_bytes;
     so.kernel_variant = r->kernels;   /* NULL: the best this image has */

@@ -30,6 +30,7 @@ typedef struct fw_image {
     uint32_t weights_bytes, json_bytes;   /* in flash: weights.bin, or its resident prefix */
     uint32_t stack_bytes;           /* the stack budget (__stack_size) */
     uint32_t expert_budget;         /* bytes of expert cache slots in the arena; 0: experts in flash */
+    uint32_t kv_type;               /* the KV cache's colibri_dtype: f32, f16 or q8_0 */
 } fw_image;
 extern const fw_image colibri_fw_image;
 extern const unsigned char colibri_fw_weights[];    /* 64-byte aligned, then the JSON */

@@ -261,13 +261,17 @@ static void rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype
     }
 }
 
-/* scores (span) = scale * K q, four keys at a time (four 4-lane dot products); hd % 4 != 0 takes
- * the reference. */
-static void attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
-                             int32_t hd, float scale)
+/* scores (span) = scale * K q, four keys at a time (four 4-lane dot products); hd % 4 != 0 and the
+ * f16 and q8_0 caches take the reference. */
+static void attention_scores(float *scores, const float *q, const void *k_cache, colibri_dtype dtype, size_t stride,
+                             int32_t span, int32_t hd, float scale)
 {
+    const float *k = k_cache;
     int32_t j = 0, i;
-    if (hd % 4) { colibri_ref_attention_scores(scores, q, k, stride, span, hd, scale); return; }
+    if (hd % 4 || dtype != COLIBRI_DTYPE_F32) {
+        colibri_ref_attention_scores(scores, q, k_cache, dtype, stride, span, hd, scale);
+        return;
+    }
     for (; j + 4 <= span; j += 4, k += 4 * stride) {
         float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
         for (i = 0; i < hd; i += 4) {
@@ -289,11 +293,17 @@ static void attention_scores(float *scores, const float *q, const float *k, size
     }
 }
 
-/* out (hd) = p @ V, out in registers 16 floats at a time; hd % 16 != 0 takes the reference. */
-static void attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+/* out (hd) = p @ V, out in registers 16 floats at a time; hd % 16 != 0 and the f16 and q8_0 caches
+ * take the reference. */
+static void attention_values(float *out, const float *p, const void *v_cache, colibri_dtype dtype, size_t stride,
+                             int32_t span, int32_t hd)
 {
+    const float *v = v_cache;
     int32_t i, j;
-    if (hd % 16) { colibri_ref_attention_values(out, p, v, stride, span, hd); return; }
+    if (hd % 16 || dtype != COLIBRI_DTYPE_F32) {
+        colibri_ref_attention_values(out, p, v_cache, dtype, stride, span, hd);
+        return;
+    }
     for (i = 0; i < hd; i += 16) {
         float32x4_t o0 = vdupq_n_f32(0.0f), o1 = o0, o2 = o0, o3 = o0;
         const float *vj = v + i;

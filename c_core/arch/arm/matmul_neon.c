@@ -101,48 +101,84 @@ static void matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colib
     matmul_q8_neon_with(y, xq, w, dtype, n, cols, rows, dot16);
 }
 
+/* 4 elements of a KV cache row from i (i % 4 == 0), as floats: f32, f16, or q8_0 as d * q (exact). */
+static inline float32x4_t kv4(const uint8_t *row, colibri_dtype dtype, int32_t i)
+{
+    const uint8_t *block = row + (size_t)(i / 32) * 34;
+    int8x8_t q8;
+    uint32_t quads;
+    uint16_t d;
+    if (dtype != COLIBRI_DTYPE_Q8_0) return load4(row, dtype, (size_t)i);
+    memcpy(&d, block, 2);
+    memcpy(&quads, block + 2 + i % 32, 4);
+    q8 = vreinterpret_s8_u32(vdup_n_u32(quads));   /* the 4 quants, twice */
+    return vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(q8)))), colibri_f16_to_f32(d));
+}
+
 /* scores (span) = scale * K q, four keys at a time: four 4-wide dot products, reduced together
- * by pairwise adds. */
-static void attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
-                             int32_t hd, float scale)
+ * by pairwise adds.  Inlined once per cache type. */
+static inline void scores_typed(float *scores, const float *q, const uint8_t *k, colibri_dtype dtype, size_t row,
+                                int32_t span, int32_t hd, float scale)
 {
     int32_t j = 0, i;
-    if (hd % 4) { colibri_ref_attention_scores(scores, q, k, stride, span, hd, scale); return; }
-    for (; j + 4 <= span; j += 4, k += 4 * stride) {
+    for (; j + 4 <= span; j += 4, k += 4 * row) {
         float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
         for (i = 0; i < hd; i += 4) {
             float32x4_t qv = vld1q_f32(q + i);
-            a0 = vfmaq_f32(a0, qv, vld1q_f32(k + i));
-            a1 = vfmaq_f32(a1, qv, vld1q_f32(k + stride + i));
-            a2 = vfmaq_f32(a2, qv, vld1q_f32(k + 2 * stride + i));
-            a3 = vfmaq_f32(a3, qv, vld1q_f32(k + 3 * stride + i));
+            a0 = vfmaq_f32(a0, qv, kv4(k, dtype, i));
+            a1 = vfmaq_f32(a1, qv, kv4(k + row, dtype, i));
+            a2 = vfmaq_f32(a2, qv, kv4(k + 2 * row, dtype, i));
+            a3 = vfmaq_f32(a3, qv, kv4(k + 3 * row, dtype, i));
         }
         vst1q_f32(scores + j, vmulq_n_f32(vpaddq_f32(vpaddq_f32(a0, a1), vpaddq_f32(a2, a3)), scale));
     }
-    for (; j < span; j++, k += stride) {
+    for (; j < span; j++, k += row) {
         float32x4_t a = vdupq_n_f32(0.0f);
-        for (i = 0; i < hd; i += 4) a = vfmaq_f32(a, vld1q_f32(q + i), vld1q_f32(k + i));
+        for (i = 0; i < hd; i += 4) a = vfmaq_f32(a, vld1q_f32(q + i), kv4(k, dtype, i));
         scores[j] = vaddvq_f32(a) * scale;
     }
 }
 
-/* out (hd) = p @ V, out in registers 16 floats at a time. */
-static void attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+static void attention_scores(float *scores, const float *q, const void *k, colibri_dtype dtype, size_t stride,
+                             int32_t span, int32_t hd, float scale)
+{
+    size_t row = colibri_row_bytes(dtype, stride);
+    if (hd % 4 || (dtype == COLIBRI_DTYPE_Q8_0 && hd % 32)) {
+        colibri_ref_attention_scores(scores, q, k, dtype, stride, span, hd, scale);
+        return;
+    }
+    if (dtype == COLIBRI_DTYPE_F32) scores_typed(scores, q, k, COLIBRI_DTYPE_F32, row, span, hd, scale);
+    else if (dtype == COLIBRI_DTYPE_F16) scores_typed(scores, q, k, COLIBRI_DTYPE_F16, row, span, hd, scale);
+    else scores_typed(scores, q, k, COLIBRI_DTYPE_Q8_0, row, span, hd, scale);
+}
+
+/* out (hd) = p @ V, out in registers 16 floats at a time.  Inlined once per cache type. */
+static inline void values_typed(float *out, const float *p, const uint8_t *v, colibri_dtype dtype, size_t row,
+                                int32_t span, int32_t hd)
 {
     int32_t i, j;
-    if (hd % 16) { colibri_ref_attention_values(out, p, v, stride, span, hd); return; }
     for (i = 0; i < hd; i += 16) {
         float32x4_t o0 = vdupq_n_f32(0.0f), o1 = o0, o2 = o0, o3 = o0;
-        const float *vj = v + i;
-        for (j = 0; j < span; j++, vj += stride) {
-            o0 = vfmaq_n_f32(o0, vld1q_f32(vj), p[j]);
-            o1 = vfmaq_n_f32(o1, vld1q_f32(vj + 4), p[j]);
-            o2 = vfmaq_n_f32(o2, vld1q_f32(vj + 8), p[j]);
-            o3 = vfmaq_n_f32(o3, vld1q_f32(vj + 12), p[j]);
+        const uint8_t *vj = v;
+        for (j = 0; j < span; j++, vj += row) {
+            o0 = vfmaq_n_f32(o0, kv4(vj, dtype, i), p[j]);
+            o1 = vfmaq_n_f32(o1, kv4(vj, dtype, i + 4), p[j]);
+            o2 = vfmaq_n_f32(o2, kv4(vj, dtype, i + 8), p[j]);
+            o3 = vfmaq_n_f32(o3, kv4(vj, dtype, i + 12), p[j]);
         }
         vst1q_f32(out + i, o0); vst1q_f32(out + i + 4, o1);
         vst1q_f32(out + i + 8, o2); vst1q_f32(out + i + 12, o3);
     }
+}
+
+static void attention_values(float *out, const float *p, const void *v, colibri_dtype dtype, size_t stride,
+                             int32_t span, int32_t hd)
+{
+    size_t row = colibri_row_bytes(dtype, stride);
+    if (hd % 16 || (dtype == COLIBRI_DTYPE_Q8_0 && hd % 32)) colibri_ref_attention_values(out, p, v, dtype, stride, span, hd);
+    else if (dtype == COLIBRI_DTYPE_F32) values_typed(out, p, v, COLIBRI_DTYPE_F32, row, span, hd);
+    else if (dtype == COLIBRI_DTYPE_F16) values_typed(out, p, v, COLIBRI_DTYPE_F16, row, span, hd);
+    else values_typed(out, p, v, COLIBRI_DTYPE_Q8_0, row, span, hd);
 }
 
 /* y (dim) = x / sqrt(mean(x^2) + eps) * w, 4 at a time; block-format weights take the reference. */

@@ -512,18 +512,26 @@ static void rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype
     }
 }
 
-/* scores (span) = scale * K q: one vector dot product per key. */
-static void attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span, int32_t hd, float scale)
+/* scores (span) = scale * K q: one vector dot product per key; the f16 and q8_0 caches take the
+ * reference. */
+static void attention_scores(float *scores, const float *q, const void *k_cache, colibri_dtype dtype, size_t stride,
+                             int32_t span, int32_t hd, float scale)
 {
+    const float *k = k_cache;
     int32_t j;
+    if (dtype != COLIBRI_DTYPE_F32) { colibri_ref_attention_scores(scores, q, k_cache, dtype, stride, span, hd, scale); return; }
     for (j = 0; j < span; j++, k += stride) scores[j] = dot_row((const uint8_t *)k, COLIBRI_DTYPE_F32, q, hd) * scale;
 }
 
-/* out (hd) = p @ V: VLMAX outputs at a time in a register, over every row. */
-static void attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+/* out (hd) = p @ V: VLMAX outputs at a time in a register, over every row; the f16 and q8_0
+ * caches take the reference. */
+static void attention_values(float *out, const float *p, const void *v_cache, colibri_dtype dtype, size_t stride,
+                             int32_t span, int32_t hd)
 {
+    const float *v = v_cache;
     size_t i, vl, end = (size_t)hd;
     int32_t j;
+    if (dtype != COLIBRI_DTYPE_F32) { colibri_ref_attention_values(out, p, v_cache, dtype, stride, span, hd); return; }
     for (i = 0; i < end; i += vl) {
         const float *vj = v + i;
         vfloat32m8_t o;

@@ -112,61 +112,95 @@ static void matmul_q8_avx2(float *y, const colibri_q8_block *xq, const void *w, 
     matmul_q8_x86(2, 2, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 16 ymm registers: 4 x 2 accumulators */
 }
 
-/* scores (span) = scale * K q, four keys at a time: four 8-wide dot products, then one
- * horizontal reduction for all four (two hadds and a lane add). */
-static void attention_scores_avx2(float *scores, const float *q, const float *k, size_t stride, int32_t span,
-                                  int32_t hd, float scale)
+/* 8 elements of a KV cache row from i (i % 8 == 0), as floats: f32, f16, or q8_0 as d * q (exact). */
+static inline __m256 kv8(const uint8_t *row, colibri_dtype dtype, int32_t i)
 {
-    int32_t j = 0, i, hd8 = hd & ~7;
-    if (hd8 != hd) { colibri_ref_attention_scores(scores, q, k, stride, span, hd, scale); return; }
-    for (; j + 4 <= span; j += 4, k += 4 * stride) {
+    const uint8_t *block = row + (size_t)(i / 32) * 34;
+    uint16_t d;
+    if (dtype != COLIBRI_DTYPE_Q8_0) return load8(row, dtype, (size_t)i);
+    memcpy(&d, block, 2);
+    return _mm256_mul_ps(i8x8(block + 2 + i % 32), _mm256_set1_ps(_cvtsh_ss(d)));
+}
+
+/* scores (span) = scale * K q, four keys at a time: four 8-wide dot products, then one horizontal
+ * reduction for all four (two hadds and a lane add).  Inlined once per cache type. */
+static inline void scores_typed(float *scores, const float *q, const uint8_t *k, colibri_dtype dtype, size_t row,
+                                int32_t span, int32_t hd, float scale)
+{
+    int32_t j = 0, i;
+    for (; j + 4 <= span; j += 4, k += 4 * row) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         __m128 s;
         for (i = 0; i < hd; i += 8) {
             __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + stride + i), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * stride + i), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * stride + i), a3);
+            a0 = _mm256_fmadd_ps(qv, kv8(k, dtype, i), a0);
+            a1 = _mm256_fmadd_ps(qv, kv8(k + row, dtype, i), a1);
+            a2 = _mm256_fmadd_ps(qv, kv8(k + 2 * row, dtype, i), a2);
+            a3 = _mm256_fmadd_ps(qv, kv8(k + 3 * row, dtype, i), a3);
         }
         a0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));   /* lanes: k0 k1 k2 k3 | k0 k1 k2 k3 */
         s = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
         _mm_storeu_ps(scores + j, _mm_mul_ps(s, _mm_set1_ps(scale)));
     }
-    for (; j < span; j++, k += stride) {
+    for (; j < span; j++, k += row) {
         __m256 a = _mm256_setzero_ps();
-        for (i = 0; i < hd; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a);
+        for (i = 0; i < hd; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv8(k, dtype, i), a);
         scores[j] = hsum8(a) * scale;
     }
 }
 
-/* out (hd) = p @ V: each 8-wide slice of out stays in a register over all span rows. */
-static void attention_values_avx2(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+static void attention_scores_avx2(float *scores, const float *q, const void *k, colibri_dtype dtype, size_t stride,
+                                  int32_t span, int32_t hd, float scale)
+{
+    size_t row = colibri_row_bytes(dtype, stride);
+    if (hd % 8 || (dtype == COLIBRI_DTYPE_Q8_0 && hd % 32)) {
+        colibri_ref_attention_scores(scores, q, k, dtype, stride, span, hd, scale);
+        return;
+    }
+    if (dtype == COLIBRI_DTYPE_F32) scores_typed(scores, q, k, COLIBRI_DTYPE_F32, row, span, hd, scale);
+    else if (dtype == COLIBRI_DTYPE_F16) scores_typed(scores, q, k, COLIBRI_DTYPE_F16, row, span, hd, scale);
+    else scores_typed(scores, q, k, COLIBRI_DTYPE_Q8_0, row, span, hd, scale);
+}
+
+/* out (hd) = p @ V: each 8-wide slice of out stays in a register over all span rows.  Inlined once
+ * per cache type. */
+static inline void values_typed(float *out, const float *p, const uint8_t *v, colibri_dtype dtype, size_t row,
+                                int32_t span, int32_t hd)
 {
     int32_t i = 0, j;
     for (; i + 32 <= hd; i += 32) {
         __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-        const float *vj = v + i;
-        for (j = 0; j < span; j++, vj += stride) {
+        const uint8_t *vj = v;
+        for (j = 0; j < span; j++, vj += row) {
             __m256 pj = _mm256_set1_ps(p[j]);
-            o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), o0);
-            o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), o1);
-            o2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), o2);
-            o3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), o3);
+            o0 = _mm256_fmadd_ps(pj, kv8(vj, dtype, i), o0);
+            o1 = _mm256_fmadd_ps(pj, kv8(vj, dtype, i + 8), o1);
+            o2 = _mm256_fmadd_ps(pj, kv8(vj, dtype, i + 16), o2);
+            o3 = _mm256_fmadd_ps(pj, kv8(vj, dtype, i + 24), o3);
         }
         _mm256_storeu_ps(out + i, o0); _mm256_storeu_ps(out + i + 8, o1);
         _mm256_storeu_ps(out + i + 16, o2); _mm256_storeu_ps(out + i + 24, o3);
     }
     for (; i + 8 <= hd; i += 8) {
         __m256 o = _mm256_setzero_ps();
-        for (j = 0; j < span; j++) o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + (size_t)j * stride + i), o);
+        for (j = 0; j < span; j++) o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv8(v + (size_t)j * row, dtype, i), o);
         _mm256_storeu_ps(out + i, o);
     }
     for (; i < hd; i++) {
         float o = 0.0f;
-        for (j = 0; j < span; j++) o += p[j] * v[(size_t)j * stride + i];
+        for (j = 0; j < span; j++) o += p[j] * colibri_load_f32(v + (size_t)j * row, dtype, (size_t)i);
         out[i] = o;
     }
+}
+
+static void attention_values_avx2(float *out, const float *p, const void *v, colibri_dtype dtype, size_t stride,
+                                  int32_t span, int32_t hd)
+{
+    size_t row = colibri_row_bytes(dtype, stride);
+    if (dtype == COLIBRI_DTYPE_Q8_0 && hd % 32) colibri_ref_attention_values(out, p, v, dtype, stride, span, hd);
+    else if (dtype == COLIBRI_DTYPE_F32) values_typed(out, p, v, COLIBRI_DTYPE_F32, row, span, hd);
+    else if (dtype == COLIBRI_DTYPE_F16) values_typed(out, p, v, COLIBRI_DTYPE_F16, row, span, hd);
+    else values_typed(out, p, v, COLIBRI_DTYPE_Q8_0, row, span, hd);
 }
 
 /* y (dim) = x / sqrt(mean(x^2) + eps) * w, 8 at a time; block-format weights take the reference. */

@@ -148,12 +148,16 @@ static inline __m256 fold16(__m512 v)
 }
 
 /* scores (span) = scale * K q, four keys at a time, 16 wide; heads whose size is no multiple of
- * 16 take AVX2's. */
-static void attention_scores_avx512(float *scores, const float *q, const float *k, size_t stride, int32_t span,
-                                    int32_t hd, float scale)
+ * 16, and the f16 and q8_0 caches, take AVX2's. */
+static void attention_scores_avx512(float *scores, const float *q, const void *k_cache, colibri_dtype dtype,
+                                    size_t stride, int32_t span, int32_t hd, float scale)
 {
+    const float *k = k_cache;
     int32_t j = 0, i;
-    if (hd % 16) { colibri_kernels_avx2()->attention_scores(scores, q, k, stride, span, hd, scale); return; }
+    if (hd % 16 || dtype != COLIBRI_DTYPE_F32) {
+        colibri_kernels_avx2()->attention_scores(scores, q, k_cache, dtype, stride, span, hd, scale);
+        return;
+    }
     for (; j + 4 <= span; j += 4, k += 4 * stride) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         __m256 h;
@@ -176,11 +180,17 @@ static void attention_scores_avx512(float *scores, const float *q, const float *
     }
 }
 
-/* out (hd) = p @ V, out in registers 64 floats at a time; other head sizes take AVX2's. */
-static void attention_values_avx512(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+/* out (hd) = p @ V, out in registers 64 floats at a time; other head sizes, and the f16 and q8_0
+ * caches, take AVX2's. */
+static void attention_values_avx512(float *out, const float *p, const void *v_cache, colibri_dtype dtype,
+                                    size_t stride, int32_t span, int32_t hd)
 {
+    const float *v = v_cache;
     int32_t i, j;
-    if (hd % 64) { colibri_kernels_avx2()->attention_values(out, p, v, stride, span, hd); return; }
+    if (hd % 64 || dtype != COLIBRI_DTYPE_F32) {
+        colibri_kernels_avx2()->attention_values(out, p, v_cache, dtype, stride, span, hd);
+        return;
+    }
     for (i = 0; i < hd; i += 64) {
         __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
         const float *vj = v + i;

@@ -336,6 +336,11 @@ typedef struct colibri_session_options {
     int32_t n_ctx;          /* positions the KV cache holds; 0: max_position_embeddings, at most 4096 */
     int32_t n_batch;        /* tokens computed together in one forward chunk; 0: 64 */
     int32_t n_seq;          /* sequence slots, each with a KV cache of n_ctx positions; 0: 1 */
+    colibri_dtype kv_type;  /* what the KV cache stores: COLIBRI_DTYPE_F32 (0, exact), _F16 (half the bytes,
+                               rounded to nearest even) or _Q8_0 (34 bytes a 32, llama.cpp's q8_0 along each
+                               head: head_dim a multiple of 32).  Keys and values are computed in f32 and
+                               stored converted.  Latent attention's cache and the short convolution's
+                               inputs stay f32 whatever this says (the memory report shows each) */
     /* Research routing, off unless asked for: it changes what the model computes. */
     int32_t routing;        /* COLIBRI_ROUTING_*: the model's own router (0), or one of the research ones */
     float routing_noise;    /* NOISY: standard deviation of the Gaussian noise added to the router logits */

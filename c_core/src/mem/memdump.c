@@ -144,7 +144,8 @@ void colibri_memdump_report(const colibri_arena *a, const colibri_model *m, cons
 
     emit(&r, "colibri memory report: %s, %d layers, %d experts (top-%d), dim %d, vocab %d\n",
          m->architecture, hp->n_layers, hp->n_experts, hp->top_k, hp->hidden_size, hp->vocab_size);
-    emit(&r, "session: n_ctx %d, n_batch %d, n_seq %d, kernels %s\n\n", h->n_ctx, h->n_batch, h->n_seq, h->kernels);
+    emit(&r, "session: n_ctx %d, n_batch %d, n_seq %d, kernels %s, kv cache %s\n\n", h->n_ctx, h->n_batch, h->n_seq,
+         h->kernels, h->kv_type);
 
     emit(&r, "weights (weights.bin, mapped read-only, %s)  %s B  @%p\n",
          h->slots.n_slots ? "the routed experts read into the expert cache, the rest used in place" : "used in place",

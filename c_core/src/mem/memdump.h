@@ -12,6 +12,7 @@ typedef struct colibri_memdump_header {
     int32_t n_ctx, n_batch, n_seq;
     size_t seq_kv_bytes;        /* one sequence slot's share of the KV cache (every layer's rows, its token ids) */
     const char *kernels;        /* the kernel variant's name */
+    const char *kv_type;        /* what the attention layers' KV cache stores: "f32", "f16", "q8_0" */
     int mapped;                 /* the platform mapped the arena (else it is a caller's buffer) */
     int hugepages;              /* huge pages back the mapping */
     struct {                    /* expert streaming's slots (n_slots 0: resident) */

@@ -41,11 +41,14 @@ typedef struct colibri_kernels {
     void (*quantize_q8_256)(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);   /* cols % 256 == 0 */
     void (*matmul_q8)(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                       int32_t n, int32_t cols, int32_t rows);
-    /* One head's attention over its cached rows (span of them, `stride` floats apart):
+    /* One head's attention over its cached rows, stored in `dtype` (the KV cache's type: f32, f16 or
+     * q8_0, whose blocks of 32 run along hd): span rows `stride` elements apart (a multiple of the
+     * block), from k and v, which point at the head's first element of the first row:
      * scores (span) = scale * K (span, hd) q (hd), then out (hd) = p (span) @ V (span, hd). */
-    void (*attention_scores)(float *scores, const float *q, const float *k, size_t stride, int32_t span,
-                             int32_t hd, float scale);
-    void (*attention_values)(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd);
+    void (*attention_scores)(float *scores, const float *q, const void *k, colibri_dtype dtype, size_t stride,
+                             int32_t span, int32_t hd, float scale);
+    void (*attention_values)(float *out, const float *p, const void *v, colibri_dtype dtype, size_t stride,
+                             int32_t span, int32_t hd);
     /* x (n) <- softmax(x); g (n) <- silu(g) * u.  The reference's exp is colibri_expf (the same bits
      * everywhere); the variants' is a float polynomial within a few ulp, 8 or 16 at a time. */
     void (*softmax)(float *x, int32_t n);
@@ -101,9 +104,10 @@ void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, 
 
 /* Reference kernels that variants call for the shapes and formats they have nothing faster for. */
 void colibri_ref_rmsnorm(float *y, const float *x, const void *w, colibri_dtype dtype, int32_t dim, float eps);
-void colibri_ref_attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
-                                  int32_t hd, float scale);
-void colibri_ref_attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd);
+void colibri_ref_attention_scores(float *scores, const float *q, const void *k, colibri_dtype dtype, size_t stride,
+                                  int32_t span, int32_t hd, float scale);
+void colibri_ref_attention_values(float *out, const float *p, const void *v, colibri_dtype dtype, size_t stride,
+                                  int32_t span, int32_t hd);
 void colibri_ref_latent_query(float *q_latent, const float *q_nope, const void *wk, colibri_dtype dtype, int32_t dn,
                               int32_t rank);
 void colibri_ref_latent_scores(float *scores, const float *q_latent, const float *q_rope, const float *latent,
@@ -118,6 +122,11 @@ static inline float colibri_e8m0_half(uint8_t e)   /* 2^(e - 128): half of an mx
     return half_scale;
 }
 float colibri_f16_to_f32(uint16_t h);
+uint16_t colibri_f32_to_f16(float x);   /* rounded to nearest, ties to even; overflow to inf */
+/* dst = x (n) stored as a KV cache row in `dtype`: f32 copied, f16 rounded to nearest even, q8_0 as
+ * llama.cpp's quantize_row_q8_0 does it (n a multiple of 32; d = max|x| / 127 stored as f16, each
+ * q = roundf(x / d) with 1 / d taken from the unrounded d). */
+void colibri_kv_store(void *dst, colibri_dtype dtype, const float *x, int32_t n);
 float colibri_bf16_to_f32(uint16_t b);
 /* Element i of a row-major tensor; not for the interleaved formats (the loader allows them only
  * where the forward pass multiplies the whole matrix): they read as 0. */

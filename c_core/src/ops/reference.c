@@ -26,6 +26,56 @@ float colibri_f16_to_f32(uint16_t h)
     return f;
 }
 
+uint16_t colibri_f32_to_f16(float x)
+{
+    uint32_t bits, sign, rest, h, rem, half;
+    int32_t shift;
+    memcpy(&bits, &x, 4);
+    sign = (bits >> 16) & 0x8000u;
+    bits &= 0x7fffffffu;
+    if (bits >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (bits > 0x7f800000u ? 0x200u : 0u));   /* inf, nan */
+    if (bits >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* 65520 and up round past 65504 */
+    if (bits >= 0x38800000u) {   /* a normal half: rebias, keep 10 of 23 mantissa bits */
+        h = (bits - 0x38000000u) >> 13;
+        rem = bits & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    if (bits < 0x33000000u) return (uint16_t)sign;   /* at most 2^-25: rounds to zero */
+    /* a subnormal half: x / 2^-24 rounded, x = (1.m) 2^(e - 127), e in [102, 112] */
+    rest = (bits & 0x7fffffu) | 0x800000u;
+    shift = 126 - (int32_t)(bits >> 23);
+    h = rest >> shift;
+    rem = rest & ((1u << shift) - 1u);
+    half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+void colibri_kv_store(void *dst, colibri_dtype dtype, const float *x, int32_t n)
+{
+    uint8_t *out = dst;
+    int32_t i, j;
+    if (dtype == COLIBRI_DTYPE_F32) { memcpy(dst, x, (size_t)n * sizeof(float)); return; }
+    if (dtype == COLIBRI_DTYPE_F16) {
+        for (i = 0; i < n; i++) {
+            uint16_t h = colibri_f32_to_f16(x[i]);
+            memcpy(out + 2 * (size_t)i, &h, 2);
+        }
+        return;
+    }
+    for (i = 0; i < n; i += COLIBRI_BLOCK, out += 34) {   /* q8_0: d (f16), then 32 int8 */
+        float amax = 0.0f, d, id;
+        uint16_t h;
+        for (j = 0; j < COLIBRI_BLOCK; j++) amax = fabsf(x[i + j]) > amax ? fabsf(x[i + j]) : amax;
+        d = amax / 127;
+        id = d != 0.0f ? 1.0f / d : 0.0f;
+        h = colibri_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        for (j = 0; j < COLIBRI_BLOCK; j++) out[2 + j] = (uint8_t)(int8_t)roundf(x[i + j] * id);
+    }
+}
+
 float colibri_bf16_to_f32(uint16_t b)
 {
     uint32_t bits = (uint32_t)b << 16;
@@ -448,29 +498,36 @@ void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, 
     }
 }
 
-/* scores (span) = scale * K q: four partial sums, no hd-long dependency chain. */
-void colibri_ref_attention_scores(float *scores, const float *q, const float *k, size_t stride, int32_t span,
-                                  int32_t hd, float scale)
+/* scores (span) = scale * K q: four partial sums, no hd-long dependency chain; a typed cache's
+ * elements read one by one as colibri_load_f32 reads them. */
+void colibri_ref_attention_scores(float *scores, const float *q, const void *k, colibri_dtype dtype, size_t stride,
+                                  int32_t span, int32_t hd, float scale)
 {
     int32_t j, i;
-    for (j = 0; j < span; j++, k += stride) {
+    for (j = 0; j < span; j++) {
+        const uint8_t *row = (const uint8_t *)k + colibri_row_bytes(dtype, (size_t)j * stride);
         float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
         for (i = 0; i + 4 <= hd; i += 4) {
-            d0 += q[i] * k[i]; d1 += q[i + 1] * k[i + 1];
-            d2 += q[i + 2] * k[i + 2]; d3 += q[i + 3] * k[i + 3];
+            d0 += q[i] * colibri_load_f32(row, dtype, (size_t)i);
+            d1 += q[i + 1] * colibri_load_f32(row, dtype, (size_t)i + 1);
+            d2 += q[i + 2] * colibri_load_f32(row, dtype, (size_t)i + 2);
+            d3 += q[i + 3] * colibri_load_f32(row, dtype, (size_t)i + 3);
         }
-        for (; i < hd; i++) d0 += q[i] * k[i];
+        for (; i < hd; i++) d0 += q[i] * colibri_load_f32(row, dtype, (size_t)i);
         scores[j] = ((d0 + d1) + (d2 + d3)) * scale;
     }
 }
 
 /* out (hd) = sum over j of p[j] * V row j */
-void colibri_ref_attention_values(float *out, const float *p, const float *v, size_t stride, int32_t span, int32_t hd)
+void colibri_ref_attention_values(float *out, const float *p, const void *v, colibri_dtype dtype, size_t stride,
+                                  int32_t span, int32_t hd)
 {
     int32_t j, i;
     for (i = 0; i < hd; i++) out[i] = 0.0f;
-    for (j = 0; j < span; j++, v += stride)
-        for (i = 0; i < hd; i++) out[i] += p[j] * v[i];
+    for (j = 0; j < span; j++) {
+        const uint8_t *row = (const uint8_t *)v + colibri_row_bytes(dtype, (size_t)j * stride);
+        for (i = 0; i < hd; i++) out[i] += p[j] * colibri_load_f32(row, dtype, (size_t)i);
+    }
 }
 
 /* q_latent (rank) = Wk (dn, rank)^T q_nope (dn): Wk's rows scaled by q_nope and added in row order */

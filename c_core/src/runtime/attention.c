@@ -50,6 +50,13 @@ static void softmax_with_sink(float *x, int32_t n, float sink)
     for (i = 0; i < n; i++) x[i] /= sum;
 }
 
+/* Element `col` of row `row` of a layer's KV cache (rows of `width` in the session's kv_type; col a
+ * multiple of its block). */
+static uint8_t *kv_at(const colibri_session *s, float *cache, size_t row, int32_t width, size_t col)
+{
+    return (uint8_t *)cache + colibri_row_bytes(s->kv_type, row * (size_t)width + col);
+}
+
 /* softmax(q k^T * scale) v for heads [part * H / parts, (part + 1) * H / parts) of n queries, each at
  * its own position over its own slot's cached keys and values: the threads share a layer's heads,
  * each head with its own scores row, so the result does not depend on the split. */
@@ -75,12 +82,12 @@ static void attend_heads(void *context, int32_t part, int32_t parts)
             if (lw->window > 0 && pos - lw->window + 1 > 0) first = pos - lw->window + 1;
             if (lw->chunk) first = pos / lw->chunk * lw->chunk;
             span = pos - first + 1;
-            kernels->attention_scores(scores, qh, s->k_cache[job->layer] + (slot + (size_t)first) * kv_dim + kv_off, (size_t)kv_dim,
-                                      span, hd, hp->attention_scale);
+            kernels->attention_scores(scores, qh, kv_at(s, s->k_cache[job->layer], slot + (size_t)first, kv_dim, kv_off),
+                                      s->kv_type, (size_t)kv_dim, span, hd, hp->attention_scale);
             if (hp->attention_sinks) softmax_with_sink(scores, span, colibri_load_f32(lw->w[L_SINKS].data, lw->w[L_SINKS].dtype, (size_t)h));
             else kernels->softmax(scores, span);
-            kernels->attention_values(out, scores, s->v_cache[job->layer] + (slot + (size_t)first) * kv_dim + kv_off, (size_t)kv_dim,
-                                      span, hd);
+            kernels->attention_values(out, scores, kv_at(s, s->v_cache[job->layer], slot + (size_t)first, kv_dim, kv_off),
+                                      s->kv_type, (size_t)kv_dim, span, hd);
         }
     }
 }
@@ -110,7 +117,9 @@ void colibri_attention(colibri_session *s, int32_t layer, const int32_t *pos, co
     const colibri_compute *k = &s->compute;
     int32_t d = hp->hidden_size, hd = hp->head_dim, H = hp->n_heads, half = hp->rope_dim / 2;
     int32_t q_dim = H * hd, kv_dim = hp->n_kv_heads * hd;
-    int run = s->n_seq == 1 || one_run(row, n);   /* one slot's rows in a run: projected straight into the cache */
+    /* one slot's rows in a run of an f32 cache: projected straight into it; else into k_rows, v_rows, then
+     * each row to its slot's cache row, converted for an f16 or q8_0 cache */
+    int run = s->kv_type == COLIBRI_DTYPE_F32 && (s->n_seq == 1 || one_run(row, n));
     float *k_rows = run ? s->k_cache[layer] + (size_t)row[0] * kv_dim : s->k_rows;     /* (n, kv_dim) */
     float *v_rows = run ? s->v_cache[layer] + (size_t)row[0] * kv_dim : s->v_rows;
     int32_t t, i;
@@ -150,8 +159,8 @@ void colibri_attention(colibri_session *s, int32_t layer, const int32_t *pos, co
     }
 
     for (t = 0; t < n && !run; t++) {   /* each row's key and value into its own slot's cache row */
-        memcpy(s->k_cache[layer] + (size_t)row[t] * kv_dim, k_rows + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
-        memcpy(s->v_cache[layer] + (size_t)row[t] * kv_dim, v_rows + (size_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
+        colibri_kv_store(kv_at(s, s->k_cache[layer], (size_t)row[t], kv_dim, 0), s->kv_type, k_rows + (size_t)t * kv_dim, kv_dim);
+        colibri_kv_store(kv_at(s, s->v_cache[layer], (size_t)row[t], kv_dim, 0), s->kv_type, v_rows + (size_t)t * kv_dim, kv_dim);
     }
     {
         heads_job job;
@@ -201,7 +210,7 @@ static void attend_latent_heads(void *context, int32_t part, int32_t parts)
             kernels->latent_scores(scores, q_latent, qh + dn, latent + slot * R, k_rope + slot * dr, span, R, dr,
                                    hp->attention_scale);
             kernels->softmax(scores, span);
-            kernels->attention_values(ctx_latent, scores, latent + slot * R, (size_t)R, span, R);
+            kernels->attention_values(ctx_latent, scores, latent + slot * R, COLIBRI_DTYPE_F32, (size_t)R, span, R);
             colibri_matmul(&alone, s->attn + ((size_t)t * H + h) * dv, ctx_latent, wk + (size_t)dn * wkv_row, wkv_b.dtype,
                            1, R, dv);
         }

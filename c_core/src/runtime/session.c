@@ -26,6 +26,21 @@ static int has_conv(const colibri_model *m)
     return 0;
 }
 
+/* Whether layer l's cache is in the session's kv_type: grouped-query attention's keys and values.
+ * Latent attention's latents and the convolution's inputs stay f32. */
+static int kv_typed(const colibri_model *m, int32_t l)
+{
+    return !m->layers[l].conv && !m->hp.kv_lora_rank;
+}
+
+/* A typed layer's key or value cache, as the memory report shows it. */
+static const char *kv_shape(colibri_dtype kv_type)
+{
+    if (kv_type == COLIBRI_DTYPE_F16) return "(n_seq * n_ctx, n_kv_heads * head_dim) f16";
+    if (kv_type == COLIBRI_DTYPE_Q8_0) return "(n_seq * n_ctx, n_kv_heads * head_dim) q8_0";
+    return "(n_seq * n_ctx, n_kv_heads * head_dim) f32";
+}
+
 /* The widest input of any q8_0 / q4_0 matrix (0: the model has none): the int8 path quantizes
  * activations of that width. */
 static size_t widest_block_input(const colibri_model *m)
@@ -52,7 +67,7 @@ typedef struct stream_plan {
 /* Carves every buffer of a session from `a`.  Run measuring (a->base == NULL) and then for
  * real: the same sequence, so the plan is exact. */
 static void carve_session(colibri_session *s, colibri_arena *a, const colibri_model *m,
-                          int32_t n_ctx, int32_t n_batch, int32_t n_seq, const stream_plan *sp)
+                          int32_t n_ctx, int32_t n_batch, int32_t n_seq, colibri_dtype kv_type, const stream_plan *sp)
 {
     const colibri_hparams *hp = &m->hp;
     size_t B = (size_t)n_batch, S = (size_t)n_seq, C = (size_t)n_ctx, D = (size_t)hp->hidden_size;
@@ -93,21 +108,23 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
                                         "(3, n_batch) i32: ids, positions, cache rows");
     s->row_pos = s->row_tokens ? s->row_tokens + B : NULL;
     s->row_cache = s->row_tokens ? s->row_tokens + 2 * B : NULL;
-    if (S > 1 && !R && KV) {   /* a mixed chunk's keys and values land in scattered cache rows */
+    s->kv_type = kv_type;
+    /* a mixed chunk's keys and values land in scattered cache rows; a typed cache stores them converted */
+    if ((S > 1 || kv_type != COLIBRI_DTYPE_F32) && !R && KV) {
         s->k_rows = colibri_arena_carve(a, colibri_arena_bytes(a, B, KV, f), ARENA_ACTIVATIONS, "k_rows", -1, "(n_batch, n_kv_heads * head_dim) f32");
         s->v_rows = colibri_arena_carve(a, colibri_arena_bytes(a, B, KV, f), ARENA_ACTIVATIONS, "v_rows", -1, "(n_batch, n_kv_heads * head_dim) f32");
     }
-
     s->k_cache = colibri_arena_carve(a, 2 * (size_t)hp->n_layers * COLIBRI_POINTER_SLOT, ARENA_KV_CACHE, "layer_table", -1, "(2, n_layers) pointers");
     s->v_cache = s->k_cache ? s->k_cache + hp->n_layers : NULL;
     for (l = 0; l < hp->n_layers; l++) {
         int conv = m->layers[l].conv;   /* a convolution layer caches B*x per position, and no value */
-        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, S * C, conv ? D : KW, f), ARENA_KV_CACHE,
+        size_t k_row = kv_typed(m, l) ? colibri_row_bytes(kv_type, KV) : (conv ? D : KW) * f;   /* bytes a position */
+        size_t v_row = kv_typed(m, l) ? k_row : (conv ? 0 : VW) * f;
+        float *k = colibri_arena_carve(a, colibri_arena_bytes(a, S * C, k_row, 1), ARENA_KV_CACHE,
                                        conv ? "conv_input" : R ? "latent" : "k", l,
-                                       conv ? "(n_seq * n_ctx, dim) f32" : R ? "(n_seq * n_ctx, kv_lora) f32"
-                                            : "(n_seq * n_ctx, n_kv_heads * head_dim) f32");
-        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, S * C, conv ? 0 : VW, f), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
-                                       R ? "(n_seq * n_ctx, rope_dim) f32" : "(n_seq * n_ctx, n_kv_heads * head_dim) f32");
+                                       conv ? "(n_seq * n_ctx, dim) f32" : R ? "(n_seq * n_ctx, kv_lora) f32" : kv_shape(kv_type));
+        float *v = colibri_arena_carve(a, colibri_arena_bytes(a, S * C, v_row, 1), ARENA_KV_CACHE, R ? "k_rope" : "v", l,
+                                       R ? "(n_seq * n_ctx, rope_dim) f32" : conv ? "(n_seq * n_ctx, 0): none" : kv_shape(kv_type));
         if (s->k_cache) { s->k_cache[l] = k; s->v_cache[l] = v; }
     }
     s->tokens = colibri_arena_carve(a, colibri_arena_bytes(a, S, C, sizeof(int32_t)), ARENA_KV_CACHE, "token_ids", -1, "(n_seq, n_ctx) i32");
@@ -221,7 +238,7 @@ static colibri_status resolve_stream(const colibri_model *m, const colibri_sessi
 }
 
 static colibri_status resolve_options(const colibri_model *m, const colibri_session_options *o,
-                                      int32_t *n_ctx, int32_t *n_batch, int32_t *n_seq, stream_plan *sp,
+                                      int32_t *n_ctx, int32_t *n_batch, int32_t *n_seq, colibri_dtype *kv_type, stream_plan *sp,
                                       colibri_error *err)
 {
     const colibri_hparams *hp = &m->hp;
@@ -230,6 +247,13 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
     *n_ctx = o && o->n_ctx ? o->n_ctx : (hp->max_position_embeddings < DEFAULT_CTX ? hp->max_position_embeddings : DEFAULT_CTX);
     *n_batch = o && o->n_batch ? o->n_batch : DEFAULT_BATCH;
     *n_seq = o && o->n_seq ? o->n_seq : 1;
+    *kv_type = o ? o->kv_type : COLIBRI_DTYPE_F32;
+    if (*kv_type != COLIBRI_DTYPE_F32 && *kv_type != COLIBRI_DTYPE_F16 && *kv_type != COLIBRI_DTYPE_Q8_0)
+        return colibri_fail(err, COLIBRI_E_ARG, "kv_type = %d: the KV cache holds COLIBRI_DTYPE_F32 (%d), _F16 (%d) or "
+                            "_Q8_0 (%d)", (int)*kv_type, COLIBRI_DTYPE_F32, COLIBRI_DTYPE_F16, COLIBRI_DTYPE_Q8_0);
+    if (*kv_type == COLIBRI_DTYPE_Q8_0 && !hp->kv_lora_rank && hp->head_dim % COLIBRI_BLOCK)
+        return colibri_fail(err, COLIBRI_E_ARG, "kv_type q8_0 quantizes each head's keys and values in blocks of 32: "
+                            "head_dim = %d is no multiple of 32", hp->head_dim);
     if (o && (o->threads < 0 || o->threads > 256))
         return colibri_fail(err, COLIBRI_E_ARG, "threads = %d must lie in [0, 256] (0: COLIBRI_THREADS, else the cores)",
                             o->threads);
@@ -262,7 +286,8 @@ static colibri_status resolve_options(const colibri_model *m, const colibri_sess
  * the buffers.  While measuring, the carves land in `scratch`; returns the session, or NULL then.
  * a->n_records counts the carves either way. */
 static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t n_ctx, int32_t n_batch,
-                               int32_t n_seq, const stream_plan *sp, int32_t n_records, colibri_session *scratch)
+                               int32_t n_seq, colibri_dtype kv_type, const stream_plan *sp, int32_t n_records,
+                               colibri_session *scratch)
 {
     colibri_session *s = colibri_arena_carve(a, COLIBRI_SESSION_SLOT, ARENA_SESSION, "session", -1, "struct");
     colibri_arena_record *records = colibri_arena_carve(a, (size_t)n_records * COLIBRI_RECORD_SLOT,
@@ -282,22 +307,22 @@ static colibri_session *layout(colibri_arena *a, const colibri_model *m, int32_t
         s = scratch;
     }
     memset(s, 0, sizeof *s);
-    carve_session(s, a, m, n_ctx, n_batch, n_seq, sp);
+    carve_session(s, a, m, n_ctx, n_batch, n_seq, kv_type, sp);
     return s == scratch ? NULL : s;
 }
 
 /* The arena bytes and the record count of a session, measured twice: once to count the carves,
  * once with the table that records them. */
-static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_batch, int32_t n_seq, const stream_plan *sp,
-                              size_t *bytes, int32_t *n_records, colibri_error *err)
+static colibri_status measure(const colibri_model *m, int32_t n_ctx, int32_t n_batch, int32_t n_seq, colibri_dtype kv_type,
+                              const stream_plan *sp, size_t *bytes, int32_t *n_records, colibri_error *err)
 {
     colibri_arena a;
     colibri_session scratch;
     memset(&a, 0, sizeof a);
-    layout(&a, m, n_ctx, n_batch, n_seq, sp, 0, &scratch);
+    layout(&a, m, n_ctx, n_batch, n_seq, kv_type, sp, 0, &scratch);
     *n_records = a.n_records;
     memset(&a, 0, sizeof a);
-    layout(&a, m, n_ctx, n_batch, n_seq, sp, *n_records, &scratch);
+    layout(&a, m, n_ctx, n_batch, n_seq, kv_type, sp, *n_records, &scratch);
     if (a.overflow)
         return colibri_fail(err, COLIBRI_E_NOMEM, "a session with n_ctx %d, n_batch %d and n_seq %d needs more bytes than size_t counts",
                             n_ctx, n_batch, n_seq);
@@ -309,12 +334,13 @@ colibri_status colibri_session_plan(const colibri_model *model, const colibri_se
                                     size_t *arena_bytes, colibri_error *err)
 {
     int32_t n_ctx, n_batch, n_seq, n_records;
+    colibri_dtype kv_type;
     stream_plan sp;
     colibri_status st;
     if (!model || !arena_bytes) return colibri_fail(err, COLIBRI_E_ARG, "colibri_session_plan: NULL argument");
-    st = resolve_options(model, options, &n_ctx, &n_batch, &n_seq, &sp, err);
+    st = resolve_options(model, options, &n_ctx, &n_batch, &n_seq, &kv_type, &sp, err);
     if (st) return st;
-    return measure(model, n_ctx, n_batch, n_seq, &sp, arena_bytes, &n_records, err);
+    return measure(model, n_ctx, n_batch, n_seq, kv_type, &sp, arena_bytes, &n_records, err);
 }
 
 colibri_status colibri_expert_slots(const colibri_model *model, const colibri_session_options *options,
@@ -340,6 +366,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     colibri_arena a;
     colibri_session *s;
     int32_t n_ctx, n_batch, n_seq, n_records, i;
+    colibri_dtype kv_type;
     size_t need = 0;
     void *base;
     size_t mapped = 0;
@@ -353,9 +380,9 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     *out = NULL;
     st = colibri_platform_model_check(model, err);   /* weights.bin rewritten under the mapping: its bytes are not the ones checked */
     if (st) return st;
-    st = resolve_options(model, options, &n_ctx, &n_batch, &n_seq, &sp, err);
+    st = resolve_options(model, options, &n_ctx, &n_batch, &n_seq, &kv_type, &sp, err);
     if (st) return st;
-    st = measure(model, n_ctx, n_batch, n_seq, &sp, &need, &n_records, err);
+    st = measure(model, n_ctx, n_batch, n_seq, kv_type, &sp, &need, &n_records, err);
     if (st) return st;
     kernels = pick_kernels(options, err);
     if (!kernels) return err ? err->status : COLIBRI_E_ARG;
@@ -379,7 +406,7 @@ colibri_status colibri_session_create(const colibri_model *model, const colibri_
     memset(&a, 0, sizeof a);
     a.base = (uint8_t *)colibri_align_up((size_t)(uintptr_t)base, COLIBRI_ALIGNMENT);
     a.capacity = mapped - (size_t)(a.base - (uint8_t *)base);
-    s = layout(&a, model, n_ctx, n_batch, n_seq, &sp, n_records, NULL);
+    s = layout(&a, model, n_ctx, n_batch, n_seq, kv_type, &sp, n_records, NULL);
     if (!s || a.used > a.capacity || a.n_records != n_records || (sp.n_slots && !s->cache) || (sp.n_drivers && !s->devices)) {   /* cannot happen: the plan above sized it */
         if (owned) colibri_platform_unmap_arena(base, mapped);
         return colibri_fail(err, COLIBRI_E_NOMEM, "arena layout exceeded its plan");
@@ -496,24 +523,29 @@ colibri_status colibri_seq_reset(colibri_session *s, int32_t seq, colibri_error 
     return st;
 }
 
-/* Floats of one cache row of layer l: (key, value) widths; a convolution layer keeps no value. */
-static void row_widths(const colibri_session *s, int32_t l, size_t *kw, size_t *vw)
+/* Bytes of one cache row of layer l: (key, value); kv_type's for attention, f32 for latents and the
+ * convolution's inputs; a convolution layer keeps no value. */
+static void row_bytes(const colibri_session *s, int32_t l, size_t *kb, size_t *vb)
 {
     const colibri_hparams *hp = &s->model->hp;
     int conv = s->model->layers[l].conv;
     size_t KV = (size_t)hp->n_kv_heads * hp->head_dim;
-    *kw = conv ? (size_t)hp->hidden_size : hp->kv_lora_rank ? (size_t)hp->kv_lora_rank : KV;
-    *vw = conv ? 0 : hp->kv_lora_rank ? (size_t)hp->rope_dim : KV;
+    if (kv_typed(s->model, l)) {
+        *kb = *vb = colibri_row_bytes(s->kv_type, KV);
+        return;
+    }
+    *kb = (conv ? (size_t)hp->hidden_size : (size_t)hp->kv_lora_rank) * sizeof(float);
+    *vb = conv ? 0 : (size_t)hp->rope_dim * sizeof(float);
 }
 
 /* One slot's bytes of the KV cache: every layer's n_ctx rows, and its token ids. */
 static size_t seq_kv_bytes(const colibri_session *s)
 {
-    size_t total = (size_t)s->n_ctx * sizeof(int32_t), kw, vw;
+    size_t total = (size_t)s->n_ctx * sizeof(int32_t), kb, vb;
     int32_t l;
     for (l = 0; l < s->model->hp.n_layers; l++) {
-        row_widths(s, l, &kw, &vw);
-        total += (size_t)s->n_ctx * (kw + vw) * sizeof(float);
+        row_bytes(s, l, &kb, &vb);
+        total += (size_t)s->n_ctx * (kb + vb);
     }
     return total;
 }
@@ -530,10 +562,11 @@ colibri_status colibri_seq_copy(colibri_session *s, int32_t src, int32_t dst, co
     n = (size_t)s->seq[src].position;
     C = (size_t)s->n_ctx;
     for (l = 0; l < hp->n_layers; l++) {
-        size_t kw, vw;
-        row_widths(s, l, &kw, &vw);
-        memcpy(s->k_cache[l] + (size_t)dst * C * kw, s->k_cache[l] + (size_t)src * C * kw, n * kw * sizeof(float));
-        if (vw) memcpy(s->v_cache[l] + (size_t)dst * C * vw, s->v_cache[l] + (size_t)src * C * vw, n * vw * sizeof(float));
+        size_t kb, vb;
+        uint8_t *k = (uint8_t *)s->k_cache[l], *v = (uint8_t *)s->v_cache[l];
+        row_bytes(s, l, &kb, &vb);
+        memcpy(k + (size_t)dst * C * kb, k + (size_t)src * C * kb, n * kb);
+        if (vb) memcpy(v + (size_t)dst * C * vb, v + (size_t)src * C * vb, n * vb);
     }
     memcpy(s->tokens + (size_t)dst * C, s->tokens + (size_t)src * C, n * sizeof(int32_t));
     memcpy(s->logits + (size_t)dst * hp->vocab_size, s->logits + (size_t)src * hp->vocab_size,
@@ -598,6 +631,7 @@ colibri_status colibri_memdump(const colibri_session *s, char *buf, size_t cap, 
     header.n_seq = s->n_seq;
     header.seq_kv_bytes = seq_kv_bytes(s);
     header.kernels = s->compute.kernels->name;
+    header.kv_type = colibri_dtype_name(s->kv_type);
     header.mapped = s->arena_owned;
     header.hugepages = s->arena_hugepages;
     memset(&header.slots, 0, sizeof header.slots);

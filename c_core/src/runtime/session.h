@@ -57,10 +57,13 @@ struct colibri_session {
     colibri_q8_block *latent_xq;   /* (n_heads, kv_lora_rank / 32) each head's ctx_latent quantized (int8 weights) */
     float *block_out;           /* (n_batch, dim) attention or MoE output before the residual add */
     float *k_rows, *v_rows;     /* (n_batch, n_kv_heads * head_dim) a chunk's keys and values before they go
-                                   to their cache rows, when those are not one run (n_seq > 1 only) */
+                                   to their cache rows, when those are not one run (n_seq > 1) or the cache
+                                   stores them converted (kv_type f16 or q8_0) */
     /* KV cache, per layer: slot s's rows are [s * n_ctx, (s + 1) * n_ctx) */
-    float **k_cache;            /* (n_layers) -> (n_seq * n_ctx, n_kv_heads * head_dim) */
-    float **v_cache;            /* (n_layers) -> (n_seq * n_ctx, n_kv_heads * head_dim) */
+    float **k_cache;            /* (n_layers) -> (n_seq * n_ctx, n_kv_heads * head_dim) in kv_type (attention.c's kv_at) */
+    float **v_cache;            /* (n_layers) -> (n_seq * n_ctx, n_kv_heads * head_dim) in kv_type; latent and
+                                   convolution layers' caches are f32 whatever kv_type */
+    colibri_dtype kv_type;      /* f32, f16 or q8_0 */
     /* RoPE angle tables */
     float *rope_cos;            /* (n_ctx, head_dim / 2) */
     float *rope_sin;            /* (n_ctx, head_dim / 2) */
@@ -84,7 +87,7 @@ struct colibri_session {
     float *probs;               /* (vocab) */
     int32_t *candidates;        /* (vocab) */
 };
-#define COLIBRI_SESSION_SLOT 720   /* bytes reserved for the struct on every target (util.h) */
+#define COLIBRI_SESSION_SLOT 728   /* bytes reserved for the struct on every target (util.h) */
 #define COLIBRI_ENTRY_SLOT 24      /* bytes reserved per colibri_batch_entry on every target */
 
 /* An empty slot: no positions, no pending token. */

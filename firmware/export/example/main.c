@@ -74,6 +74,7 @@ int main(void)
     memset(&so, 0, sizeof so);
     so.n_ctx = COLIBRI_PLAN_N_CTX;
     so.n_batch = COLIBRI_PLAN_N_BATCH;
+    so.kv_type = COLIBRI_PLAN_KV_TYPE;
     so.arena = ram + COLIBRI_PLAN_META_BYTES;
     so.arena_size = COLIBRI_PLAN_ARENA_BYTES;
     if (colibri_session_create(model, &so, &session, &err)) return failed("session", &err);
