@@ -51,9 +51,9 @@ def model_dir(tmp_path_factory):
 class Reference:
     """What a Session of the same model gives alone: the text, the tokens generated, the finish."""
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, kernels=KERNELS):
         self.model = colibri.Model(model_dir)
-        self.session = self.model.session(ctx=CTX, kernels=KERNELS)
+        self.session = self.model.session(ctx=CTX, kernels=kernels)
         self.add_bos = not chat.read(model_dir).writes_bos()
 
     def chat_ids(self, messages):
@@ -82,11 +82,11 @@ def free_port():
 class Server:
     """`colibri serve --model DIR FLAGS` (the installed colibri), up once /health answers 200."""
 
-    def __init__(self, model_dir, tmp_path, *flags, wait=True):
+    def __init__(self, model_dir, tmp_path, *flags, wait=True, kernels=KERNELS):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / f"serve-{self.port}.log"
-        env = {**os.environ, "COLIBRI_KERNELS": KERNELS}
+        env = {**os.environ, "COLIBRI_KERNELS": kernels}
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "colibri", "serve", "--model", str(model_dir),
                                           "--port", str(self.port), "--ctx", str(CTX), *map(str, flags)],
@@ -264,6 +264,22 @@ def test_stop_strings(server, ref, stream):
 
 
 def test_sixteen_concurrent_clients_each_get_their_run_alone(server, ref):
+    sixteen_clients(server, ref)
+
+
+def test_sixteen_clients_with_the_avx2_kernels(model_dir, tmp_path):
+    """The same with the AVX2 kernels (the machines CI runs on have them, or AVX-512 beside them)."""
+    if not colibri.kernel_variants().get("avx2"):
+        pytest.skip("this CPU does not run the avx2 kernels")
+    s = Server(model_dir, tmp_path, "--parallel", 8, kernels="avx2")
+    try:
+        sixteen_clients(s, Reference(model_dir, kernels="avx2"))
+    finally:
+        assert s.stop() == 0, s.output()
+
+
+def sixteen_clients(server, ref):
+    """16 clients at once, half streamed: each answer is its prompt's run alone."""
     expected = [ref.run(ref.model.tokenize(p), 48) for p in PROMPTS]
 
     def ask(i):
