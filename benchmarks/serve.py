@@ -303,6 +303,11 @@ def summary(runs):
                 usage=all(r["usage_checked"] for r in runs))
 
 
+def noisy(cond, cell):
+    """'*' when processes other than the server, the clients (and the busy neighbour) took CPU."""
+    return "*" if cell["other"] - (cond == "busy") > bench.QUIET_OTHER_CPU else ""
+
+
 def verdict(value, ok):
     return f"{value:.2f} {'met' if ok else 'MISSED'}"
 
@@ -338,10 +343,14 @@ def table(results, servers, clients, conditions, args, peer_note):
                 vs = "1" if name == PEER else (f"{ratio(cond, c, name):.2f}" if PEER in servers else "")
                 lines.append(f"| {c} | {name} | {s['tps']:.1f} | {vs} | {s['ttft50']:.0f} | {s['ttft99']:.0f} | "
                              f"{s['itl50']:.1f} | {s['itl99']:.1f} | {s['itl_std']:.1f} | {s['itl99'] / s['itl50']:.2f} | "
-                             f"{s['rss'] / 2**30:.2f} GiB | {s['load']:.2f} | {s['other']:.2f} | {s['tokens']} |")
+                             f"{s['rss'] / 2**30:.2f} GiB | {s['load']:.2f} | {s['other']:.2f}{noisy(cond, s)} | "
+                             f"{s['tokens']} |")
         lines.append("")
     lines += ["## The issue's targets", ""]
     lines += targets(cells, ratio, servers, clients, conditions)
+    if any(noisy(cond, s) for (cond, _, _), s in cells.items()):
+        lines += ["", f"\\* not quiet: other processes took more than {bench.QUIET_OTHER_CPU:.0%} of a core "
+                  "(beyond the busy neighbour's one) during the run."]
     if not all(s["usage"] for s in cells.values()):
         lines += ["", "A server sent no usage in its streams: its output tokens were counted as text events."]
     return "\n".join(lines) + "\n"
