@@ -170,20 +170,26 @@ def running_server(command, name):
     with tempfile.TemporaryFile() as output:
         proc = subprocess.Popen(command.argv, stdout=output, stderr=subprocess.STDOUT, cwd="/", env=command.env,
                                 start_new_session=True)
+
+        def failed(what):
+            output.seek(0)
+            return SystemExit(f"{name} {what}:\n{' '.join(command.argv)}\n"
+                              f"{output.read().decode(errors='replace')[-3000:]}")
         try:
             deadline = time.monotonic() + HEALTH_TIMEOUT_S
             while True:
                 if proc.poll() is not None:
-                    output.seek(0)
-                    raise SystemExit(f"{name} exited with {proc.returncode} before answering /health:\n"
-                                     f"{' '.join(command.argv)}\n{output.read().decode(errors='replace')[-3000:]}")
+                    raise failed(f"exited with {proc.returncode} before answering /health")
                 with contextlib.suppress(OSError, ValueError):
-                    if get_json(f"http://127.0.0.1:{port}/health")[0] == 200:
-                        break
+                    if get_json(f"http://127.0.0.1:{port}/health")[0] == 200 and proc.poll() is None:
+                        break   # and still running: a server that could not bind the port exits
                 if time.monotonic() > deadline:
-                    raise SystemExit(f"{name} did not answer /health in {HEALTH_TIMEOUT_S} s")
+                    raise failed(f"did not answer /health in {HEALTH_TIMEOUT_S} s")
                 time.sleep(0.2)
-            yield proc
+            try:
+                yield proc
+            except Exception as e:   # a request failed: the server's own account of it
+                raise failed(f"failed a request ({type(e).__name__}: {e}; exit status {proc.poll()})") from e
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
