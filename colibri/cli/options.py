@@ -137,11 +137,20 @@ def build_dir_argument(p):
                    "$COLIBRI_BUILD_DIR, else build/ of a checkout, else ~/.cache/colibri/)")
 
 
+def kv_type_name(text):
+    """argparse's type of --kv-type: a name Session's kv_type takes (the core's table)."""
+    try:
+        from colibri._core import KV_TYPES
+    except ImportError:   # no core built: the command says so, clearly, when it opens the model
+        return text
+    if text not in KV_TYPES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(KV_TYPES)}")
+    return text
+
+
 def kv_type_argument(p):
     """--kv-type: what a session's KV cache stores (Session's kv_type)."""
-    from colibri._core import KV_TYPES
-
-    p.add_argument("--kv-type", choices=list(KV_TYPES), default="f32",
+    p.add_argument("--kv-type", metavar="{f32,f16,q8_0}", type=kv_type_name, default="f32",
                    help="what the KV cache stores: f32 (exact, the default), f16 (half the bytes) or q8_0 (8-bit "
                         "blocks of 32 along each head: 34 bytes a 32, head_dim a multiple of 32)")
 
