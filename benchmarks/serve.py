@@ -214,7 +214,10 @@ async def one_stream(client, url, body):
     """One streamed completion.  Each line is timed as it arrives and parsed after."""
     lines = []
     sent = time.perf_counter()
-    async with client.stream("POST", url, json=body) as r:
+    # a connection of its own: llama-server (cpp-httplib) closes a kept-alive connection after a few
+    # requests, and a request sent on one as it closes fails unanswered; a loopback connect is well
+    # under a millisecond, paid alike by every server
+    async with client.stream("POST", url, json=body, headers={"Connection": "close"}) as r:
         if r.status_code != 200:
             raise SystemExit(f"POST {url}: {r.status_code} {(await r.aread()).decode(errors='replace')[:500]}")
         async for line in r.aiter_lines():
