@@ -64,6 +64,9 @@ class Context:
     def is_active(self):
         return True
 
+    def time_remaining(self):
+        return None   # no deadline
+
     def invocation_metadata(self):
         return ()
 

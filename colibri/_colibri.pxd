@@ -343,6 +343,8 @@ cdef extern from "colibri/device.h" nogil:
 
 
     colibri_status colibri_experts_compute(colibri_session *session, colibri_device_task *task, colibri_error *err)
+    colibri_status colibri_experts_check(const colibri_session *session, const colibri_device_task *task,
+                                         colibri_error *err)
     int32_t colibri_device_count(const colibri_session *session)
     const char *colibri_device_name(const colibri_session *session, int32_t device)
     int32_t colibri_device_find(const colibri_session *session, const char *name)

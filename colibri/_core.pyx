@@ -968,6 +968,27 @@ cdef class Session:
             raise_error(&err)
         return out
 
+    def check_experts(self, int layer, experts, rows, int hidden_size):
+        """compute_experts' checks of a task of ``rows[-1]`` rows of ``hidden_size``, without
+        computing it: colibri.Error (COLIBRI_E_ARG) as compute_experts would raise.  It reads only
+        the model, so it may run while another thread computes (the expert server checks each
+        call on its event loop before merging it with others)."""
+        cdef int32_t[::1] ids = np.ascontiguousarray(experts, dtype=np.int32)
+        cdef int32_t[::1] offsets = np.ascontiguousarray(rows, dtype=np.int32)
+        if ids.shape[0] < 1 or offsets.shape[0] != ids.shape[0] + 1:
+            raise ValueError(f"{ids.shape[0]} experts need {ids.shape[0] + 1} row offsets, not {offsets.shape[0]}")
+        cdef c.colibri_device_task t
+        cdef c.colibri_error err
+        memset(&t, 0, sizeof(t))
+        t.layer = layer
+        t.n_experts = ids.shape[0]
+        t.experts = &ids[0]
+        t.rows = &offsets[0]
+        t.n_rows = offsets[offsets.shape[0] - 1]
+        t.hidden_size = hidden_size
+        if c.colibri_experts_check(self._session, &t, &err) != c.COLIBRI_OK:
+            raise_error(&err)
+
     cdef _enter(self):
         # Callers convert and check every argument before taking the flag and release it in a
         # finally: an exception must never leave the session marked busy.

@@ -215,6 +215,12 @@ def test_compute_experts_refuses_bad_tasks_by_name(family_model):
         with pytest.raises(colibri.Error, match=match) as e:
             s.compute_experts(*args)
         assert e.value.status == "COLIBRI_E_ARG"
+        if match == "n_rows":   # check_experts' task has rows[-1] rows: x is not its to check
+            continue
+        with pytest.raises(colibri.Error) as checked:   # the same checks without computing (the expert server's)
+            s.check_experts(*args[:3], args[3].shape[1])
+        assert str(checked.value) == str(e.value)
+    s.check_experts(layer, [0, 1], [0, 1, 2], d)
 
 
 def _is_moe(model, layer):

@@ -59,6 +59,9 @@ def add_serve_experts(sub):
                     "a call carries at most batch * top_k rows")
     se.add_argument("--max-message", type=float, metavar="MB",
                     help="bound on one message's MiB (default: what the largest call needs)")
+    se.add_argument("--queue", type=count_in(1, 65536), default=256, metavar="N",
+                    help="Computes that may wait for the compute thread (default 256: 16 connections with all "
+                         "their 16 streams open); a call past it is answered RESOURCE_EXHAUSTED at once")
     se.add_argument("--no-fetch", action="store_true", help="do not serve the experts' weights (FetchExpert)")
     se.set_defaults(func=cmd_serve_experts)
 

@@ -6,14 +6,25 @@ the edges that call it and its weights served to those that fetch them.  docs/DE
 
 The server is gRPC's asyncio server on one event loop thread: a call waiting on its client (a request
 not sent yet, a reply the client does not read) holds a coroutine, not a thread, so no client can
-take the server from the others.  The session is not thread-safe: Computes run one at a time on the
-loop's thread, in the order they arrive (handing them to another thread cost a millisecond a call;
-Info and FetchExpert wait at most for the Compute running).  Every request is checked before it reaches the core; what
-the core refuses (COLIBRI_E_ARG) is INVALID_ARGUMENT too, never a crash.  The model is read into
-memory (Model(copy=True)), not mapped, so weights.bin truncated or rewritten under the server is a
-DATA_LOSS answer, not a SIGBUS.
+take the server from the others.  Every request is checked on the loop before it reaches the core
+(the core's own checks of a Compute too, Session.check_experts: a malformed call never fails the
+calls computed with it); what the core refuses (COLIBRI_E_ARG) is INVALID_ARGUMENT, never a crash.
+
+Computes are batched.  A checked Compute waits in a queue of at most `queue` calls (--queue; a
+call finding it full is answered RESOURCE_EXHAUSTED at once) for the compute thread, the only one
+that computes with the session (it is not thread-safe; compute_experts releases the GIL, so the loop
+keeps serving meanwhile).  Each round takes the oldest queued call and the later calls of its
+layer, in arrival order, while their rows fit max_rows, and computes them as one compute_experts:
+each expert once, over the rows every call routes to it; each call is answered its own rows, in
+its own order, and the round's compute time.  The next round again starts from the oldest call of
+any layer, so a busy layer cannot starve another.  A call whose client has gone (gRPC cancels it,
+at its deadline too) leaves the queue; one whose deadline has passed when its round starts is
+answered DEADLINE_EXCEEDED, uncomputed.  Info and FetchExpert never wait for a Compute.  The model
+is read into memory (Model(copy=True)), not mapped, so weights.bin truncated or rewritten under
+the server is a DATA_LOSS answer, not a SIGBUS.
 """
 import asyncio
+import collections
 import hmac
 import ipaddress
 import os
@@ -39,6 +50,7 @@ SLACK = 64 << 10        # a message's bytes besides its tensor: ids, offsets, ha
 DEFAULT_BATCH = 64      # the core's default prefill chunk
 STREAMS_PER_CONNECTION = 16   # calls one connection may have open at once: bounds what it holds
 KEEPALIVE_S = 60, 20    # ping a connection idle this long, drop it when the ping is not answered in that
+DEFAULT_QUEUE = 256     # Computes waiting for the compute thread: 16 connections with all their streams open
 
 
 def short(digest):
@@ -46,12 +58,37 @@ def short(digest):
     return digest[:6].hex() if digest else "(none)"
 
 
+class Call:
+    """A checked Compute in the queue: x (rows[-1], hidden) the request's bytes, unconverted; the
+    future its coroutine awaits; the time.monotonic() its deadline passes (None: no deadline)."""
+
+    __slots__ = ("layer", "experts", "rows", "x", "future", "deadline")
+
+    def __init__(self, layer, experts, rows, x, future, deadline):
+        self.layer, self.experts, self.rows, self.x = layer, experts, rows, x
+        self.future, self.deadline = future, deadline
+
+    @property
+    def n_rows(self):
+        return int(self.rows[-1])
+
+
+def settle(future, answer):
+    """On the loop: the call's answer, unless its coroutine has gone (cancelled)."""
+    if not future.done():
+        future.set_result(answer)
+
+
 class ExpertsService(rpc.ExpertsServicer):
     """Compute and FetchExpert for the model at `model_dir`.  `batch`: the largest prefill chunk of
     the edges served (a call carries at most batch * top_k rows); `max_message`: bytes one message
-    may take (default: what the largest call needs), fewer rows per call when smaller."""
+    may take (default: what the largest call needs), fewer rows per call when smaller; `queue`:
+    Computes that may wait for the compute thread (module docstring).  close() stops the thread."""
 
-    def __init__(self, model_dir, *, kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True):
+    def __init__(self, model_dir, *, kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True,
+                 queue=DEFAULT_QUEUE):
+        if queue < 1:
+            raise ValueError(f"a queue of {queue} calls: give at least 1 (--queue)")
         if Path(model_dir).is_file():   # FetchExpert reads weights.bin's extents
             raise ValueError(f"{model_dir}: serve-experts serves a model directory: convert the GGUF first "
                              f"(colibri convert {model_dir} DIR)")
@@ -76,11 +113,32 @@ class ExpertsService(rpc.ExpertsServicer):
         try:
             self.model.check_file()   # the file FetchExpert reads is the one the model was read from
         except colibri.Error as e:
-            self.close()
+            os.close(self.weights)
             raise ValueError(str(e)) from None
+        self.queue = queue
+        self._waiting = collections.deque()   # Calls in arrival order
+        self._ready = threading.Condition()   # guards _waiting, _closing and _counts
+        self._closing = False
+        self._counts = dict.fromkeys(("calls", "rounds", "rows", "largest_round", "refused", "dropped", "failed"), 0)
+        self._thread = threading.Thread(target=self._rounds, name="colibri-experts", daemon=True)
+        self._thread.start()
 
     def close(self):
+        """Stops the compute thread once its round is done (calls still queued are answered
+        UNAVAILABLE) and closes weights.bin."""
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
+        self._thread.join()
         os.close(self.weights)
+
+    def stats(self):
+        """The counters since the start: calls (answered with their output), rounds (compute_experts
+        calls), rows (computed), largest_round (the most calls one round merged), refused (a full
+        queue, or a closed service), dropped (their deadline passed or their client went before their round), failed
+        (an error of their round, or queued when the service closed); queued (waiting now)."""
+        with self._ready:
+            return dict(self._counts, queued=len(self._waiting))
 
     def _changed(self):
         """None while weights.bin is the file the model was read from (the core's check), else why not."""
@@ -122,19 +180,123 @@ class ExpertsService(rpc.ExpertsServicer):
                    f"are {int(rows[-1]) * self.hidden * 4}")
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {bad}")
-        x = np.frombuffer(request.x, dtype="<f4").reshape(int(rows[-1]), self.hidden)
-        x = x.astype(np.float32)   # a writable copy in native order: compute_experts takes no read-only buffer
         experts = np.array(request.experts, dtype=np.int32)
-        try:
-            start = time.perf_counter_ns()
-            y = self.session.compute_experts(request.layer, experts, rows, x)   # the GIL is released meanwhile
-            elapsed = time.perf_counter_ns() - start
+        try:   # the core's own checks, here: a call it would refuse must not fail the others of its round
+            self.session.check_experts(request.layer, experts, rows, self.hidden)
         except colibri.Error as e:
-            code = grpc.StatusCode.INVALID_ARGUMENT if e.status == "COLIBRI_E_ARG" else grpc.StatusCode.INTERNAL
-            await context.abort(code, f"layer {request.layer}: {e}")
-        except (ValueError, TypeError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {e}")
-        return pb.ComputeReply(y=y.astype("<f4", copy=False).tobytes(), compute_ns=elapsed)
+        x = np.frombuffer(request.x, dtype="<f4").reshape(int(rows[-1]), self.hidden)
+        remaining = context.time_remaining()
+        call = Call(request.layer, experts, rows, x, asyncio.get_running_loop().create_future(),
+                    None if remaining is None else time.monotonic() + remaining)
+        with self._ready:
+            taken = not self._closing and len(self._waiting) < self.queue
+            if taken:
+                self._waiting.append(call)
+                self._ready.notify()
+            else:
+                self._counts["refused"] += 1
+        if not taken:
+            if self._closing:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.queue} calls wait already, the server's bound (serve-experts --queue "
+                                f"{self.queue}): try again later")
+        try:
+            code, detail, y, elapsed = await call.future
+        except asyncio.CancelledError:   # the client has gone (or its deadline passed): no round for it
+            with self._ready:
+                if call in self._waiting:
+                    self._waiting.remove(call)
+                    self._counts["dropped"] += 1
+            raise
+        if code is not None:
+            await context.abort(code, f"layer {request.layer}: {detail}")
+        return pb.ComputeReply(y=y, compute_ns=elapsed)
+
+    def _rounds(self):
+        """The compute thread: round after round until close(), then the calls left are refused."""
+        while True:
+            with self._ready:
+                while not self._waiting and not self._closing:
+                    self._ready.wait()
+                if self._closing:
+                    left, self._waiting = self._waiting, collections.deque()
+                    self._counts["failed"] += len(left)
+                    break
+                calls = self._take()
+            if not calls:   # every call queued had passed its deadline
+                continue
+            try:
+                self._compute(calls)
+            except Exception as e:   # compute_experts' error, mapped as before the queue; none may end the thread
+                if isinstance(e, colibri.Error):
+                    refused = e.status == "COLIBRI_E_ARG"
+                else:
+                    refused = isinstance(e, (ValueError, TypeError))
+                code = grpc.StatusCode.INVALID_ARGUMENT if refused else grpc.StatusCode.INTERNAL
+                with self._ready:
+                    self._counts["failed"] += len(calls)
+                for call in calls:
+                    self._answer(call, code, str(e))
+        for call in left:
+            self._answer(call, grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+
+    def _take(self):
+        """The next round, out of the queue (under its lock): the oldest call, then its layer's later
+        calls in arrival order while their rows fit max_rows (the first that does not ends the round:
+        a layer's calls keep their order).  A call whose deadline has passed is answered
+        DEADLINE_EXCEEDED on the way, uncomputed.  The others wait for the next round."""
+        now = time.monotonic()
+        calls, rows, taking, left = [], 0, True, collections.deque()
+        for call in self._waiting:
+            if call.deadline is not None and call.deadline <= now:
+                self._counts["dropped"] += 1
+                self._answer(call, grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed while the call was queued")
+            elif not calls or (taking and call.layer == calls[0].layer and rows + call.n_rows <= self.max_rows):
+                calls.append(call)
+                rows += call.n_rows
+            else:
+                taking = taking and call.layer != calls[0].layer
+                left.append(call)
+        self._waiting = left
+        return calls
+
+    def _compute(self, calls):
+        """One round: the calls merged into one compute_experts, the union of their experts ascending,
+        each expert's rows those of each call in call order; each call answered with its own rows of
+        the output, in its own order, and the round's compute time."""
+        pieces = sorted((int(e), i, int(call.rows[j]), int(call.rows[j + 1]))   # by expert, then call
+                        for i, call in enumerate(calls) for j, e in enumerate(call.experts))
+        experts, rows = [], [0]
+        x = np.empty((sum(call.n_rows for call in calls), self.hidden), np.float32)
+        for e, i, a, b in pieces:
+            if not experts or experts[-1] != e:
+                experts.append(e)
+                rows.append(rows[-1])
+            x[rows[-1]:rows[-1] + b - a] = calls[i].x[a:b]
+            rows[-1] += b - a
+        start = time.perf_counter_ns()
+        y = self.session.compute_experts(calls[0].layer, np.array(experts, np.int32), np.array(rows, np.int32), x)
+        elapsed = time.perf_counter_ns() - start   # the GIL is released meanwhile
+        outs = [np.empty((call.n_rows, self.hidden), "<f4") for call in calls]
+        at = 0
+        for e, i, a, b in pieces:
+            outs[i][a:b] = y[at:at + b - a]
+            at += b - a
+        with self._ready:
+            c = self._counts
+            c["calls"] += len(calls)
+            c["rounds"] += 1
+            c["rows"] += len(x)
+            c["largest_round"] = max(c["largest_round"], len(calls))
+        for call, out in zip(calls, outs):
+            self._answer(call, None, None, out.tobytes(), elapsed)
+
+    @staticmethod
+    def _answer(call, code, detail, y=b"", elapsed=0):
+        """From any thread: the call's answer, (code, detail) for an error, else (None, None, y, ns)."""
+        call.future.get_loop().call_soon_threadsafe(settle, call.future, (code, detail, y, elapsed))
 
     async def FetchExpert(self, request, context):
         await self._check(request.model_hash, context)
@@ -252,8 +414,9 @@ class Served:
 
 
 def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls_key=None, insecure=False,
-          kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True):
-    """(Served, ExpertsService, "host:port" bound).  ValueError for an unsafe or malformed setup
+          kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True, queue=DEFAULT_QUEUE):
+    """(Served, ExpertsService, "host:port" bound); the caller closes the service once the server has
+    stopped.  ValueError for an unsafe or malformed setup
     (a non-loopback address needs a token and TLS unless `insecure`) or an address it cannot bind."""
     host, port = parse_listen(listen)
     if bool(tls_cert) != bool(tls_key):
@@ -264,7 +427,7 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
                          f"--insecure serves it without them")
     creds = check_listen(host, port, tls_cert, tls_key)   # before the model and the gRPC server: fails at once
     service = ExpertsService(model_dir, kernels=kernels, batch=batch, threads=threads, max_message=max_message,
-                             fetch=fetch)
+                             fetch=fetch, queue=queue)
     options = [("grpc.max_receive_message_length", service.max_message),
                ("grpc.max_send_message_length", max(service.max_message, CHUNK + SLACK)),   # a FetchExpert chunk
                ("grpc.so_reuseport", 0),   # a second server on a taken port fails instead of sharing it
@@ -342,18 +505,20 @@ def main(args):
             args.model, args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
             insecure=args.insecure, kernels=args.kernels, batch=args.batch, threads=args.threads,
             max_message=None if args.max_message is None else int(args.max_message * (1 << 20)),
-            fetch=not args.no_fetch)
+            fetch=not args.no_fetch, queue=args.queue)
     except (ValueError, OSError) as e:
         raise SystemExit(f"colibri serve-experts: {e}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"colibri serve-experts: {address} serving {service.model.path} (model {short(service.hash)}, "
-          f"kernels {service.session.kernels}, max_rows {service.max_rows}, "
+          f"kernels {service.session.kernels}, max_rows {service.max_rows}, queue {service.queue}, "
           f"{'TLS' if args.tls_cert else 'no TLS'}, {'token' if token else 'no token'}"
           f"{', fetch' if service.fetch else ''})", flush=True)
     while not stop.wait(3600):
         pass
     server.stop(grace=1).wait()
     service.close()
+    counts = ", ".join(f"{k} {v}" for k, v in service.stats().items() if k != "queued")
+    print(f"colibri serve-experts: stopped ({counts})", flush=True)
     return 0

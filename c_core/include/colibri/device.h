@@ -81,6 +81,11 @@ void colibri_cpu_driver(colibri_session *session, colibri_device_driver *driver)
  * ascending, rows that do not partition [0, n_rows), a wrong hidden_size. */
 colibri_status colibri_experts_compute(colibri_session *session, colibri_device_task *task, colibri_error *err);
 
+/* colibri_experts_compute's checks of a task without computing it (x and y are not read): a caller
+ * that merges tasks checks each one first, so that a malformed task never fails the others'. */
+colibri_status colibri_experts_check(const colibri_session *session, const colibri_device_task *task,
+                                     colibri_error *err);
+
 /* ---- placement: (n_layers, n_experts) device indices -------------------- */
 
 int32_t colibri_device_count(const colibri_session *session);                 /* 1 + drivers */

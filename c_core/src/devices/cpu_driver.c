@@ -6,21 +6,20 @@
 #include "../runtime/session.h"
 #include "../util.h"
 
-colibri_status colibri_experts_compute(colibri_session *s, colibri_device_task *t, colibri_error *err)
+colibri_status colibri_experts_check(const colibri_session *s, const colibri_device_task *t, colibri_error *err)
 {
     const colibri_hparams *hp;
-    const colibri_layer_weights *lw;
-    int32_t j, r;
-    if (!s || !t) return colibri_fail(err, COLIBRI_E_ARG, "colibri_experts_compute: NULL argument");
+    int32_t j;
+    if (!s || !t) return colibri_fail(err, COLIBRI_E_ARG, "colibri_experts_check: NULL argument");
     hp = &s->model->hp;
     if (t->layer < 0 || t->layer >= hp->n_layers)
         return colibri_fail(err, COLIBRI_E_ARG, "layer %d out of range [0, %d)", t->layer, hp->n_layers);
-    lw = &s->model->layers[t->layer];
-    if (!lw->moe) return colibri_fail(err, COLIBRI_E_ARG, "layer %d is dense: it has no routed experts", t->layer);
+    if (!s->model->layers[t->layer].moe)
+        return colibri_fail(err, COLIBRI_E_ARG, "layer %d is dense: it has no routed experts", t->layer);
     if (t->hidden_size != hp->hidden_size)
         return colibri_fail(err, COLIBRI_E_ARG, "hidden_size %d: the model's is %d", t->hidden_size, hp->hidden_size);
-    if (t->n_experts < 1 || t->n_experts > hp->n_experts || !t->experts || !t->rows || !t->x || !t->y)
-        return colibri_fail(err, COLIBRI_E_ARG, "%d experts: between 1 and %d, with experts, rows, x and y", t->n_experts,
+    if (t->n_experts < 1 || t->n_experts > hp->n_experts || !t->experts || !t->rows)
+        return colibri_fail(err, COLIBRI_E_ARG, "%d experts: between 1 and %d, with experts and rows", t->n_experts,
                             hp->n_experts);
     if (t->rows[0] != 0 || t->rows[t->n_experts] != t->n_rows || t->n_rows < 1)
         return colibri_fail(err, COLIBRI_E_ARG, "rows must run from 0 to n_rows = %d", t->n_rows);
@@ -31,13 +30,25 @@ colibri_status colibri_experts_compute(colibri_session *s, colibri_device_task *
             return colibri_fail(err, COLIBRI_E_ARG, "rows[%d] = %d after %d: each expert needs at least one row", j + 1,
                                 t->rows[j + 1], t->rows[j]);
     }
-    const colibri_moe_context c = { .moe = &s->moe, .k = &s->compute, .hp = hp, .lw = lw, .b = &s->moe_buf,
-                                    .stream = s->cache ? &s->stream : NULL, .layer = t->layer };   /* nothing routed */
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_experts_compute(colibri_session *s, colibri_device_task *t, colibri_error *err)
+{
+    const colibri_hparams *hp;
+    int32_t j, r;
+    colibri_status st = colibri_experts_check(s, t, err);
+    if (st) return st;
+    if (!t->x || !t->y) return colibri_fail(err, COLIBRI_E_ARG, "colibri_experts_compute: NULL x or y");
+    hp = &s->model->hp;
+    const colibri_moe_context c = { .moe = &s->moe, .k = &s->compute, .hp = hp, .lw = &s->model->layers[t->layer],
+                                    .b = &s->moe_buf, .stream = s->cache ? &s->stream : NULL,
+                                    .layer = t->layer };   /* nothing routed */
     for (j = 0; j < t->n_experts; j++)   /* each expert's rows, n_batch at a time: rows are independent */
         for (r = t->rows[j]; r < t->rows[j + 1]; r += s->n_batch) {
             int32_t m = t->rows[j + 1] - r < s->n_batch ? t->rows[j + 1] - r : s->n_batch;
             size_t at = (size_t)r * hp->hidden_size;
-            colibri_status st = colibri_moe_expert_rows(&c, t->experts[j], t->x + at, m, t->y + at, err);
+            st = colibri_moe_expert_rows(&c, t->experts[j], t->x + at, m, t->y + at, err);
             if (st) return st;
         }
     return COLIBRI_OK;
