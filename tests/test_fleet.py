@@ -25,7 +25,7 @@ from colibri.remote import colibri_remote_pb2 as pb  # noqa: E402
 from colibri.remote import colibri_remote_pb2_grpc as rpc  # noqa: E402
 from colibri.remote import model_hash  # noqa: E402
 from colibri.remote.driver import RemoteError  # noqa: E402
-from colibri.remote.edge import Edge, placement_table  # noqa: E402
+from colibri.remote.edge import Edge, initial_local, placement_table  # noqa: E402
 from colibri.remote.etcd import Etcd  # noqa: E402
 from colibri.remote.fleet import Announcer, FleetDriver, servers_prefix  # noqa: E402
 from colibri.remote.server import ExpertsService, parse_hold, start  # noqa: E402
@@ -255,6 +255,25 @@ def test_a_server_that_joins_later_gets_calls(cluster, prefix, servers, model, w
         assert got == want[:60]
         stats = fleet.per_server()
         assert stats[later.address]["round_trips"] > 0 and stats[first.address]["round_trips"] > 0, stats
+
+
+def test_auto_placement_puts_remote_what_some_server_holds(cluster, prefix, servers, model, want):
+    """Servers holding 0-3 and 2-5 (2 and 3 on both), an edge whose cache keeps a few experts:
+    the first placement puts remote every expert some server holds and is not kept local, 6 and 7
+    (held by none) on the cpu; both servers compute; the text is the all-local one."""
+    a, b = servers("0-3"), servers("2-5")
+    with make_edge(cluster, prefix, model, placement="auto", expert_budget=4 * model.expert_slots()[0],
+                   strict=True) as edge:
+        n = model.config["num_experts"]
+        kept = set(initial_local(model, edge.slots))
+        assert 0 < len(kept) < len(moe_layers(model)) * n
+        table = edge.session.placement
+        for layer in moe_layers(model):
+            for e in range(n):
+                assert table[layer, e] == (e < 6 and layer * n + e not in kept), (layer, e, table[layer])
+        assert edge.generate(PROMPT, max_tokens=40) == want[:40]
+        stats = edge.driver.per_server()
+        assert stats[a.address]["round_trips"] > 0 and stats[b.address]["round_trips"] > 0, stats
 
 
 def test_generate_fleet_prints_the_local_text(cluster, prefix, servers, tmp_path):
