@@ -28,7 +28,7 @@ from colibri.remote.driver import RemoteError  # noqa: E402
 from colibri.remote.edge import Edge, initial_local, placement_table  # noqa: E402
 from colibri.remote.etcd import Etcd  # noqa: E402
 from colibri.remote.fleet import Announcer, FleetDriver, servers_prefix  # noqa: E402
-from colibri.remote.server import ExpertsService, parse_hold, start  # noqa: E402
+from colibri.remote.server import parse_hold, start  # noqa: E402
 from delay_proxy import DelayProxy  # noqa: E402
 from etcd_cluster import ETCD, MISSING, EtcdCluster  # noqa: E402
 from support import FIXTURES, TESTS  # noqa: E402
