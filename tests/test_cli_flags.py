@@ -49,6 +49,9 @@ ONLY_GENERATE = {
     "strict": "with --remote",
     "token": "with --remote",
     "tls_ca": "with --remote",
+    "fleet": "experts on every expert server announced in etcd (colibri.remote.fleet)",
+    "etcd": "with --fleet: the control plane's etcd",
+    "etcd_prefix": "with --etcd",
 }
 
 # Both have these, with a difference that is meant.

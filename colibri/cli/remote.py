@@ -63,6 +63,21 @@ def add_serve_experts(sub):
                     help="Computes that may wait for the compute thread (default 256: 16 connections with all "
                          "their 16 streams open); a call past it is answered RESOURCE_EXHAUSTED at once")
     se.add_argument("--no-fetch", action="store_true", help="do not serve the experts' weights (FetchExpert)")
+    se.add_argument("--hold", metavar="SPEC", help="the routed experts this server computes, the same ids in every "
+                    "MoE layer: ids and ranges, e.g. 0-31 or 0-3,8,12-15 (default: all); a fleet shares them out")
+    fl = se.add_argument_group("fleet", "announce this server in etcd, where edges started with --fleet find it "
+                               "(docs/DEVICES.md, Fleet of expert servers)")
+    fl.add_argument("--etcd", metavar="HOST:PORT[,...]",
+                    help="the etcd cluster's members: the control plane's store, where expert servers announce "
+                         "themselves and edges find them")
+    fl.add_argument("--etcd-prefix", default="/colibri", metavar="P",
+                    help="the control plane's keys in etcd (default /colibri): this server is P/servers/ADDRESS")
+    fl.add_argument("--lease-ttl", type=count_in(1, 3600), default=10, metavar="S",
+                    help="seconds the announcement outlives this server when it dies without a stop (default 10): "
+                         "an etcd lease, refreshed every S/3")
+    fl.add_argument("--advertise", metavar="HOST:PORT",
+                    help="the address edges reach this server at (default: the address it listens on; needed "
+                         "when that is 0.0.0.0 or ::)")
     se.set_defaults(func=cmd_serve_experts)
 
 

@@ -59,14 +59,15 @@ def generate_on_target(model, ids, args):
 
 
 def cmd_generate(args):
-    model = open_model(args.model, experts_elsewhere=args.remote is not None and args.experts_elsewhere)
+    remote = args.remote is not None or args.fleet
+    model = open_model(args.model, experts_elsewhere=remote and args.experts_elsewhere)
     ids = prompt_ids(model, args)
     resolve_seed(args)   # here, so that a --target run gets the seed drawn for -1
     if args.target != "native":
-        if args.remote is not None:
-            raise SystemExit("colibri generate: --remote runs natively only")
+        if remote:
+            raise SystemExit(f"colibri generate: {'--fleet' if args.fleet else '--remote'} runs natively only")
         return generate_on_target(model, ids, args)
-    if args.remote is not None:
+    if remote:
         edge = _edge(model, args)
         session = edge.session
     else:
@@ -126,22 +127,29 @@ def cmd_generate(args):
 
 
 def _edge(model, args):
-    """colibri.remote.Edge from generate's --remote arguments (the edge and cloud group)."""
+    """colibri.remote.Edge from generate's --remote (or --fleet) arguments (the edge and cloud group)."""
     from colibri.remote.driver import RemoteError
     from colibri.remote.edge import Edge
+    from colibri.remote.etcd import EtcdError
 
     if args.placement_load is not None and args.placement != "auto":
         raise SystemExit("colibri generate: --placement-load chooses the first placement of --placement auto")
+    if args.fleet and args.remote is not None:
+        raise SystemExit("colibri generate: --remote names one expert server, --fleet uses those announced in "
+                         "etcd: give one of them")
+    if args.fleet and not args.etcd:
+        raise SystemExit("colibri generate: --fleet finds the expert servers in etcd: give --etcd HOST:PORT[,...]")
     stream = stream_options(model, args)
     try:
-        return Edge(model, args.remote, placement=args.placement, load=args.placement_load,
+        return Edge(model, args.remote, fleet=args.etcd if args.fleet else None, fleet_prefix=args.etcd_prefix,
+                    placement=args.placement, load=args.placement_load,
                     orchestrator=args.orchestrator, name=args.edge_name,
                     expert_budget=stream.pop("expert_budget", None),
                     experts_elsewhere=args.experts_elsewhere, fetch_mbit=args.fetch_mbit, token=args.token,
                     tls_ca=args.tls_ca, deadline_ms=args.device_deadline_ms,
                     device_threshold_ms=args.device_threshold_ms, strict=args.strict,
                     ctx=args.ctx, batch=args.batch, threads=args.threads, kv_type=args.kv_type, **stream)
-    except (ValueError, OSError, RemoteError) as e:
+    except (ValueError, OSError, RemoteError, EtcdError) as e:
         raise SystemExit(f"colibri generate: {e}")
 
 
@@ -152,6 +160,14 @@ def edge_arguments(p):
     e = p.add_argument_group("edge and cloud", "experts computed by a `colibri serve-experts` server, placed by "
                              "measured load; the text is the local run's when both compute with the same kernels")
     e.add_argument("--remote", metavar="HOST:PORT", help="the expert server: experts placed there are computed there")
+    e.add_argument("--fleet", action="store_true",
+                   help="compute on every expert server announced in etcd (--etcd; serve-experts --etcd), each "
+                        "expert on a server that holds it, instead of one --remote")
+    e.add_argument("--etcd", metavar="HOST:PORT[,...]",
+                   help="the etcd cluster's members: the control plane's store, where expert servers announce "
+                        "themselves and edges find them")
+    e.add_argument("--etcd-prefix", default="/colibri", metavar="P",
+                   help="the control plane's keys in etcd (default /colibri): the servers are under P/servers/")
     e.add_argument("--placement", default="auto", metavar="FILE|auto",
                    help="a placement JSON file, or auto (default): the budget's hottest experts of --placement-load "
                         "local, else the first budget's share of each layer's experts")

@@ -6,6 +6,10 @@
     drv = RemoteDriver("127.0.0.1:50051", model)
     s = model.session(devices=[drv], placement=table)   # table[layer, expert] = 1: computed there
 
+    colibri serve-experts ... --etcd 10.0.0.1:2379 --hold 0-31                 # a fleet, announced in etcd
+    from colibri.remote.fleet import FleetDriver
+    drv = FleetDriver("10.0.0.1:2379", model)                                  # every server of the model
+
 Needs the "remote" extra (grpcio, protobuf): pip install colibri-moe[remote].
 """
 import hashlib
@@ -17,8 +21,8 @@ TOKEN_FILE_MAX = 4096   # bytes: a token is one line
 
 
 def __getattr__(name):
-    """colibri.remote.Edge, .Orchestrator, .RemoteDriver, imported when first used (they need grpc)."""
-    modules = {"Edge": "edge", "Orchestrator": "orchestrator", "RemoteDriver": "driver"}
+    """colibri.remote.Edge, .FleetDriver, .Orchestrator, .RemoteDriver, imported when first used (they need grpc)."""
+    modules = {"Edge": "edge", "FleetDriver": "fleet", "Orchestrator": "orchestrator", "RemoteDriver": "driver"}
     if name not in modules:
         raise AttributeError(f"module 'colibri.remote' has no attribute {name!r}")
     import importlib

@@ -27,6 +27,10 @@ class RemoteError(RuntimeError):
     """A remote call that failed or came back wrong; the message names the server and the cause."""
 
 
+class WrongModel(RemoteError):
+    """The server answers, but serves another model (a fleet ignores it rather than retrying it)."""
+
+
 def _hex(digest):
     return digest[:6].hex() if digest else "(none)"
 
@@ -73,7 +77,7 @@ class RemoteDriver:
                               f"(is `colibri serve-experts` running there, with this token and TLS?)") from None
         if self.info.model_hash != self.hash:
             self.channel.close()
-            raise RemoteError(f"the expert server at {target} serves model {_hex(self.info.model_hash)}, not this "
+            raise WrongModel(f"the expert server at {target} serves model {_hex(self.info.model_hash)}, not this "
                               f"one ({_hex(self.hash)}, {path}): serve the same colibri_model.json")
         self.hidden_size = self.info.hidden_size
         self.round_trips = self.failures = self.bytes_sent = self.bytes_received = 0

@@ -6,7 +6,8 @@
         ...
 
 The session gets one device besides the cpu: a RemoteDriver ("remote") computing on the server
-that `colibri serve-experts` runs.  The placement says which experts are local (cpu) and which are
+that `colibri serve-experts` runs, or a FleetDriver computing on every server announced in etcd
+(fleet=, colibri.remote.fleet).  The placement says which experts are local (cpu) and which are
 remote.  Local experts come through the session's expert cache when there is an `expert_budget`:
 read from the edge's own weights.bin, or, for a model directory without its routed experts
 (experts_elsewhere=True), fetched from the server (FetchExpert, at most `fetch_mbit` Mbit/s).
@@ -245,7 +246,9 @@ class ExpertFetcher:
 class Edge:
     """A session with a remote device and its placement, kept by an orchestrator when given one.
 
-    ``model``: a model directory or colibri.Model; ``remote``: the expert server's HOST:PORT;
+    ``model``: a model directory or colibri.Model; ``remote``: the expert server's HOST:PORT, or
+    ``fleet``: an etcd (colibri.remote.etcd.Etcd or its "HOST:PORT,..." members) where expert servers
+    announce themselves under ``fleet_prefix``, all used through one FleetDriver (colibri.remote.fleet);
     ``placement``: "auto" (the module's doc says which), a placement JSON file or text, or a
     (n_layers, n_experts) uint8 table; ``load``: a colibri stats --save-load file or array for
     "auto"; ``orchestrator``: its HOST:PORT or None; ``name``: the edge's name (default: the host
@@ -254,10 +257,10 @@ class Edge:
     Mbit/s; ``deadline_ms``, ``device_threshold_ms``, ``strict``: the driver's deadline and the
     session's fallback threshold and strictness; other keywords go to Model.session."""
 
-    def __init__(self, model, remote, *, placement="auto", load=None, orchestrator=None, name=None,
-                 expert_budget=None, experts_elsewhere=False, fetch_mbit=None, token=None, tls_ca=None,
-                 deadline_ms=1000, device_threshold_ms=5.0, strict=False, heartbeat_tokens=16, heartbeat_s=1.0,
-                 driver=None, **session_options):
+    def __init__(self, model, remote=None, *, fleet=None, fleet_prefix="/colibri", placement="auto", load=None,
+                 orchestrator=None, name=None, expert_budget=None, experts_elsewhere=False, fetch_mbit=None,
+                 token=None, tls_ca=None, deadline_ms=1000, device_threshold_ms=5.0, strict=False,
+                 heartbeat_tokens=16, heartbeat_s=1.0, driver=None, **session_options):
         import colibri
         from colibri._core import STREAMING_OPTIONS
         from colibri.remote.driver import RemoteDriver
@@ -270,6 +273,14 @@ class Edge:
         self.name = name or socket.gethostname().encode()[:32].decode(errors="ignore") or "edge"
         if len(self.name.encode()) > 32:
             raise ValueError(f"an edge's name is at most 32 bytes: {self.name!r}")
+        if driver is None and (remote is None) == (fleet is None):
+            raise ValueError("an edge computes on one expert server (remote=HOST:PORT) or on the fleet announced "
+                             "in etcd (fleet=HOST:PORT,...): give one of them")
+        if driver is None and fleet is not None:
+            from colibri.remote.fleet import FleetDriver
+            driver = FleetDriver(fleet, model, prefix=fleet_prefix, name=REMOTE, token=token, tls_ca=tls_ca,
+                                 deadline_ms=deadline_ms, bandwidth_mbit=fetch_mbit,
+                                 probe_ms=session_options.get("device_probe_ms", 250))
         self.driver = driver if driver is not None else RemoteDriver(
             remote, model, name=REMOTE, token=token, tls_ca=tls_ca, deadline_ms=deadline_ms,
             bandwidth_mbit=fetch_mbit)
@@ -429,6 +440,8 @@ class Edge:
     def counters(self):
         """Lines of the devices' counters (and the heartbeats'), for --verbose."""
         lines = [device_line(d) for d in self.session.device_stats()]
+        if hasattr(self.driver, "counters_line"):
+            lines.append(self.driver.counters_line())
         if self.heartbeats is not None:
             h = self.heartbeats
             lines.append(f"[orchestrator: {h.sent} heartbeats answered, {h.failed} failed"

@@ -28,9 +28,11 @@ import collections
 import hmac
 import ipaddress
 import os
+import re
 import signal
 import socket
 import ssl
+import sys
 import threading
 import time
 import zlib
@@ -83,10 +85,12 @@ class ExpertsService(rpc.ExpertsServicer):
     """Compute and FetchExpert for the model at `model_dir`.  `batch`: the largest prefill chunk of
     the edges served (a call carries at most batch * top_k rows); `max_message`: bytes one message
     may take (default: what the largest call needs), fewer rows per call when smaller; `queue`:
-    Computes that may wait for the compute thread (module docstring).  close() stops the thread."""
+    Computes that may wait for the compute thread (module docstring); `hold`: the routed experts it
+    computes, a --hold SPEC ("0-31", "0-3,8"; None: all), the same ids in every MoE layer (a fleet's
+    servers share the experts out: colibri.remote.fleet).  close() stops the thread."""
 
     def __init__(self, model_dir, *, kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True,
-                 queue=DEFAULT_QUEUE):
+                 queue=DEFAULT_QUEUE, hold=None):
         if queue < 1:
             raise ValueError(f"a queue of {queue} calls: give at least 1 (--queue)")
         if Path(model_dir).is_file():   # FetchExpert reads weights.bin's extents
@@ -96,6 +100,9 @@ class ExpertsService(rpc.ExpertsServicer):
         cfg = self.model.config
         self.hash = model_hash(model_dir)
         self.hidden = cfg["hidden_size"]
+        self.hold = hold
+        self.held = None if hold is None else parse_hold(hold, cfg["num_experts"])   # sorted ids, None: all
+        self.holds = None if hold is None else np.isin(np.arange(cfg["num_experts"]), self.held)
         ctx = min(batch, cfg["max_position_embeddings"])   # a session's batch is at most its context
         self.session = self.model.session(ctx=ctx, batch=ctx, kernels=kernels)
         row_bytes = self.hidden * 4
@@ -178,6 +185,10 @@ class ExpertsService(rpc.ExpertsServicer):
         elif len(request.x) != int(rows[-1]) * self.hidden * 4:
             bad = (f"x is {len(request.x)} bytes; {rows[-1]} rows of hidden size {self.hidden} in float32 "
                    f"are {int(rows[-1]) * self.hidden * 4}")
+        elif self.holds is not None and (missing := [e for e in request.experts
+                                                     if 0 <= e < len(self.holds) and not self.holds[e]]):
+            bad = (f"expert{'s' * (len(missing) > 1)} {', '.join(map(str, missing[:8]))}"
+                   f"{' ...' if len(missing) > 8 else ''} not held by this server (--hold {self.hold})")
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layer {request.layer}: {bad}")
         experts = np.array(request.experts, dtype=np.int32)
@@ -365,6 +376,25 @@ class AsyncTokenCheck(grpc.aio.ServerInterceptor):
         return self.refusals[details.method.endswith("/FetchExpert")]
 
 
+def parse_hold(spec, n_experts):
+    """Sorted expert ids of a --hold SPEC: comma-separated ids and ranges A-B ("0-31", "0-3,8,12-15"),
+    each within the model's `n_experts`.  ValueError naming the malformed part or the id out of range."""
+    ids = set()
+    for part in str(spec).split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part, re.ASCII)
+        if m is None:
+            raise ValueError(f"--hold {spec}: {part.strip()!r} is not an expert id or a range A-B "
+                             f"(e.g. --hold 0-31 or 0-3,8,12-15)")
+        first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+        if first > last:
+            raise ValueError(f"--hold {spec}: the range {part.strip()} runs backwards")
+        if last >= n_experts:
+            raise ValueError(f"--hold {spec}: expert {last} is past the model's {n_experts} experts per layer "
+                             f"(ids 0 to {n_experts - 1})")
+        ids.update(range(first, last + 1))
+    return sorted(ids)
+
+
 def parse_listen(text):
     """(host, port) of HOST:PORT, [IPv6]:PORT, :PORT or PORT (host: 127.0.0.1)."""
     host, sep, port = text.rpartition(":")
@@ -414,7 +444,8 @@ class Served:
 
 
 def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls_key=None, insecure=False,
-          kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True, queue=DEFAULT_QUEUE):
+          kernels="auto", batch=DEFAULT_BATCH, threads=0, max_message=None, fetch=True, queue=DEFAULT_QUEUE,
+          hold=None):
     """(Served, ExpertsService, "host:port" bound); the caller closes the service once the server has
     stopped.  ValueError for an unsafe or malformed setup
     (a non-loopback address needs a token and TLS unless `insecure`) or an address it cannot bind."""
@@ -427,7 +458,7 @@ def start(model_dir, listen="127.0.0.1:50051", *, token=None, tls_cert=None, tls
                          f"--insecure serves it without them")
     creds = check_listen(host, port, tls_cert, tls_key)   # before the model and the gRPC server: fails at once
     service = ExpertsService(model_dir, kernels=kernels, batch=batch, threads=threads, max_message=max_message,
-                             fetch=fetch, queue=queue)
+                             fetch=fetch, queue=queue, hold=hold)
     options = [("grpc.max_receive_message_length", service.max_message),
                ("grpc.max_send_message_length", max(service.max_message, CHUNK + SLACK)),   # a FetchExpert chunk
                ("grpc.so_reuseport", 0),   # a second server on a taken port fails instead of sharing it
@@ -498,25 +529,50 @@ def bind(server, host, port, creds=None):
 
 
 def main(args):
-    """`colibri serve-experts`: serve until SIGTERM or SIGINT."""
+    """`colibri serve-experts`: serve until SIGTERM or SIGINT; with --etcd, announced in etcd meanwhile
+    (colibri.remote.fleet.Announcer) and the announcement revoked first at the stop."""
+    from colibri.remote.etcd import EtcdError
+    from colibri.remote.fleet import Announcer, advertised_address
+
     try:
         token = read_token_file(args.token_file) if args.token_file else args.token
+        if args.etcd:   # checked before the model is read
+            from colibri.remote.etcd import Etcd
+            store = Etcd(args.etcd)
+            advertised_address(*parse_listen(args.listen), args.advertise)
+        elif args.advertise:
+            raise ValueError(f"--advertise {args.advertise} is the address announced in etcd: give --etcd too")
         server, service, address = start(
             args.model, args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
             insecure=args.insecure, kernels=args.kernels, batch=args.batch, threads=args.threads,
             max_message=None if args.max_message is None else int(args.max_message * (1 << 20)),
-            fetch=not args.no_fetch, queue=args.queue)
+            fetch=not args.no_fetch, queue=args.queue, hold=args.hold)
     except (ValueError, OSError) as e:
         raise SystemExit(f"colibri serve-experts: {e}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    announcer = None
+    if args.etcd:
+        try:
+            advertised = advertised_address(*parse_listen(address), args.advertise)
+            announcer = Announcer.for_service(store, args.etcd_prefix, advertised, service, args.lease_ttl)
+        except EtcdError as e:
+            server.stop(0).wait()
+            service.close()
+            raise SystemExit(f"colibri serve-experts: cannot announce this server in etcd: {e}")
     print(f"colibri serve-experts: {address} serving {service.model.path} (model {short(service.hash)}, "
           f"kernels {service.session.kernels}, max_rows {service.max_rows}, queue {service.queue}, "
           f"{'TLS' if args.tls_cert else 'no TLS'}, {'token' if token else 'no token'}"
-          f"{', fetch' if service.fetch else ''})", flush=True)
+          f"{', fetch' if service.fetch else ''}{f', experts {args.hold}' if args.hold is not None else ''})"
+          f"{f'; announced as {announcer.key} (lease {args.lease_ttl} s)' if announcer else ''}", flush=True)
     while not stop.wait(3600):
         pass
+    if announcer is not None:
+        try:
+            announcer.close(revoke=True)   # the edges stop calling before the calls in flight are finished
+        except EtcdError as e:
+            print(f"colibri serve-experts: the announcement stays until its lease expires: {e}", file=sys.stderr)
     server.stop(grace=1).wait()
     service.close()
     counts = ", ".join(f"{k} {v}" for k, v in service.stats().items() if k != "queued")
