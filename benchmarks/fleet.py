@@ -48,6 +48,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))   # tests/etcd_cluster.py: real m
 
 STARTUP_S = 120          # every process up (imports, etcd watch) before the shared start time
 PREFIX = "/colibri"
+PLAN = 512               # tokens of routing a simulated edge draws ahead and cycles through
 
 
 def log(*args):
@@ -90,19 +91,22 @@ def sim_edge(spec):
     rng = np.random.default_rng(spec["seed"])
     zipf = 1.0 / np.arange(1, n_experts + 1)
     zipf /= zipf.sum()
+    # the routing and activations of PLAN tokens, drawn before the clock starts: the edge's time goes to its calls
+    plan = [[np.sort(rng.choice(n_experts, size=k, replace=False, p=rng.permutation(zipf))).astype(np.int32)
+             for _ in layers] for _ in range(PLAN)]
+    xs = rng.standard_normal((PLAN, k, hidden), dtype=np.float32)
     driver = FleetDriver(spec["etcd"], model, prefix=PREFIX, deadline_ms=spec["deadline_ms"])
     rows = np.arange(k + 1, dtype=np.int32)
     gates = np.full(k, 1.0 / k, dtype=np.float32)
     y = np.empty((k, hidden), dtype=np.float32)
     latencies, tokens, failures = [], 0, 0
     time.sleep(max(0.0, spec["start_at"] - time.time()))
+    cpu0 = time.process_time()
     end = time.monotonic() + spec["seconds"]
     while time.monotonic() < end:
-        for layer in layers:
-            chosen = np.sort(rng.choice(n_experts, size=k, replace=False, p=rng.permutation(zipf)))
-            x = rng.standard_normal((k, hidden), dtype=np.float32)
+        for layer, chosen in zip(layers, plan[tokens % PLAN]):
             sent = time.perf_counter()
-            driver.compute(layer, chosen.astype(np.int32), rows, gates, x)
+            driver.compute(layer, chosen, rows, gates, xs[tokens % PLAN])
             try:
                 driver.sync(y)
             except Exception:   # a failed call: an edge would compute those experts itself
@@ -110,8 +114,10 @@ def sim_edge(spec):
                 continue
             latencies.append(int((time.perf_counter() - sent) * 1e6))
         tokens += 1
+    cpu = time.process_time() - cpu0
     driver.close()
-    print(json.dumps({"calls": len(latencies), "tokens": tokens, "latencies_us": latencies, "failures": failures}))
+    print(json.dumps({"calls": len(latencies), "tokens": tokens, "latencies_us": latencies, "failures": failures,
+                      "cpu_s": cpu}))
 
 
 # ---- 2. servers ------------------------------------------------------------------------------------
@@ -126,7 +132,7 @@ class Server:
         if hold:
             cmd += ["--hold", hold]
         self.out = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, cwd="/")   # the installed colibri
         deadline = time.monotonic() + STARTUP_S
         while b"serving" not in self.text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -179,7 +185,7 @@ def cell(model, etcd, n_servers, n_edges, seconds, threads, deadline_ms, seed):
             spec = dict(model=str(model), etcd=etcd, seed=seed * 1000 + i, seconds=seconds, start_at=start_at,
                         deadline_ms=deadline_ms)
             edges.append(subprocess.Popen([sys.executable, __file__, "--sim-edge", json.dumps(spec)],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/"))
         time.sleep(max(0.0, start_at - time.time()))
         load, busy0, own0 = load_average(), cpu_busy_ticks(), process_cpu_ticks([s.proc.pid for s in servers])
         t0 = time.monotonic()
@@ -191,6 +197,7 @@ def cell(model, etcd, n_servers, n_edges, seconds, threads, deadline_ms, seed):
             reports.append(json.loads(out))
         wall = time.monotonic() - t0
         busy = cpu_busy_ticks() - busy0
+        server_ticks = process_cpu_ticks([s.proc.pid for s in servers]) - own0
     finally:
         counts = [s.stop() for s in servers]
     calls = sum(r["calls"] for r in reports)
@@ -201,7 +208,9 @@ def cell(model, etcd, n_servers, n_edges, seconds, threads, deadline_ms, seed):
                 p50_us=float(np.percentile(lat, 50)) if lat.size else float("nan"),
                 p99_us=float(np.percentile(lat, 99)) if lat.size else float("nan"),
                 failures=sum(r["failures"] for r in reports), calls_per_round=served / rounds if rounds else float("nan"),
-                load=load, wall=wall, busy_ticks=busy)
+                load=load, wall=wall, busy_ticks=busy,
+                server_cpu_us=server_ticks / os.sysconf("SC_CLK_TCK") * 1e6 / calls if calls else float("nan"),
+                edge_cpu_us=sum(r["cpu_s"] for r in reports) * 1e6 / calls if calls else float("nan"))
 
 
 def throughput(args, etcd):
@@ -227,8 +236,9 @@ def throughput_table(runs, servers, edges):
             tok = statistics.median(r["tokens_s"] for r in rs)
             lines.append(f"| {s} | {n} | {calls:,.0f} | {calls / base:.2f}x | {statistics.median(r['p50_us'] for r in rs) / 1e3:.2f} | "
                          f"{statistics.median(r['p99_us'] for r in rs) / 1e3:.2f} | {tok:,.1f} | {tok / n:,.1f} | "
-                         f"{statistics.median(r['calls_per_round'] for r in rs):.2f} | {sum(r['failures'] for r in rs)} | "
-                         f"{', '.join(f'{r['load']:.1f}' for r in rs)} |")
+                         f"{statistics.median(r['calls_per_round'] for r in rs):.2f} | {statistics.median(r['server_cpu_us'] for r in rs):.0f} | "
+                         f"{statistics.median(r['edge_cpu_us'] for r in rs):.0f} | {sum(r['failures'] for r in rs)} | "
+                         f"{', '.join(format(r['load'], '.1f') for r in rs)} |")
     return "\n".join(lines)
 
 
