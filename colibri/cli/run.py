@@ -129,25 +129,29 @@ def _edge(model, args):
     """colibri.remote.Edge from generate's --remote arguments (the edge and cloud group)."""
     from colibri.remote.driver import RemoteError
     from colibri.remote.edge import Edge
+    from colibri.remote.etcd import EtcdError
 
     if args.placement_load is not None and args.placement != "auto":
         raise SystemExit("colibri generate: --placement-load chooses the first placement of --placement auto")
     stream = stream_options(model, args)
     try:
         return Edge(model, args.remote, placement=args.placement, load=args.placement_load,
-                    orchestrator=args.orchestrator, name=args.edge_name,
+                    orchestrator=args.orchestrator, etcd=args.etcd, etcd_prefix=args.etcd_prefix,
+                    lease_ttl=args.lease_ttl, name=args.edge_name,
                     expert_budget=stream.pop("expert_budget", None),
                     experts_elsewhere=args.experts_elsewhere, fetch_mbit=args.fetch_mbit, token=args.token,
                     tls_ca=args.tls_ca, deadline_ms=args.device_deadline_ms,
                     device_threshold_ms=args.device_threshold_ms, strict=args.strict,
                     ctx=args.ctx, batch=args.batch, threads=args.threads, kv_type=args.kv_type, **stream)
-    except (ValueError, OSError, RemoteError) as e:
+    except (ValueError, OSError, RemoteError, EtcdError) as e:
         raise SystemExit(f"colibri generate: {e}")
 
 
 def edge_arguments(p):
     """generate's edge and cloud options: experts computed on an expert server (docs/DEVICES.md)."""
     import os
+
+    from colibri.remote.orchestrator import LEASE_TTL, PREFIX, option_type
 
     e = p.add_argument_group("edge and cloud", "experts computed by a `colibri serve-experts` server, placed by "
                              "measured load; the text is the local run's when both compute with the same kernels")
@@ -157,8 +161,16 @@ def edge_arguments(p):
                         "local, else the first budget's share of each layer's experts")
     e.add_argument("--placement-load", metavar="LOAD.json",
                    help="the expert load (colibri stats --save-load) --placement auto starts from")
-    e.add_argument("--orchestrator", metavar="HOST:PORT",
-                   help="send heartbeats there and run the placements it pushes (colibri orchestrate)")
+    e.add_argument("--orchestrator", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="send heartbeats there and run the placements it pushes (colibri orchestrate); several: "
+                        "tried in turn until one answers (with --etcd: after the leader etcd names)")
+    e.add_argument("--etcd", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="the control plane's etcd (colibri orchestrate --etcd): this edge's record is kept there "
+                        "under a lease, its heartbeats go to the leading orchestrator, its placement is watched")
+    e.add_argument("--etcd-prefix", default=PREFIX, metavar="KEY",
+                   help=f"the control plane's keys in etcd, as the orchestrators have them (default {PREFIX})")
+    e.add_argument("--lease-ttl", type=option_type("lease_ttl"), default=LEASE_TTL, metavar="S",
+                   help=f"seconds this edge's record outlives its last refresh (default {LEASE_TTL})")
     e.add_argument("--edge-name", metavar="N", help="this edge's name at the orchestrator (default: the host name)")
     e.add_argument("--experts-elsewhere", action="store_true",
                    help="the model directory lacks the routed experts: local ones are fetched from the server "
