@@ -29,6 +29,13 @@ orchestrator places each edge's hottest experts local under its budget, by measu
     colibri orchestrate --listen 127.0.0.1:50061 --state orchestrator.json
     colibri generate --model out/model --expert-budget 25% --remote 127.0.0.1:50051 \
         --orchestrator 127.0.0.1:50061 --edge-name kiosk-3 --verbose
+
+With the control plane on etcd, several orchestrators (one leads) and edges that find the leader:
+
+    colibri orchestrate --listen 127.0.0.1:50061 --etcd 127.0.0.1:2379      # and more: one leads
+    colibri orchestrate --listen 127.0.0.1:50062 --etcd 127.0.0.1:2379
+    colibri generate --model out/model --expert-budget 25% --remote 127.0.0.1:50051 \
+        --etcd 127.0.0.1:2379 --orchestrator 127.0.0.1:50061,127.0.0.1:50062 --edge-name kiosk-3
 """
 import argparse
 import os

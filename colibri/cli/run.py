@@ -143,7 +143,8 @@ def _edge(model, args):
     try:
         return Edge(model, args.remote, fleet=args.etcd if args.fleet else None, fleet_prefix=args.etcd_prefix,
                     placement=args.placement, load=args.placement_load,
-                    orchestrator=args.orchestrator, name=args.edge_name,
+                    orchestrator=args.orchestrator, etcd=args.etcd, etcd_prefix=args.etcd_prefix,
+                    lease_ttl=args.lease_ttl, name=args.edge_name,
                     expert_budget=stream.pop("expert_budget", None),
                     experts_elsewhere=args.experts_elsewhere, fetch_mbit=args.fetch_mbit, token=args.token,
                     tls_ca=args.tls_ca, deadline_ms=args.device_deadline_ms,
@@ -157,24 +158,31 @@ def edge_arguments(p):
     """generate's edge and cloud options: experts computed on an expert server (docs/DEVICES.md)."""
     import os
 
+    from colibri.remote.orchestrator import LEASE_TTL, PREFIX, option_type
+
     e = p.add_argument_group("edge and cloud", "experts computed by a `colibri serve-experts` server, placed by "
                              "measured load; the text is the local run's when both compute with the same kernels")
     e.add_argument("--remote", metavar="HOST:PORT", help="the expert server: experts placed there are computed there")
     e.add_argument("--fleet", action="store_true",
                    help="compute on every expert server announced in etcd (--etcd; serve-experts --etcd), each "
                         "expert on a server that holds it, instead of one --remote")
-    e.add_argument("--etcd", metavar="HOST:PORT[,...]",
-                   help="the etcd cluster's members: the control plane's store, where expert servers announce "
-                        "themselves and edges find them")
-    e.add_argument("--etcd-prefix", default="/colibri", metavar="P",
-                   help="the control plane's keys in etcd (default /colibri): the servers are under P/servers/")
     e.add_argument("--placement", default="auto", metavar="FILE|auto",
                    help="a placement JSON file, or auto (default): the budget's hottest experts of --placement-load "
                         "local, else the first budget's share of each layer's experts")
     e.add_argument("--placement-load", metavar="LOAD.json",
                    help="the expert load (colibri stats --save-load) --placement auto starts from")
-    e.add_argument("--orchestrator", metavar="HOST:PORT",
-                   help="send heartbeats there and run the placements it pushes (colibri orchestrate)")
+    e.add_argument("--orchestrator", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="send heartbeats there and run the placements it pushes (colibri orchestrate); several: "
+                        "tried in turn until one answers (with --etcd: after the leader etcd names)")
+    e.add_argument("--etcd", metavar="HOST:PORT[,HOST:PORT...]",
+                   help="the control plane's etcd members (colibri orchestrate --etcd): this edge's record is kept "
+                        "there under a lease, its heartbeats go to the leading orchestrator, its placement is watched; "
+                        "with --fleet the expert servers are found there too")
+    e.add_argument("--etcd-prefix", default=PREFIX, metavar="KEY",
+                   help=f"the control plane's keys in etcd, as the orchestrators and servers have them (default "
+                        f"{PREFIX}; the servers under KEY/servers/)")
+    e.add_argument("--lease-ttl", type=option_type("lease_ttl"), default=LEASE_TTL, metavar="S",
+                   help=f"seconds this edge's record outlives its last refresh (default {LEASE_TTL})")
     e.add_argument("--edge-name", metavar="N", help="this edge's name at the orchestrator (default: the host name)")
     e.add_argument("--experts-elsewhere", action="store_true",
                    help="the model directory lacks the routed experts: local ones are fetched from the server "

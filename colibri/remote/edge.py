@@ -2,6 +2,7 @@
 
     edge = colibri.remote.Edge("out/model", remote="gpu-box:50051", expert_budget=512 << 20,
                                orchestrator="orchestrator:50061", name="kiosk-3")
+    # or, with the control plane on etcd: etcd="10.0.0.1:2379,...", orchestrator="o1:50061,o2:50061"
     for token in edge.stream(ids, max_tokens=64):
         ...
 
@@ -24,6 +25,11 @@ heartbeat to a background thread every `heartbeat_tokens` tokens or `heartbeat_s
 applies a placement the orchestrator pushed (Session.set_placement): a token is computed wholly
 under one placement, so none is lost or repeated, and with the same kernels on both sides the
 tokens are those of an all-local run.
+
+With etcd (etcd="h:p,...": colibri.remote.control's EdgePlane) the edge holds a lease, which the
+heartbeat thread refreshes, and under it a record of itself; its heartbeats go to the orchestrator
+that leads as etcd has it, else to the `orchestrator` addresses in turn; and its placement comes
+through a watch of its etcd key instead of the replies, applied between tokens all the same.
 """
 import socket
 import threading
@@ -34,6 +40,7 @@ import numpy as np
 
 from colibri import experts
 from colibri.remote import model_hash
+from colibri.remote.orchestrator import LEASE_TTL, PREFIX
 
 HEARTBEAT_LIMIT = 200      # bytes on the wire: the message and gRPC's 5-byte frame header
 GRPC_FRAME = 5
@@ -128,22 +135,27 @@ def heartbeat_message(edge, hash8, seq, p90_us, hit_permille, version, budget_by
 
 class Heartbeats:
     """The background thread that sends heartbeats: submit() hands it a message (none while one is
-    on its way), take_reply() returns the newest reply not yet taken.  Failures are counted; the
-    loop goes on without the orchestrator."""
+    on its way), take_reply() returns the newest reply not yet taken.  A message goes to the
+    orchestrator that leads as etcd has it (with `plane`, an EdgePlane), else to the `targets`
+    (HOST:PORT, comma-separated) in turn: one that does not lead, is not there or does not answer
+    in `timeout_s` passes it to the next.  With `plane` the thread also keeps the edge's lease,
+    after each heartbeat and every TTL/3 without one.  Failures are counted; the loop goes on
+    without the orchestrator."""
 
-    def __init__(self, target, *, token=None, tls_ca=None, timeout_s=2.0):
+    MOVE_ON = ("FAILED_PRECONDITION", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+    def __init__(self, targets, *, token=None, tls_ca=None, timeout_s=2.0, plane=None):
         import grpc
 
-        from colibri.remote import colibri_remote_pb2_grpc as pbg
-
-        if tls_ca is None:
-            self.channel = grpc.insecure_channel(target)
-        else:
+        self.targets = [t.strip() for t in targets.split(",")] if isinstance(targets, str) else list(targets)
+        self.credentials = None
+        if tls_ca is not None:
             ca = tls_ca if isinstance(tls_ca, bytes) else Path(tls_ca).read_bytes()
-            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=ca))
-        self.stub = pbg.OrchestratorStub(self.channel)
+            self.credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+        self.channels, self.stubs = {}, {}
+        self.answered_by = None          # the orchestrator that answered last
         self.metadata = [("authorization", f"Bearer {token}")] if token else []
-        self.timeout_s = timeout_s
+        self.timeout_s, self.plane = timeout_s, plane
         self.cv = threading.Condition()
         self.message = self.reply = None
         self.busy = self.closed = False
@@ -170,38 +182,69 @@ class Heartbeats:
         with self.cv:
             return self.cv.wait_for(lambda: not self.busy, timeout)
 
-    def _run(self):
+    def _stub(self, target):
         import grpc
 
+        from colibri.remote import colibri_remote_pb2_grpc as pbg
+
+        if target not in self.stubs:
+            self.channels[target] = (grpc.insecure_channel(target) if self.credentials is None
+                                     else grpc.secure_channel(target, self.credentials))
+            self.stubs[target] = pbg.OrchestratorStub(self.channels[target])
+        return self.stubs[target]
+
+    def _send(self, message):
+        """(reply, None) from the first orchestrator that answers, or (None, the last error)."""
+        import grpc
+
+        leader = self.plane.leader() if self.plane is not None else None
+        error = "no orchestrator to send it to: none leads in etcd, and none was given"
+        for target in dict.fromkeys(t for t in (leader, self.answered_by, *self.targets) if t):
+            try:
+                reply = self._stub(target).Heartbeat(message, timeout=self.timeout_s, metadata=self.metadata)
+            except grpc.RpcError as e:
+                error = f"{e.code().name}: {e.details()} ({target})"
+                if target == leader:
+                    self.plane.forget_leader()   # asked again at the next heartbeat
+                if e.code().name not in self.MOVE_ON:
+                    break
+                continue
+            self.answered_by = target
+            return reply, None
+        return None, error
+
+    def _run(self):
         while True:
             with self.cv:
-                self.cv.wait_for(lambda: self.message is not None or self.closed)
-                if self.message is None:   # closed: a message already handed over is still sent
+                self.cv.wait_for(lambda: self.message is not None or self.closed,
+                                 None if self.plane is None else self.plane.due())
+                if self.message is None and self.closed:   # a message already handed over is still sent
                     return
                 message, self.message = self.message, None
-            reply = None
-            try:
-                reply = self.stub.Heartbeat(message, timeout=self.timeout_s, metadata=self.metadata)
-            except grpc.RpcError as e:
-                error = f"{e.code().name}: {e.details()}"
-            with self.cv:
-                if reply is None:
-                    self.failed += 1
-                    self.last_error = error
-                else:
-                    self.sent += 1
-                    self.reply = reply
-                self.busy = False
-                self.cv.notify_all()
+            if message is not None:
+                reply, error = self._send(message)
+                with self.cv:
+                    if reply is None:
+                        self.failed += 1
+                        self.last_error = error
+                    else:
+                        self.sent += 1
+                        self.reply = reply
+                    self.busy = False
+                    self.cv.notify_all()
+            if self.plane is not None and (message is not None or self.plane.due() == 0):
+                self.plane.refresh()
 
     def close(self):
         """Stops the thread once the message handed over is sent (a short run's only heartbeat
-        would otherwise be lost when the thread had not taken it yet), waiting at most its timeout."""
+        would otherwise be lost when the thread had not taken it yet), waiting at most its timeout
+        on each orchestrator."""
         with self.cv:
             self.closed = True
             self.cv.notify_all()
-        self.thread.join(timeout=self.timeout_s + 1)
-        self.channel.close()
+        self.thread.join(timeout=self.timeout_s * max(1, len(self.targets)) + 1)
+        for channel in self.channels.values():
+            channel.close()
 
 
 class ExpertFetcher:
@@ -251,16 +294,19 @@ class Edge:
     announce themselves under ``fleet_prefix``, all used through one FleetDriver (colibri.remote.fleet);
     ``placement``: "auto" (the module's doc says which), a placement JSON file or text, or a
     (n_layers, n_experts) uint8 table; ``load``: a colibri stats --save-load file or array for
-    "auto"; ``orchestrator``: its HOST:PORT or None; ``name``: the edge's name (default: the host
+    "auto"; ``orchestrator``: its HOST:PORT (several, comma-separated: tried in turn) or None;
+    ``etcd``: the control plane's etcd members (HOST:PORT,...; keys under ``etcd_prefix``, the
+    edge's lease of ``lease_ttl`` seconds), or None; ``name``: the edge's name (default: the host
     name); ``expert_budget``: bytes of expert cache (None: resident); ``experts_elsewhere``: the
     model directory lacks the routed experts, fetched from the server at most ``fetch_mbit``
     Mbit/s; ``deadline_ms``, ``device_threshold_ms``, ``strict``: the driver's deadline and the
     session's fallback threshold and strictness; other keywords go to Model.session."""
 
-    def __init__(self, model, remote=None, *, fleet=None, fleet_prefix="/colibri", placement="auto", load=None,
-                 orchestrator=None, name=None, expert_budget=None, experts_elsewhere=False, fetch_mbit=None,
-                 token=None, tls_ca=None, deadline_ms=1000, device_threshold_ms=5.0, strict=False,
-                 heartbeat_tokens=16, heartbeat_s=1.0, driver=None, **session_options):
+    def __init__(self, model, remote=None, *, fleet=None, fleet_prefix=PREFIX, placement="auto", load=None,
+                 orchestrator=None, etcd=None, etcd_prefix=PREFIX, lease_ttl=LEASE_TTL, name=None,
+                 expert_budget=None, experts_elsewhere=False, fetch_mbit=None, token=None, tls_ca=None,
+                 deadline_ms=1000, device_threshold_ms=5.0, strict=False, heartbeat_tokens=16, heartbeat_s=1.0,
+                 driver=None, **session_options):
         import colibri
         from colibri._core import STREAMING_OPTIONS
         from colibri.remote.driver import RemoteDriver
@@ -320,9 +366,17 @@ class Edge:
         self.last_beat_at, self.last_beat_token = time.monotonic(), 0
         self.last_message_bytes = 0
         self.placement_error = None
-        self.heartbeats = None
-        if orchestrator is not None:
-            self.heartbeats = Heartbeats(orchestrator, token=token, tls_ca=tls_ca)
+        self.heartbeats = self.plane = None
+        if etcd is not None:
+            from colibri.remote.control import EdgePlane
+
+            try:
+                self.plane = EdgePlane(etcd, self.name, self.record(), prefix=etcd_prefix, lease_ttl=lease_ttl)
+            except BaseException:
+                self.close()
+                raise
+        if orchestrator is not None or self.plane is not None:
+            self.heartbeats = Heartbeats(orchestrator or (), token=token, tls_ca=tls_ca, plane=self.plane)
 
     # ---- the placement --------------------------------------------------------------------------
 
@@ -360,17 +414,42 @@ class Edge:
         msg, ids, counts = heartbeat_message(self.name, self.hash8, self.seq, p90_us, permille, self.version,
                                              self.budget_bytes, self.expert_bytes, self.pending)
         self.pending[ids] -= counts   # what did not fit waits for the next heartbeat
+        if self.plane is not None:
+            self.plane.update(device_p90_us=p90_us, cache_hit_permille=permille)
         self.last_message_bytes = len(msg.SerializeToString()) + GRPC_FRAME
         return msg
 
+    def record(self):
+        """The edge's record in etcd (EdgePlane keeps it up to date)."""
+        import colibri
+
+        return {"model_hash": self.hash8.hex(), "budget_bytes": self.budget_bytes, "expert_bytes": self.expert_bytes,
+                "device_p90_us": [], "cache_hit_permille": 0, "placement_version": self.version,
+                "colibri_version": colibri.__version__}
+
     def apply_reply(self, reply):
-        """Applies a pushed placement (call between tokens); True when the placement changed.  The
-        orchestrator's set is local; in the room it leaves (it knows only the experts that routed
-        tokens) the edge keeps the local experts it has used most.  A set the session refuses is
-        kept in placement_error and the edge stays on its version (the next reply brings it again)."""
+        """Applies the placement a heartbeat's reply pushed (call between tokens); True when the
+        placement changed.  A reply without a new version changes nothing."""
         if reply is None or reply.placement_version in (0, self.version):
             return False
-        local = set(reply.local)
+        return self.apply_placement(reply.placement_version, reply.local)
+
+    def apply_watched(self):
+        """Applies the newest placement etcd's watch brought, when it is for this model and newer
+        than the one the edge runs (call between tokens); True when the placement changed."""
+        newest = None
+        for version, model, local in self.plane.placements():
+            if model == self.hash8.hex() and version > max(self.version, newest[0] if newest else 0):
+                newest = version, local
+        return newest is not None and self.apply_placement(*newest)
+
+    def apply_placement(self, version, local):
+        """Runs placement `version` from the next token on; True when the placement changed.  The
+        orchestrator's set is local; in the room it leaves (it knows only the experts that routed
+        tokens) the edge keeps the local experts it has used most.  A set the session refuses is
+        kept in placement_error and the edge stays on its version (a reply brings it again; etcd
+        brings the next version)."""
+        local = set(local)
         room = self.slots - len(local)
         if room > 0:
             used = self.session.expert_load().reshape(-1)
@@ -379,18 +458,27 @@ class Edge:
         try:
             self.set_local(local)
         except ValueError as e:
-            self.placement_error = f"placement version {reply.placement_version}: {e}"
+            self.placement_error = f"placement version {version}: {e}"
             return False
-        self.version = reply.placement_version
+        self.version = version
         self.applied.append((self.generated, self.version))
+        if self.plane is not None:
+            self.plane.update(placement_version=version)
         return True
+
+    def take_placement(self):
+        """Applies a placement the orchestrator pushed: through etcd's watch with an EdgePlane,
+        else in a heartbeat's reply."""
+        if self.plane is not None:
+            return self.apply_watched()
+        return self.apply_reply(self.heartbeats.take_reply())
 
     def between_tokens(self):
         """What the generate loop does between two tokens: apply a pushed placement, and hand a
         heartbeat to the background thread when one is due."""
         if self.heartbeats is None:
             return
-        self.apply_reply(self.heartbeats.take_reply())
+        self.take_placement()
         due = (self.generated - self.last_beat_token >= self.heartbeat_tokens
                or time.monotonic() - self.last_beat_at >= self.heartbeat_s)
         if due and not self.heartbeats.busy:
@@ -403,13 +491,13 @@ class Edge:
         if self.heartbeats is None:
             raise ValueError("this edge has no orchestrator")
         self.heartbeats.wait(timeout)
-        self.apply_reply(self.heartbeats.take_reply())
+        self.take_placement()
         if not self.heartbeats.submit(self.build_heartbeat()):
             raise RuntimeError("a heartbeat is still on its way")
         self.last_beat_at, self.last_beat_token = time.monotonic(), self.generated
         if not self.heartbeats.wait(timeout):
             raise TimeoutError(f"the orchestrator did not answer in {timeout} s")
-        return self.apply_reply(self.heartbeats.take_reply())
+        return self.take_placement()
 
     # ---- generation -----------------------------------------------------------------------------
 
@@ -448,14 +536,23 @@ class Edge:
                          f"{f' (last: {h.last_error})' if h.last_error else ''}; placement version {self.version}, "
                          f"{len(self.applied)} applied; last heartbeat {self.last_message_bytes} B on the wire"
                          f"{f'; refused: {self.placement_error}' if self.placement_error else ''}]")
+        if self.plane is not None:
+            p = self.plane
+            lines.append(f"[etcd {p.etcd.names()}: lease {p.lease.id:x}, {p.renewals} renewed after expiring"
+                         f"{f'; last error: {p.error}' if p.error else ''}]")
         if self.fetcher is not None:
             lines.append(f"[experts fetched: {self.fetcher.fetches}, {self.fetcher.bytes / 1e6:.2f} MB]")
         return lines
 
-    def close(self):
+    def close(self, revoke=True):
+        """Stops the heartbeats and the driver; with etcd, `revoke` ends the edge's lease (its record
+        goes now; without, it goes when the lease expires, as a dead edge's does)."""
         if self.heartbeats is not None:
             self.heartbeats.close()
             self.heartbeats = None
+        if self.plane is not None:
+            self.plane.close(revoke)
+            self.plane = None
         close = getattr(self.driver, "close", None)
         if close is not None:
             close()

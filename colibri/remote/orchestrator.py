@@ -1,6 +1,7 @@
 """The orchestrator: edges report what their experts do; it decides which experts each edge keeps.
 
-    colibri orchestrate --listen 127.0.0.1:50061 --state orchestrator.json
+    colibri orchestrate --listen 127.0.0.1:50061 --state orchestrator.json            # one machine
+    colibri orchestrate --listen 127.0.0.1:50062 --etcd 127.0.0.1:2379,127.0.0.1:22379  # several, one leads
 
 Every edge (named) sends a heartbeat every few tokens (colibri.remote.edge): its model's hash, each
 device's P90 latency, its expert cache's hit rate, the tokens routed to its hottest experts since
@@ -14,13 +15,18 @@ seconds.  Each change raises the edge's placement version; the reply to a heartb
 that runs another version carries the new set.
 
 The state is bounded: at most `max_edges` edges, expert ids below `max_experts` (n_layers x
-n_experts), MAX_PAIRS load pairs a heartbeat.  It is kept in two files: a snapshot (loads,
-placements, versions; JSON written atomically, a temporary file renamed over it) that one writer
-thread rewrites at most every `interval` seconds, outside the lock heartbeats take, and beside it
-a journal (`<state>.journal`, a JSON line per placement change) that a placement change is
-appended and synced to before its reply, so that a version is never handed out twice.  A
-heartbeat's latency therefore does not grow with the number of edges.  A restarted orchestrator
-resumes from the snapshot and the journal.
+n_experts), MAX_PAIRS load pairs a heartbeat.  Where it is kept is the store's business, behind a
+few calls (attach, start, check_lead, change, touched, commit, close):
+
+- FileStore (--state), one orchestrator: a snapshot (JSON written atomically, a temporary file
+  renamed over it) that one writer thread rewrites at most every `interval` seconds, outside the
+  lock heartbeats take, and a journal (`<state>.journal`, a JSON line per placement change) that a
+  change is appended and synced to before its reply, so that a version is never handed out twice.
+  A heartbeat's latency therefore does not grow with the number of edges.  A restarted
+  orchestrator resumes from the snapshot and the journal.
+- EtcdStore (--etcd; colibri.remote.control): several orchestrators campaign in etcd's election
+  and one leads; each placement is written by compare-and-swap before its reply, and the others
+  answer FAILED_PRECONDITION.  Loads stay in the leader's memory.
 """
 import argparse
 import collections
@@ -47,6 +53,8 @@ MAX_PAIRS = 256     # load pairs in one heartbeat (edges keep a heartbeat under 
 MAX_DEVICES = 8     # P90s in one heartbeat (COLIBRI_MAX_DEVICES)
 MAX_MESSAGE = 1024  # bytes a heartbeat may take (5x the 200 edges send)
 STATE_FORMAT = "colibri-orchestrator"
+PREFIX = "/colibri"   # etcd keys of the control plane (colibri.remote.control)
+LEASE_TTL = 5         # seconds of an etcd lease: a dead leader's (or edge's) keys go within it
 U32, U64 = 2**32 - 1, 2**64 - 1
 
 # The orchestrator's options: (type, lowest, highest, lowest excluded), checked by Orchestrator and
@@ -59,6 +67,7 @@ OPTIONS = {
     "interval": (float, 0.0, 3600.0, False),     # seconds; beyond an hour a crash loses too much
     "max_edges": (int, 1, 1 << 20, False),
     "max_experts": (int, 1, 1 << 20, False),
+    "lease_ttl": (int, 1, 3600, False),          # seconds (etcd's leases are whole seconds)
 }
 
 
@@ -150,6 +159,8 @@ class EdgeState:
         self.load = {}                # id -> decayed tokens
         self.last_seen = 0.0          # wall clock
         self.changed_at = -math.inf   # monotonic clock of the last placement change (not saved)
+        self.committing = False       # a placement change is on its way to the store (not saved)
+        self.revision = 0             # etcd's revision of the edge's placement key (EtcdStore; not saved)
 
     @property
     def slots(self):
@@ -196,32 +207,192 @@ class Full(Exception):
     """A heartbeat from a new edge when the orchestrator keeps `max_edges` already."""
 
 
-class Orchestrator:
-    """The placement logic and its state, without the network (serve() puts it on gRPC).
-    start() writes the state and starts its writer: heartbeats need it; close() stops it."""
+class NotLeader(Exception):
+    """A heartbeat to an orchestrator that does not lead (EtcdStore): the edge tries another."""
 
-    def __init__(self, state_path, *, half_life=HALF_LIFE, margin=MARGIN, min_gain=MIN_GAIN, warmup=WARMUP,
+
+class Orchestrator:
+    """The placement logic and its edges' state, without the network (serve() puts it on gRPC) and
+    without the storage: `store` is a state file's path (FileStore: one machine) or an EtcdStore
+    (colibri.remote.control: several orchestrators, one leading).  start() starts the store:
+    heartbeats need it; close() stops it."""
+
+    def __init__(self, store, *, half_life=HALF_LIFE, margin=MARGIN, min_gain=MIN_GAIN, warmup=WARMUP,
                  interval=INTERVAL, max_edges=MAX_EDGES, max_experts=MAX_EXPERTS, clock=time.monotonic):
         self.decay = 0.5 ** (1.0 / check_option("half_life", half_life))
         self.margin, self.min_gain = check_option("margin", margin), check_option("min_gain", min_gain)
         self.warmup, self.interval = check_option("warmup", warmup), check_option("interval", interval)
         self.max_edges = check_option("max_edges", max_edges)
         self.max_experts = check_option("max_experts", max_experts)
+        self.clock = clock
+        self.lock = threading.Lock()          # edges (and what the store keeps beside them)
+        self.edges = {}
+        self.started = False
+        self.store = FileStore(store) if isinstance(store, (str, os.PathLike)) else store
+        self.store.attach(self)
+
+    def start(self, address=None):
+        """Starts the store; `address` (HOST:PORT) is where edges reach this orchestrator."""
+        if not self.started:
+            self.store.start(address)
+            self.started = True
+
+    def close(self):
+        if self.started:
+            self.store.close()
+
+    # ---- heartbeats -------------------------------------------------------------------------------
+
+    def check(self, req):
+        """ValueError for a heartbeat that is malformed or would grow the state past its bounds."""
+        check_edge_name(req.edge)
+        if len(req.model_hash) > 8:
+            raise ValueError(f"model_hash is the first 8 bytes of the model's SHA-256, not {len(req.model_hash)}")
+        if len(req.device_p90_us) > MAX_DEVICES:
+            raise ValueError(f"{len(req.device_p90_us)} device P90s: an edge has at most {MAX_DEVICES} devices")
+        pairs = list(req.load_delta)
+        if len(pairs) % 2:
+            raise ValueError("load_delta holds (expert, tokens) pairs: its length must be even")
+        if len(pairs) > 2 * MAX_PAIRS:
+            raise ValueError(f"{len(pairs) // 2} load pairs: a heartbeat carries at most {MAX_PAIRS}")
+        bad = next((i for i in pairs[::2] if i >= self.max_experts), None)
+        if bad is not None:
+            raise ValueError(f"expert id {bad} in load_delta: ids (layer * n_experts + expert) are below "
+                             f"{self.max_experts} (--max-experts)")
+
+    def heartbeat(self, req):
+        """The reply (a colibri_remote_pb2.HeartbeatReply) to one HeartbeatRequest.  ValueError
+        for a malformed one, Full for a new edge past `max_edges`, the store's NotLeader where
+        another orchestrator leads."""
+        if not self.started:
+            raise RuntimeError("Orchestrator.start() first: heartbeats change the state it keeps")
+        self.store.check_lead()
+        self.check(req)
+        change = None
+        with self.lock:
+            now = self.clock()
+            st = self.edges.get(req.edge)
+            if st is None:
+                if len(self.edges) >= self.max_edges:
+                    raise Full(f"the orchestrator keeps at most {self.max_edges} edges (--max-edges), all "
+                               f"taken: edge {req.edge!r} is one too many")
+                st = self.edges[req.edge] = EdgeState()
+            model = req.model_hash.hex()
+            if model != st.model_hash:   # a new edge, or one that runs another model: start over
+                st.model_hash, st.load, st.local, st.heartbeats = model, {}, None, 0
+            st.device_p90_us = list(req.device_p90_us)
+            st.cache_hit_permille = req.cache_hit_permille
+            st.budget_bytes, st.expert_bytes = req.budget_bytes, getattr(req, "expert_bytes", 0)
+            st.edge_version = req.placement_version
+            st.last_seen = time.time()
+            if req.seq != st.seq:   # the same seq again is a retried heartbeat: counted once
+                st.seq = req.seq
+                self._add_load(st, req.load_delta)
+            if (st.expert_bytes and st.heartbeats >= self.warmup and now - st.changed_at >= self.interval
+                    and not st.committing):
+                new = sorted(place(st.load, st.local or (), st.slots, self.margin, self.min_gain))
+                if new != st.local:
+                    st.changed_at = now
+                    change = self.store.change(req.edge, st, new)
+            self.store.touched(req.edge, now)
+            reply = self._reply(st, req.placement_version)
+        if self.store.commit(change):   # before the reply: a version handed out is never handed out again
+            with self.lock:   # a change the store applies once written (etcd): the reply carries it
+                reply = self._reply(st, req.placement_version)
+        return reply
+
+    @staticmethod
+    def _reply(st, running):
+        """The reply to an edge that runs version `running`: the version, and the set when it is another."""
+        from colibri.remote import colibri_remote_pb2 as pb
+
+        reply = pb.HeartbeatReply(placement_version=st.placement_version if st.local is not None else 0)
+        if st.local is not None and running != st.placement_version:
+            reply.local.extend(st.local)
+        return reply
+
+    def _add_load(self, st, pairs):
+        for i in list(st.load):
+            x = st.load[i] * self.decay
+            if x < 1e-3:
+                del st.load[i]
+            else:
+                st.load[i] = x
+        for i in range(0, len(pairs), 2):
+            st.load[pairs[i]] = st.load.get(pairs[i], 0.0) + pairs[i + 1]
+        if pairs:
+            st.heartbeats += 1
+
+    def snapshot(self):
+        """{edge: its state as the state file holds it}."""
+        with self.lock:
+            return {n: st.to_json() for n, st in self.edges.items()}
+
+    def reset(self, edges):
+        """Replaces every edge's state (a store that comes to lead, or steps down)."""
+        with self.lock:
+            self.edges = edges
+
+    def forget(self, name):
+        """Drops an edge's state (its load, its placement: a store whose edge has gone)."""
+        with self.lock:
+            self.edges.pop(name, None)
+
+
+class FileStore:
+    """The state of one orchestrator in two files: a snapshot (loads, placements, versions; JSON
+    written atomically, a temporary file renamed over it) that one writer thread rewrites at most
+    every `interval` seconds, outside the lock heartbeats take, and beside it a journal
+    (`<state>.journal`, a JSON line per placement change) that a placement change is appended and
+    synced to before its reply, so that a version is never handed out twice.  A restarted
+    orchestrator resumes from the snapshot and the journal."""
+
+    def __init__(self, state_path):
         self.state_path = Path(state_path)
         self.journal_path = self.state_path.with_name(self.state_path.name + ".journal")
         self.turned_path = self.state_path.with_name(self.state_path.name + ".journal.old")
-        self.clock = clock
-        self.lock = threading.Lock()          # edges, dirty, saved_at
-        self.edges = {}
-        self.saved_at = -math.inf             # when the last snapshot was taken
+        self.orch = None
+        self.saved_at = -math.inf             # when the last snapshot was taken (under orch.lock, as dirty)
         self.records = collections.deque()    # journal lines of placement changes not yet synced
-        self.journal_lock = threading.Lock()  # the journal file; a snapshot takes it before `lock`
+        self.journal_lock = threading.Lock()  # the journal file; a snapshot takes it before orch.lock
         self.journal = None
         self.texts = {}                       # edge -> its entry in the last snapshot, as JSON (the writer's)
         self.due = threading.Event()          # wakes the writer
         self.writer, self.closed = None, False
+
+    def attach(self, orch):
+        """Loads the state into `orch`'s edges."""
+        self.orch = orch
         self._load_state()
-        self.dirty = set(self.edges)          # edges changed since the last snapshot was taken
+        self.dirty = set(orch.edges)          # edges changed since the last snapshot was taken
+
+    def describe(self):
+        return f"{len(self.orch.edges)} edges resumed from {self.state_path}"
+
+    # ---- what heartbeats call: the file store always leads ------------------------------------------
+
+    def check_lead(self):
+        pass
+
+    def change(self, name, st, local):
+        """A placement change, applied at once (under orch.lock) and journaled; commit() syncs it."""
+        st.local = local
+        st.placement_version += 1
+        self.records.append(json.dumps({"edge": name, "model_hash": st.model_hash, "local": local,
+                                        "placement_version": st.placement_version}).encode() + b"\n")
+        return name
+
+    def touched(self, name, now):
+        """An edge's state changed (under orch.lock): the writer snapshots it within `interval`."""
+        self.dirty.add(name)
+        if now - self.saved_at >= self.orch.interval:
+            self.due.set()
+
+    def commit(self, change):
+        """Syncs the placement changes journaled so far (after orch.lock, before the reply).  The
+        change is in the edge's state already: False."""
+        self._sync_journal()
+        return False
 
     # ---- the state on disk: a snapshot, and a journal of the placement changes since ------------
 
@@ -239,12 +410,13 @@ class Orchestrator:
             edges = doc.get("edges")
             if not isinstance(edges, dict):
                 raise ValueError(f"{self.state_path}: field 'edges' must be an object, not {edges!r:.40}")
-            if len(edges) > self.max_edges:
-                raise ValueError(f"{self.state_path}: {len(edges)} edges, more than --max-edges {self.max_edges}")
+            if len(edges) > self.orch.max_edges:
+                raise ValueError(f"{self.state_path}: {len(edges)} edges, more than --max-edges "
+                                 f"{self.orch.max_edges}")
             for name, d in edges.items():
                 try:
                     check_edge_name(name)
-                    self.edges[name] = EdgeState.from_json(d, self.max_experts)
+                    self.orch.edges[name] = EdgeState.from_json(d, self.orch.max_experts)
                 except ValueError as e:
                     raise ValueError(f"{self.state_path}: edge {name!r:.40}: {e}") from None
         for path in (self.turned_path, self.journal_path):
@@ -266,20 +438,20 @@ class Orchestrator:
                 if not isinstance(rec, dict) or set(rec) != {"edge", "model_hash", "placement_version", "local"}:
                     raise ValueError("a line is an object of edge, model_hash, placement_version and local")
                 check_edge_name(rec["edge"])
-                change = EdgeState.from_json(rec, self.max_experts)
+                change = EdgeState.from_json(rec, self.orch.max_experts)
             except ValueError as e:
                 raise ValueError(f"{path}, line {n}: {e}") from None
-            st = self.edges.get(rec["edge"])
+            st = self.orch.edges.get(rec["edge"])
             if st is None:
-                if len(self.edges) >= self.max_edges:
-                    raise ValueError(f"{path}, line {n}: more edges than --max-edges {self.max_edges}")
-                st = self.edges[rec["edge"]] = EdgeState()
+                if len(self.orch.edges) >= self.orch.max_edges:
+                    raise ValueError(f"{path}, line {n}: more edges than --max-edges {self.orch.max_edges}")
+                st = self.orch.edges[rec["edge"]] = EdgeState()
             if change.placement_version > st.placement_version:
                 if change.model_hash != st.model_hash:
                     st.model_hash, st.load, st.heartbeats = change.model_hash, {}, 0
                 st.placement_version, st.local = change.placement_version, change.local
 
-    def start(self):
+    def start(self, address=None):
         """Writes the state once (an unwritable folder is found now, not at the first heartbeat)
         and starts the writer that saves it every `interval` seconds from then on."""
         if self.writer is not None:
@@ -318,10 +490,10 @@ class Orchestrator:
         serialized and written outside it (a temporary file beside the state, synced, renamed over
         it).  One writer at a time: start(), then the writer thread, then close()."""
         with self.journal_lock:   # no journal line goes in while the journal turns
-            with self.lock:
-                changed = {name: self.edges[name].copy() for name in self.dirty}
+            with self.orch.lock:
+                changed = {name: self.orch.edges[name].copy() for name in self.dirty}
                 self.dirty.clear()
-                self.saved_at = self.clock()
+                self.saved_at = self.orch.clock()
             self._turn_journal()
         for name, st in changed.items():
             self.texts[name] = json.dumps(st.to_json(), separators=(",", ":"))
@@ -373,85 +545,6 @@ class Orchestrator:
                 self.journal.truncate(at)
                 raise
 
-    # ---- heartbeats -------------------------------------------------------------------------------
-
-    def check(self, req):
-        """ValueError for a heartbeat that is malformed or would grow the state past its bounds."""
-        check_edge_name(req.edge)
-        if len(req.model_hash) > 8:
-            raise ValueError(f"model_hash is the first 8 bytes of the model's SHA-256, not {len(req.model_hash)}")
-        if len(req.device_p90_us) > MAX_DEVICES:
-            raise ValueError(f"{len(req.device_p90_us)} device P90s: an edge has at most {MAX_DEVICES} devices")
-        pairs = list(req.load_delta)
-        if len(pairs) % 2:
-            raise ValueError("load_delta holds (expert, tokens) pairs: its length must be even")
-        if len(pairs) > 2 * MAX_PAIRS:
-            raise ValueError(f"{len(pairs) // 2} load pairs: a heartbeat carries at most {MAX_PAIRS}")
-        bad = next((i for i in pairs[::2] if i >= self.max_experts), None)
-        if bad is not None:
-            raise ValueError(f"expert id {bad} in load_delta: ids (layer * n_experts + expert) are below "
-                             f"{self.max_experts} (--max-experts)")
-
-    def heartbeat(self, req):
-        """The reply (a colibri_remote_pb2.HeartbeatReply) to one HeartbeatRequest.  ValueError
-        for a malformed one, Full for a new edge past `max_edges`."""
-        from colibri.remote import colibri_remote_pb2 as pb
-
-        if self.writer is None:
-            raise RuntimeError("Orchestrator.start() first: heartbeats change the state it saves")
-        self.check(req)
-        with self.lock:
-            now = self.clock()
-            st = self.edges.get(req.edge)
-            if st is None:
-                if len(self.edges) >= self.max_edges:
-                    raise Full(f"the orchestrator keeps at most {self.max_edges} edges (--max-edges), all "
-                               f"taken: edge {req.edge!r} is one too many")
-                st = self.edges[req.edge] = EdgeState()
-            model = req.model_hash.hex()
-            if model != st.model_hash:   # a new edge, or one that runs another model: start over
-                st.model_hash, st.load, st.local, st.heartbeats = model, {}, None, 0
-            st.device_p90_us = list(req.device_p90_us)
-            st.cache_hit_permille = req.cache_hit_permille
-            st.budget_bytes, st.expert_bytes = req.budget_bytes, getattr(req, "expert_bytes", 0)
-            st.edge_version = req.placement_version
-            st.last_seen = time.time()
-            if req.seq != st.seq:   # the same seq again is a retried heartbeat: counted once
-                st.seq = req.seq
-                self._add_load(st, req.load_delta)
-            if st.expert_bytes and st.heartbeats >= self.warmup and now - st.changed_at >= self.interval:
-                new = sorted(place(st.load, st.local or (), st.slots, self.margin, self.min_gain))
-                if new != st.local:
-                    st.local, st.changed_at = new, now
-                    st.placement_version += 1
-                    self.records.append(json.dumps({"edge": req.edge, "model_hash": model, "local": new,
-                                                    "placement_version": st.placement_version}).encode() + b"\n")
-            self.dirty.add(req.edge)
-            if now - self.saved_at >= self.interval:
-                self.due.set()
-            reply = pb.HeartbeatReply(placement_version=st.placement_version if st.local is not None else 0)
-            if st.local is not None and req.placement_version != st.placement_version:
-                reply.local.extend(st.local)
-        self._sync_journal()   # before the reply: a version handed out survives a restart
-        return reply
-
-    def _add_load(self, st, pairs):
-        for i in list(st.load):
-            x = st.load[i] * self.decay
-            if x < 1e-3:
-                del st.load[i]
-            else:
-                st.load[i] = x
-        for i in range(0, len(pairs), 2):
-            st.load[pairs[i]] = st.load.get(pairs[i], 0.0) + pairs[i + 1]
-        if pairs:
-            st.heartbeats += 1
-
-    def snapshot(self):
-        """{edge: its state as the state file holds it}."""
-        with self.lock:
-            return {n: st.to_json() for n, st in self.edges.items()}
-
 
 # ---- the network side ----------------------------------------------------------------------------
 
@@ -489,6 +582,8 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             except Full as e:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            except NotLeader as e:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
             except OSError as e:   # the journal could not be synced: no version handed out
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"the orchestrator cannot write its journal: {e}")
 
@@ -497,7 +592,8 @@ def serve(orchestrator, listen, *, token=None, tls_cert=None, tls_key=None, inse
                          interceptors=[TokenCheck(token)] if token else [])
     pbg.add_OrchestratorServicer_to_server(Servicer(), server)
     _, port = bind(server, host, port, creds)   # the port its own: grpc.so_reuseport 0
-    orchestrator.start()   # after the bind: an orchestrator that cannot have the port leaves the state alone
+    # after the bind: an orchestrator that cannot have the port leaves the state alone (and does not campaign)
+    orchestrator.start(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     server.start()
     return server, port
 
@@ -516,8 +612,21 @@ def add_arguments(p):
     p.add_argument("--listen", default="127.0.0.1:50061", metavar="HOST:PORT",
                    help="where edges send heartbeats (default 127.0.0.1:50061; off loopback it needs "
                         "--token and --tls-cert/--tls-key)")
-    p.add_argument("--state", required=True, metavar="FILE",
-                   help="the JSON file loads, placements and versions are kept in (resumed at start)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--state", metavar="FILE",
+                       help="the JSON file loads, placements and versions are kept in (resumed at start): one "
+                            "orchestrator")
+    where.add_argument("--etcd", metavar="HOST:PORT[,HOST:PORT...]",
+                       help="keep placements in this etcd cluster: several orchestrators campaign, one leads "
+                            "(docs/DEVICES.md, \"Control plane on etcd\")")
+    p.add_argument("--etcd-prefix", default=PREFIX, metavar="KEY",
+                   help=f"the keys under which the control plane lives in etcd (default {PREFIX})")
+    p.add_argument("--lease-ttl", type=option_type("lease_ttl"), default=LEASE_TTL, metavar="S",
+                   help=f"seconds of the leader's etcd lease: the bound on a hand-over after its death "
+                        f"(default {LEASE_TTL})")
+    p.add_argument("--advertise", metavar="HOST:PORT",
+                   help="with --etcd: the address edges reach this orchestrator at, as the election publishes "
+                        "it (default: --listen's; needed when that is a wildcard such as 0.0.0.0)")
     tok = p.add_mutually_exclusive_group()
     tok.add_argument("--token", default=os.environ.get("COLIBRI_TOKEN"),
                      help="the shared secret edges send as \"authorization: Bearer TOKEN\" (default: $COLIBRI_TOKEN; "
@@ -548,16 +657,22 @@ def run(args):
     from colibri.remote import read_token_file
     from colibri.remote.server import parse_listen
 
+    from colibri.remote.control import EtcdStore
+    from colibri.remote.etcd import EtcdError
+
     try:
         token = read_token_file(args.token_file) if args.token_file else args.token
-        orch = Orchestrator(args.state, half_life=args.half_life, margin=args.margin, warmup=args.warmup,
+        store = args.state
+        if args.etcd is not None:
+            store = EtcdStore(args.etcd, prefix=args.etcd_prefix, lease_ttl=args.lease_ttl, advertise=args.advertise)
+        orch = Orchestrator(store, half_life=args.half_life, margin=args.margin, warmup=args.warmup,
                             interval=args.interval, max_edges=args.max_edges, max_experts=args.max_experts)
         server, port = serve(orch, args.listen, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
                              insecure=args.insecure)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, EtcdError) as e:
         raise SystemExit(f"colibri orchestrate: {e}")
     host = parse_listen(args.listen)[0]
-    print(f"colibri orchestrate: listening on {host}:{port}, {len(orch.edges)} edges resumed from {args.state}"
+    print(f"colibri orchestrate: listening on {host}:{port}, {orch.store.describe()}"
           f"{', TLS' if args.tls_cert else ''}{', token' if token else ''}", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))   # a stop saves the state, as ^C does
     try:
