@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -179,7 +180,7 @@ def cell(model, etcd, n_servers, n_edges, seconds, threads, deadline_ms, seed):
     servers = [Server(model, etcd, threads) for _ in range(n_servers)]
     try:
         wait_announced(store, n_servers)
-        start_at = time.time() + 3 + 0.15 * n_edges   # every edge imported and watching before it
+        start_at = time.time() + 3 + 0.5 * n_edges   # every edge imported and watching before it
         edges = []
         for i in range(n_edges):
             spec = dict(model=str(model), etcd=etcd, seed=seed * 1000 + i, seconds=seconds, start_at=start_at,
@@ -226,8 +227,8 @@ def throughput(args, etcd):
 
 def throughput_table(runs, servers, edges):
     lines = ["| servers | edges | Compute calls/s | vs 1 edge | call P50 (ms) | call P99 (ms) | edge tokens/s (all) | "
-             "per edge | calls per server round | failed calls | load avg |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "per edge | calls per server round | server CPU µs/call | edge CPU µs/call | failed calls | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in servers:
         base = statistics.median(r["calls_s"] for r in runs[(s, edges[0])])
         for n in edges:
@@ -239,6 +240,164 @@ def throughput_table(runs, servers, edges):
                          f"{statistics.median(r['calls_per_round'] for r in rs):.2f} | {statistics.median(r['server_cpu_us'] for r in rs):.0f} | "
                          f"{statistics.median(r['edge_cpu_us'] for r in rs):.0f} | {sum(r['failures'] for r in rs)} | "
                          f"{', '.join(format(r['load'], '.1f') for r in rs)} |")
+    return "\n".join(lines)
+
+
+# ---- 5. a real edge (a process of its own) ------------------------------------------------------------
+
+def real_edge(spec):
+    """Runs in a child process: an Edge on the fleet (and the orchestrators, when given) generating
+    the same spec["tokens"] greedy tokens with the reference kernels again and again for spec["seconds"];
+    prints {"runs": each run's tokens, "stamps": each token's time} as JSON."""
+    from colibri.remote.edge import Edge
+
+    options = dict(fleet=spec["etcd"], name=spec["name"], expert_budget=spec["budget"], kernels="reference",
+                   lease_ttl=spec["ttl"], ctx=len(spec["prompt"]) + spec["tokens"],
+                   heartbeat_tokens=8, device_threshold_ms=1e5)   # every remote expert computed remotely
+    if spec["orchestrator"]:
+        options.update(orchestrator=spec["orchestrator"], etcd=spec["etcd"])
+    runs, stamps = [], []
+    with Edge(spec["model"], **options) as edge:
+        time.sleep(max(0.0, spec["start_at"] - time.time()))
+        end = time.time() + spec["seconds"]
+        while time.time() < end:   # the same generation again and again: each run is checked against the reference
+            edge.session.reset()
+            runs.append([])
+            for token in edge.stream(spec["prompt"], max_tokens=spec["tokens"], stop_at_eos=False):
+                runs[-1].append(int(token))
+                stamps.append(time.time())
+        lines = edge.counters()
+    print(json.dumps({"runs": runs, "stamps": stamps, "counters": lines}))
+
+
+class Orchestrator:
+    """`colibri orchestrate --etcd` in a subprocess."""
+
+    def __init__(self, etcd, ttl):
+        self.out = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-m", "colibri", "orchestrate", "--etcd", etcd, "--listen",
+                                      "127.0.0.1:0", "--lease-ttl", str(ttl), "--interval", "0.5", "--warmup", "1"],
+                                     stdout=self.out, stderr=subprocess.STDOUT, cwd="/")
+        deadline = time.monotonic() + STARTUP_S
+        while b"listening on" not in self.text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"colibri orchestrate did not start: {self.text().decode(errors='replace')}")
+            time.sleep(0.1)
+        self.address = self.text().split(b"listening on ", 1)[1].split(b",")[0].split()[0].decode()
+
+    def text(self):
+        self.out.seek(0)
+        return self.out.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def kill_run(args, what, work):
+    """Real edges on 2 replica servers and 2 orchestrators, all through a 3-member etcd; `what`
+    (server, orchestrator, etcd) killed with SIGKILL a third of the way in.  The row of the kills table."""
+    import colibri
+    from colibri.remote.etcd import Etcd
+
+    from etcd_cluster import EtcdCluster
+
+    model = colibri.Model(args.model)
+    cfg = model.config
+    prompt = [int(t) for t in np.random.default_rng(7).integers(1, cfg["vocab_size"], 16)]
+    tokens = cfg["max_position_embeddings"] - len(prompt)   # a whole context a run
+    want = model.session(kernels="reference", ctx=len(prompt) + tokens).generate(prompt, tokens, stop_at_eos=False)
+    budget = model.expert_slots()[0] * (cfg["num_layers"] * cfg["num_experts"] // 2)   # half the experts local
+    with EtcdCluster(work, members=3) as cluster:
+        store = Etcd(cluster.endpoints)
+        servers = [Server(args.model, cluster.endpoints, args.threads, kernels="reference", ttl=args.ttl)
+                   for _ in range(2)]
+        orchestrators = [Orchestrator(cluster.endpoints, args.ttl) for _ in range(2)]
+        watch = store.watch(f"{PREFIX}/placement/", prefix=True)
+        versions = []   # (when seen, edge's key, version) of every placement written
+
+        def drain():
+            while not watch.closed.is_set():
+                versions.extend((time.time(), kv["key"].decode(), json.loads(kv["value"])["version"])
+                                for kind, kv in watch.events(timeout=0.2) if kind == "PUT")
+        drainer = threading.Thread(target=drain, daemon=True)
+        drainer.start()
+        try:
+            wait_announced(store, 2)
+            start_at = time.time() + 5
+            edges = [subprocess.Popen([sys.executable, __file__, "--real-edge", json.dumps(dict(
+                         model=str(args.model), etcd=cluster.endpoints, name=f"edge-{i}", budget=budget,
+                         orchestrator=",".join(o.address for o in orchestrators), tokens=tokens, seconds=args.kill_seconds,
+                         prompt=prompt, start_at=start_at, ttl=args.ttl))],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/") for i in range(args.kill_edges)]
+            time.sleep(max(0.0, start_at - time.time()) + args.kill_after)
+            killed_at, handed_over = time.time(), None
+            if what == "server":
+                servers[0].kill()
+            elif what == "etcd":
+                cluster.kill(0)   # the member every client asks first
+            else:
+                leading = store.leader(f"{PREFIX}/orchestrator")["value"].decode()
+                victim = next(o for o in orchestrators if o.address == leading)
+                victim.kill()
+                deadline = time.monotonic() + 4 * args.ttl
+                while time.monotonic() < deadline:
+                    now = store.leader(f"{PREFIX}/orchestrator")
+                    if now is not None and now["value"].decode() != leading:
+                        handed_over = time.time() - killed_at
+                        break
+                    time.sleep(0.02)
+            reports = []
+            for p in edges:
+                out, err = p.communicate(timeout=STARTUP_S + 600)
+                if p.returncode != 0:
+                    raise RuntimeError(f"an edge failed: {err.decode(errors='replace')[-2000:]}")
+                reports.append(json.loads(out))
+        finally:
+            time.sleep(0.5)
+            watch.close()
+            drainer.join(5)
+            for o in orchestrators:
+                o.stop()
+            for s in servers:
+                s.stop()
+    lost = sum(sum(a != b for a, b in zip(run, want)) + abs(len(run) - len(want)) for r in reports for run in r["runs"])
+    gaps_before, worst_before, worst_after = [], 0.0, 0.0
+    for r in reports:
+        stamps = np.array(r["stamps"])
+        gaps = np.diff(stamps)
+        before, after = gaps[stamps[1:] < killed_at], gaps[stamps[1:] >= killed_at]
+        gaps_before += list(before)
+        worst_before = max(worst_before, float(before.max()) if before.size else float("nan"))
+        worst_after = max(worst_after, float(after.max()) if after.size else float("nan"))
+    per_edge = {}
+    repeated = 0
+    for _, key, version in versions:
+        repeated += version in per_edge.setdefault(key, set())
+        per_edge[key].add(version)
+    return dict(what=what, edges=len(reports), tokens=len(want) * sum(len(r["runs"]) for r in reports), lost=lost,
+                median_gap_ms=1e3 * statistics.median(gaps_before) if gaps_before else float("nan"),
+                worst_before_ms=1e3 * worst_before, worst_gap_ms=1e3 * worst_after, handed_over_s=handed_over,
+                versions=len(versions), after=sum(when > killed_at for when, _, _ in versions), repeated=repeated)
+
+
+def kills_table(rows, ttl):
+    lines = [f"| killed (SIGKILL) | edges | tokens | tokens lost or changed | median gap between tokens (ms) | "
+             f"longest gap before the kill (ms) | longest gap after it (ms) | new leader after (s) | "
+             f"placement versions written (after the kill) | versions repeated |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    names = {"server": "1 of 2 replica expert servers", "orchestrator": "the leading orchestrator (of 2)",
+             "etcd": "1 of 3 etcd members"}
+    for r in rows:
+        lines.append(f"| {names[r['what']]} | {r['edges']} | {r['tokens']:,} | {r['lost']} | {r['median_gap_ms']:.1f} | "
+                     f"{r['worst_before_ms']:.1f} | {r['worst_gap_ms']:.1f} | {'' if r['handed_over_s'] is None else format(r['handed_over_s'], '.2f')} | "
+                     f"{r['versions']} ({r['after']}) | {r['repeated']} |")
+    lines.append(f"\nLease TTL {ttl} s for servers, orchestrators and edges.")
     return "\n".join(lines)
 
 
@@ -256,10 +415,18 @@ def main():
     p.add_argument("--no-kills", action="store_true")
     p.add_argument("--quick", action="store_true", help="1 rep of 3 s, edges 1,8, servers 1,2")
     p.add_argument("--out", type=Path, default=HERE / "results" / "fleet.md")
+    p.add_argument("--kill-edges", type=int, default=4, help="real edges in each kill run")
+    p.add_argument("--kill-seconds", type=float, default=12.0, help="seconds each of them generates")
+    p.add_argument("--kill-after", type=float, default=4.0, help="seconds of generation before the kill")
+    p.add_argument("--kills", default="server,orchestrator,etcd")
+    p.add_argument("--ttl", type=int, default=2, help="lease TTL (s) of servers, orchestrators and edges")
     p.add_argument("--sim-edge", help=argparse.SUPPRESS)
+    p.add_argument("--real-edge", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.sim_edge:
         return sim_edge(json.loads(args.sim_edge))
+    if args.real_edge:
+        return real_edge(json.loads(args.real_edge))
     if args.quick:
         args.edges, args.servers, args.reps, args.seconds = "1,8", "1,2", 1, 3.0
     args.edges = [int(x) for x in args.edges.split(",")]
@@ -273,9 +440,17 @@ def main():
     started = datetime.datetime.now().isoformat(timespec="minutes")
     sections = [f"# benchmarks/fleet.py, {started}\n", f"model {args.model}, {os.cpu_count()} CPUs, "
                 f"servers with {args.threads} compute thread(s), {args.seconds:g} s a cell, {args.reps} repetitions\n"]
-    with tempfile.TemporaryDirectory() as work, EtcdCluster(work, members=3) as cluster:
-        runs = throughput(args, cluster.endpoints)
+    if args.edges != [0]:
+        with tempfile.TemporaryDirectory() as work, EtcdCluster(work, members=3) as cluster:
+            runs = throughput(args, cluster.endpoints)
         sections.append("## Throughput\n\n" + throughput_table(runs, args.servers, args.edges) + "\n")
+    if not args.no_kills:
+        rows = []
+        for what in args.kills.split(","):
+            log(f"kill run: {what}")
+            with tempfile.TemporaryDirectory() as work:
+                rows.append(kill_run(args, what, work))
+        sections.append("## Kills\n\n" + kills_table(rows, args.ttl) + "\n")
     text = "\n".join(sections)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

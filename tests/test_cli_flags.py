@@ -50,8 +50,9 @@ ONLY_GENERATE = {
     "token": "with --remote",
     "tls_ca": "with --remote",
     "fleet": "experts on every expert server announced in etcd (colibri.remote.fleet)",
-    "etcd": "with --fleet: the control plane's etcd",
+    "etcd": "the control plane's etcd (colibri.remote.control), and with --fleet the expert servers'",
     "etcd_prefix": "with --etcd",
+    "lease_ttl": "with --etcd",
 }
 
 # Both have these, with a difference that is meant.
