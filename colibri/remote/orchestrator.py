@@ -34,7 +34,6 @@ import json
 import math
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading

@@ -132,12 +132,15 @@ class ExpertsService(rpc.ExpertsServicer):
 
     def close(self):
         """Stops the compute thread once its round is done (calls still queued are answered
-        UNAVAILABLE) and closes weights.bin."""
+        UNAVAILABLE) and closes weights.bin.  A second call does nothing."""
+        if self.weights is None:
+            return
         with self._ready:
             self._closing = True
             self._ready.notify()
         self._thread.join()
         os.close(self.weights)
+        self.weights = None
 
     def stats(self):
         """The counters since the start: calls (answered with their output), rounds (compute_experts
