@@ -43,6 +43,11 @@ class Terminal:
     def __init__(self, *args):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:   # the child: the terminal is its controlling one, its process group the foreground
+            # Ctrl-C as a shell leaves it to a program it starts: SIGINT not ignored, no signal blocked.
+            # A fork inherits both from the forking test process, and a Python started with SIGINT
+            # ignored never raises KeyboardInterrupt.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
             os.environ["TERM"] = "dumb"
             os.chdir("/")   # the installed colibri, not the source tree
             os.execv(sys.executable, [sys.executable, "-m", "colibri", "chat", *map(str, args)])
@@ -61,12 +66,21 @@ class Terminal:
                 return m
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.fd], [], [], left)[0]:
-                raise AssertionError(f"no {pattern!r} within {timeout} s; the terminal shows {self.log[-2000:]!r}")
+                raise AssertionError(f"no {pattern!r} within {timeout} s ({self.signal_state()}); the terminal "
+                                     f"shows {self.log[-2000:]!r}")
             try:
                 data = os.read(self.fd, 65536)
                 self.seen, self.log = self.seen + data, self.log + data
             except OSError:   # the program ended
                 raise AssertionError(f"the program ended without {pattern!r}: {self.seen[-2000:]!r}") from None
+
+    def signal_state(self):
+        """The program's blocked, ignored and caught signals (/proc/PID/status), for a failure's message."""
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                return ", ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+        except OSError as e:
+            return f"no /proc/{self.pid}/status: {e}"
 
     def close(self):
         """The exit status once the program has ended (killed after 30 s)."""

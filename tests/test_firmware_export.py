@@ -135,13 +135,13 @@ def test_bad_requests_are_refused(tmp_path):
         export.export(tmp_path / "full", MODEL_DIR, cpu="rv32imac")
 
 
-def _limit_file_size():
-    """In the child: a file may not grow past 256 KiB, and writing past it fails (EFBIG) instead
-    of killing the process: a disk that fills up mid-export."""
-    import resource
-    import signal
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+# In the command's own process, before colibri runs: a file may not grow past 256 KiB, and writing
+# past it fails (EFBIG) instead of killing the process: a disk that fills up mid-export.  Not a
+# preexec_fn: that would fork() the test process, whose gRPC (other tests' servers) runs its fork
+# handlers in the child.
+LIMITED = ("import resource, runpy, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+           "resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10)); "
+           "runpy.run_module('colibri', run_name='__main__', alter_sys=True)")
 
 
 @pytest.mark.parametrize("out_exists", [False, True])
@@ -149,8 +149,8 @@ def test_a_failed_export_leaves_nothing_and_the_next_one_works(tmp_path, out_exi
     out = tmp_path / "fw"
     if out_exists:   # an empty folder given as the output stays as it was
         out.mkdir()
-    args = [sys.executable, "-m", "colibri", "firmware", "export", "--cpu", "cortex-m4f", "--out", out]
-    failed = subprocess.run(args, capture_output=True, text=True, timeout=600, preexec_fn=_limit_file_size)
+    args = [sys.executable, "-c", LIMITED, "firmware", "export", "--cpu", "cortex-m4f", "--out", out]
+    failed = subprocess.run(args, capture_output=True, text=True, timeout=600)
     err = failed.stderr.strip()
     assert failed.returncode == 1 and len(err.splitlines()) == 1, err
     assert err.startswith(f"colibri firmware export: {out}: ") and "nothing written" in err, err

@@ -203,14 +203,18 @@ def test_a_client_that_never_reads_does_not_stall_the_others(converted):
 
 # ------------------------------------------------------------------------------- bind failures
 
+# The address space capped at 4 GiB in the command's own process, before colibri is imported: a
+# preexec_fn would make subprocess fork() this process, whose gRPC (the in-process servers of other
+# tests) then runs its fork handlers in the child, whose poller aborts on an fd the exec closed.
+CAPPED = ("import resource, runpy; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+          "runpy.run_module('colibri', run_name='__main__', alter_sys=True)")
+
+
 def run_command(*args, timeout=60):
     """The command's result; its address space capped at 4 GiB, so that one reading without a bound
     fails soon instead of taking the machine's memory."""
-    import resource
-
-    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # noqa: E731
-    return subprocess.run([sys.executable, "-m", "colibri", *map(str, args)], cwd=TESTS, capture_output=True,
-                          text=True, timeout=timeout, preexec_fn=cap)
+    return subprocess.run([sys.executable, "-c", CAPPED, *map(str, args)], cwd=TESTS, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def commands(tmp_path, listen, *extra):

@@ -12,7 +12,9 @@ with a message (/reset starts again); with it, the oldest turns after the system
 dropped until the conversation and a reply of --max-tokens fit.
 """
 import json
+import signal
 import sys
+import threading
 import time
 
 from colibri.cli.options import (INT32_MAX, count_in, kv_type_argument, open_model, resolve_seed, sampling_arguments,
@@ -91,12 +93,26 @@ class Conversation:
         stream = self.session.stream_text(ids[keep:], max_tokens=args.max_tokens or INT32_MAX, temperature=args.temperature,
                                           top_k=args.top_k, top_p=args.top_p, seed=args.seed + len(self.messages),
                                           stop=args.stop or (), **sampling_options(args))
+        # Ctrl-C stops the reply at its next piece; the program and the conversation go on.  A flag,
+        # not KeyboardInterrupt: an exception raised where the interpreter happens to run the handler
+        # (a finalizer the collector runs mid-token) would be printed and dropped, and the reply
+        # would run on to the end of the context.
+        interrupted = []
+        main = threading.current_thread() is threading.main_thread()   # where signal handlers can be set
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True)) if main else None
         try:
             for piece in stream:
                 pieces.append(piece)
                 out.write(piece)
                 out.flush()
-        except KeyboardInterrupt:   # the reply stops; the program and the conversation go on
+                if interrupted:
+                    break
+        except KeyboardInterrupt:
+            interrupted.append(True)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
+        if interrupted:
             stream.close()
             out.write("\n[stopped]")
         out.write("\n")
