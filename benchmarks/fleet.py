@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -123,44 +124,47 @@ def sim_edge(spec):
 
 # ---- 2. servers ------------------------------------------------------------------------------------
 
-class Server:
-    """`colibri serve-experts` in a subprocess, announced in etcd; stop() returns its stop line's
-    counters (calls, rounds)."""
+class Started:
+    """A colibri command in a subprocess (the installed colibri: run from /), its output in a file,
+    ready once it has printed `ready`; kill() is SIGKILL, stop() SIGTERM and the output."""
 
-    def __init__(self, model, etcd, threads, kernels="auto", hold=None, ttl=2):
-        cmd = [sys.executable, "-m", "colibri", "serve-experts", "--model", str(model), "--listen", "127.0.0.1:0",
-               "--etcd", etcd, "--lease-ttl", str(ttl), "--threads", str(threads), "--kernels", kernels]
-        if hold:
-            cmd += ["--hold", hold]
+    def __init__(self, what, args, ready):
         self.out = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, cwd="/")   # the installed colibri
+        self.proc = subprocess.Popen([sys.executable, "-m", "colibri", what, *map(str, args)], stdout=self.out,
+                                     stderr=subprocess.STDOUT, cwd="/")
         deadline = time.monotonic() + STARTUP_S
-        while b"serving" not in self.text():
+        while ready not in self.text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"colibri serve-experts did not start: {self.text().decode(errors='replace')}")
+                raise RuntimeError(f"colibri {what} did not start: {self.text()}")
             time.sleep(0.1)
-        self.address = self.text().split(b"colibri serve-experts: ", 1)[1].split()[0].decode()
 
     def text(self):
         self.out.seek(0)
-        return self.out.read()
+        return self.out.read().decode(errors="replace")
 
     def stop(self):
-        """{calls, rounds} of its stop line (SIGTERM), None when it was killed."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(30)
-        line = self.text().decode(errors="replace")
-        counts = {}
-        for key in ("calls", "rounds", "rows"):
-            tail = line.rsplit(f"{key} ", 1)
-            if len(tail) == 2 and tail[1].split(",")[0].replace(",", "").isdigit():
-                counts[key] = int(tail[1].split(",")[0])
-        return counts
+        return self.text()
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
+
+
+class Server(Started):
+    """`colibri serve-experts`, announced in etcd; stop() returns the counters of its stop line."""
+
+    def __init__(self, model, etcd, threads, kernels="auto", ttl=2):
+        super().__init__("serve-experts", ["--model", model, "--listen", "127.0.0.1:0", "--etcd", etcd, "--lease-ttl",
+                                           ttl, "--threads", threads, "--kernels", kernels], "serving")
+        self.address = self.text().split("colibri serve-experts: ", 1)[1].split()[0]
+
+    def stop(self):
+        """{calls, rounds, rows, ...} of the line it prints at SIGTERM ({} when it was killed)."""
+        stopped = re.search(r"stopped \((.*)\)", super().stop())
+        return {k: int(v) for k, v in re.findall(r"(\w+) (\d+)", stopped.group(1))} if stopped else {}
 
 
 def wait_announced(store, n, timeout_s=30):
@@ -270,33 +274,13 @@ def real_edge(spec):
     print(json.dumps({"runs": runs, "stamps": stamps, "counters": lines}))
 
 
-class Orchestrator:
-    """`colibri orchestrate --etcd` in a subprocess."""
+class Orchestrator(Started):
+    """`colibri orchestrate --etcd`."""
 
     def __init__(self, etcd, ttl):
-        self.out = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "colibri", "orchestrate", "--etcd", etcd, "--listen",
-                                      "127.0.0.1:0", "--lease-ttl", str(ttl), "--interval", "0.5", "--warmup", "1"],
-                                     stdout=self.out, stderr=subprocess.STDOUT, cwd="/")
-        deadline = time.monotonic() + STARTUP_S
-        while b"listening on" not in self.text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"colibri orchestrate did not start: {self.text().decode(errors='replace')}")
-            time.sleep(0.1)
-        self.address = self.text().split(b"listening on ", 1)[1].split(b",")[0].split()[0].decode()
-
-    def text(self):
-        self.out.seek(0)
-        return self.out.read()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(30)
-
-    def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        super().__init__("orchestrate", ["--etcd", etcd, "--listen", "127.0.0.1:0", "--lease-ttl", ttl, "--interval",
+                                         "0.5", "--warmup", "1"], "listening on")
+        self.address = self.text().split("listening on ", 1)[1].split(",")[0].split()[0]
 
 
 def kill_run(args, what, work):
@@ -387,9 +371,9 @@ def kill_run(args, what, work):
 
 
 def kills_table(rows, ttl):
-    lines = [f"| killed (SIGKILL) | edges | tokens | tokens lost or changed | median gap between tokens (ms) | "
-             f"longest gap before the kill (ms) | longest gap after it (ms) | new leader after (s) | "
-             f"placement versions written (after the kill) | versions repeated |",
+    lines = ["| killed (SIGKILL) | edges | tokens | tokens lost or changed | median gap between tokens (ms) | "
+             "longest gap before the kill (ms) | longest gap after it (ms) | new leader after (s) | "
+             "placement versions written (after the kill) | versions repeated |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     names = {"server": "1 of 2 replica expert servers", "orchestrator": "the leading orchestrator (of 2)",
              "etcd": "1 of 3 etcd members"}

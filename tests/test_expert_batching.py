@@ -352,7 +352,8 @@ def test_a_malformed_call_is_refused_before_the_queue(served, local):
     """What the core would refuse (an expert out of range, not ascending) is INVALID_ARGUMENT at
     once, naming the call's own fields; the calls queued with it are computed."""
     s = served()
-    held = s.hold(request(0, [0], [1], seed=19))
+    first = request(0, [0], [1], seed=19)
+    held = s.hold(first)
     good = request(0, [1], [2], seed=20)
     waiting = s.enqueue(good)
     for experts, match in (([8], r"experts\[0\] = 8"), ([3, 2], r"experts\[1\] = 2.*ascending")):
@@ -362,6 +363,7 @@ def test_a_malformed_call_is_refused_before_the_queue(served, local):
         assert re.search(match, e.value.details()), e.value.details()
     assert s.service.stats()["queued"] == 1
     s.gate.open()
+    answered(local, first, held)
     answered(local, good, waiting)
 
 

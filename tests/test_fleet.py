@@ -32,6 +32,7 @@ from colibri.remote.server import parse_hold, start  # noqa: E402
 from delay_proxy import DelayProxy  # noqa: E402
 from etcd_cluster import ETCD, MISSING, EtcdCluster  # noqa: E402
 from support import FIXTURES, TESTS  # noqa: E402
+from test_remote import Server  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(ETCD is None, reason=MISSING), pytest.mark.xdist_group("etcd")]
 
@@ -79,39 +80,17 @@ class InProcess:
         self.service.close()
 
 
-class Process:
+class Process(Server):
     """`colibri serve-experts --etcd` in a subprocess (for kill -9), ready once it has printed its line."""
 
     def __init__(self, cluster, prefix, *args):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "colibri", "serve-experts", "--model", str(MODEL_DIR), "--listen", "127.0.0.1:0",
-             "--threads", "1", "--kernels", "reference", "--etcd", cluster.endpoints, "--etcd-prefix", prefix,
-             "--lease-ttl", str(TTL), *map(str, args)],
-            cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines, ready = [], threading.Event()
-
-        def drain():
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if "serving" in line:
-                    ready.set()
-            ready.set()
-        threading.Thread(target=drain, daemon=True).start()
-        ready.wait(60)
-        ready_line = r"serve-experts: (\S+) serving.*announced as (\S+)"
-        found = [m for line in self.lines if (m := re.search(ready_line, line))]
+        super().__init__(MODEL_DIR, "--kernels", "reference", "--etcd", cluster.endpoints, "--etcd-prefix", prefix,
+                         "--lease-ttl", TTL, *args)
+        found = [m for line in self.lines if (m := re.search(r"announced as (\S+)", line))]
         if not found:
             self.proc.kill()
-            raise AssertionError("serve-experts did not start:\n" + "".join(self.lines))
-        self.address, self.key = found[0].groups()
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self):
-        self.proc.terminate()
-        return self.proc.wait(10)
+            raise AssertionError("serve-experts did not announce itself:\n" + "".join(self.lines))
+        self.key = found[0].group(1)
 
 
 @pytest.fixture
@@ -140,7 +119,7 @@ def make_edge(cluster, prefix, model, **options):
     """An edge on the fleet, every routed expert placed remote, the reference kernels, a threshold no
     loaded machine reaches (only failures bypass)."""
     options.setdefault("placement", placement_table(model, []))
-    return Edge(model, fleet=cluster.endpoints, fleet_prefix=prefix, kernels="reference", ctx=256,
+    return Edge(model, fleet=cluster.endpoints, etcd_prefix=prefix, kernels="reference", ctx=256,
                 device_threshold_ms=10000, deadline_ms=2000, **options)
 
 
@@ -396,13 +375,13 @@ def test_an_expired_lease_is_replaced_and_the_edge_finds_the_server_again(cluste
         tokens = edge.stream(PROMPT, max_tokens=40)
         got = [next(tokens) for _ in range(10)]
         with store.watch(server.key) as w:
-            store.revoke(server.announcer.lease)   # as if the lease had expired: the key goes
+            store.revoke(server.announcer.lease.id)   # as if the lease had expired: the key goes
             kinds, deadline = [], time.monotonic() + TTL + SLACK
             while "PUT" not in kinds and time.monotonic() < deadline:
                 kinds += [kind for kind, _ in w.events(timeout=0.5)]
         assert kinds[:1] == ["DELETE"] and "PUT" in kinds, kinds
         assert fleet.wait(lambda s: s[server.address]["state"] == "up", 10), fleet.per_server()
-        assert server.announcer.renewals == 1 and store.get(server.key)["lease"] == server.announcer.lease
+        assert server.announcer.renewals == 1 and store.get(server.key)["lease"] == server.announcer.lease.id
         calls = fleet.per_server()[server.address]["round_trips"]
         got += list(tokens)
         assert got == want[:40] and fleet.per_server()[server.address]["round_trips"] > calls

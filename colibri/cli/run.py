@@ -141,7 +141,7 @@ def _edge(model, args):
         raise SystemExit("colibri generate: --fleet finds the expert servers in etcd: give --etcd HOST:PORT[,...]")
     stream = stream_options(model, args)
     try:
-        return Edge(model, args.remote, fleet=args.etcd if args.fleet else None, fleet_prefix=args.etcd_prefix,
+        return Edge(model, args.remote, fleet=args.etcd if args.fleet else None,
                     placement=args.placement, load=args.placement_load,
                     orchestrator=args.orchestrator, etcd=args.etcd, etcd_prefix=args.etcd_prefix,
                     lease_ttl=args.lease_ttl, name=args.edge_name,

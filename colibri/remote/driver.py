@@ -134,8 +134,8 @@ class RemoteDriver:
 
     def _call_loop(self):
         """The caller thread: each Compute as a blocking call.  grpc's future() would start a thread
-        of its own for every call made on an idle channel (its channel spin thread), which cost an
-        edge more CPU than the call itself (0.4 ms of 1.3 ms a call, with the bundled model)."""
+        of its own for every call made on an idle channel (its channel spin thread): 0.35 ms of the
+        1.1 ms a call took in a profile of 2,000 calls of the bundled model on loopback."""
         while True:
             call = self._calls.get()
             if call is None:

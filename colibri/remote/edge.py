@@ -291,7 +291,7 @@ class Edge:
 
     ``model``: a model directory or colibri.Model; ``remote``: the expert server's HOST:PORT, or
     ``fleet``: an etcd (colibri.remote.etcd.Etcd or its "HOST:PORT,..." members) where expert servers
-    announce themselves under ``fleet_prefix``, all used through one FleetDriver (colibri.remote.fleet);
+    announce themselves under ``etcd_prefix``, all used through one FleetDriver (colibri.remote.fleet);
     ``placement``: "auto" (the module's doc says which), a placement JSON file or text, or a
     (n_layers, n_experts) uint8 table; ``load``: a colibri stats --save-load file or array for
     "auto"; ``orchestrator``: its HOST:PORT (several, comma-separated: tried in turn) or None;
@@ -302,7 +302,7 @@ class Edge:
     Mbit/s; ``deadline_ms``, ``device_threshold_ms``, ``strict``: the driver's deadline and the
     session's fallback threshold and strictness; other keywords go to Model.session."""
 
-    def __init__(self, model, remote=None, *, fleet=None, fleet_prefix=PREFIX, placement="auto", load=None,
+    def __init__(self, model, remote=None, *, fleet=None, placement="auto", load=None,
                  orchestrator=None, etcd=None, etcd_prefix=PREFIX, lease_ttl=LEASE_TTL, name=None,
                  expert_budget=None, experts_elsewhere=False, fetch_mbit=None, token=None, tls_ca=None,
                  deadline_ms=1000, device_threshold_ms=5.0, strict=False, heartbeat_tokens=16, heartbeat_s=1.0,
@@ -324,7 +324,7 @@ class Edge:
                              "in etcd (fleet=HOST:PORT,...): give one of them")
         if driver is None and fleet is not None:
             from colibri.remote.fleet import FleetDriver
-            driver = FleetDriver(fleet, model, prefix=fleet_prefix, name=REMOTE, token=token, tls_ca=tls_ca,
+            driver = FleetDriver(fleet, model, prefix=etcd_prefix, name=REMOTE, token=token, tls_ca=tls_ca,
                                  deadline_ms=deadline_ms, bandwidth_mbit=fetch_mbit,
                                  probe_ms=session_options.get("device_probe_ms", 250))
         self.driver = driver if driver is not None else RemoteDriver(

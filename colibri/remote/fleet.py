@@ -24,7 +24,8 @@ import numpy as np
 from colibri.remote import colibri_remote_pb2 as pb
 from colibri.remote import model_hash
 from colibri.remote.driver import RemoteDriver, RemoteError, WrongModel
-from colibri.remote.etcd import Etcd, EtcdError, LeaseExpired
+from colibri.remote.control import KeptLease
+from colibri.remote.etcd import Etcd, EtcdError
 
 PROBE_DOUBLINGS = 6   # a down server's probe back-off doubles up to 64 times the first, as the session's
 TICK_S = 0.1          # the fleet thread's wait for etcd's changes between two looks at the probes due
@@ -75,20 +76,19 @@ class Announcer:
         return cls(etcd, servers_prefix(prefix) + address, json.dumps(value).encode(), ttl_s)
 
     def _announce(self):
-        lease = self.etcd.grant(self.ttl_s)
-        self.etcd.put(self.key, self.value, lease=lease)
-        self.lease = lease
+        self.lease = KeptLease(self.etcd, self.ttl_s)
+        self.etcd.put(self.key, self.value, lease=self.lease.id)
 
     def _run(self):
         while not self.stopped.wait(self.ttl_s / 3):
             try:
-                try:
-                    self.etcd.keepalive(self.lease)
-                except LeaseExpired:
+                if not self.lease.refresh():
+                    if not self.lease.lost.is_set():   # etcd unreachable: the next refresh tries again
+                        raise EtcdError(f"no etcd member answered a refresh of lease {self.lease.id:x}")
                     self._announce()
                     self.renewals += 1
                 self.last_error = None
-            except EtcdError as e:   # etcd unreachable: the next refresh tries again
+            except EtcdError as e:
                 self.last_error = str(e)
 
     def close(self, revoke=True):
@@ -97,7 +97,7 @@ class Announcer:
         self.stopped.set()
         self.thread.join(timeout=self.etcd.timeout_s * (len(self.etcd.endpoints) + 1) * 2)
         if revoke:
-            self.etcd.revoke(self.lease)
+            self.etcd.revoke(self.lease.id)
 
 
 def parse_announcement(value):
