@@ -14,9 +14,10 @@ One command does everything, caching what it made under --work (default build/be
      COLIBRI_KERNELS=avx2 against that build) is measured in the same run as the AVX-512 one;
   3. converts each checkpoint to a BF16 GGUF with that converter, quantizes it with llama.cpp
      (Q8_0, Q4_0: every tensor in the one type, `pure`; Q4_K_M and the other llama.cpp file types
-     by name: llama.cpp's own mix of types), and imports every GGUF into colibri (Q4_0 and Q8_0 with
-     --repack: the same blocks, 8 rows interleaved; the rest byte for byte): both engines read the
-     same weights;
+     by name: llama.cpp's own mix of types), and imports every GGUF into colibri with no options, as a
+     user does (`colibri convert x.gguf out`: the matmuls whose format this machine's kernels run
+     faster row-interleaved stored so, q4_0x8, q4_kx8, ...: the same blocks, moved; the rest byte for
+     byte; --no-repack: every tensor byte for byte): both engines read the same weights;
   4. measures the bandwidth with a STREAM-style triad (benchmarks/stream.c) on the same threads;
   5. runs both engines interleaved (llama.cpp, colibri, llama.cpp, ...), each run a fresh process:
      a 128-token prompt in one forward (pp128), then 64 greedy tokens (tg64), tokens/s by the wall
@@ -293,12 +294,13 @@ def quantize(src, out, kind):
         raise SystemExit(f"llama.cpp could not quantize {src}")
 
 
-def import_gguf(gguf_file, out, repack=False):
-    """repack: Q4_0 / Q8_0 matrices rewritten as q4_0x8 / q8_0x8 (the same bytes, 8 rows interleaved)."""
+def import_gguf(gguf_file, out, repack=True):
+    """`colibri convert` with no options (repack False: --no-repack, byte for byte).  A model already
+    under --work is kept: delete it to import it again with another colibri."""
     if (out / "colibri_model.json").exists():
         return
-    log(f"colibri convert {gguf_file.name} -> {out.name}{' --repack' if repack else ''}")
-    subprocess.run([sys.executable, "-m", "colibri", "convert", str(gguf_file), str(out)] + ["--repack"] * repack,
+    log(f"colibri convert {gguf_file.name} -> {out.name}{'' if repack else ' --no-repack'}")
+    subprocess.run([sys.executable, "-m", "colibri", "convert", str(gguf_file), str(out)] + ["--no-repack"] * (not repack),
                    check=True, cwd="/")
 
 
@@ -509,7 +511,7 @@ def main():
                    help="x86 kernel families: native (the best this CPU runs, both engines), avx2 (colibri's AVX2 "
                         "kernels against llama.cpp built without AVX-512; only where the CPU has AVX-512)")
     p.add_argument("--no-repack", dest="repack", action="store_false",
-                   help="import Q4_0 / Q8_0 byte for byte (default: rewritten row-interleaved, q4_0x8 / q8_0x8)")
+                   help="import every GGUF byte for byte (default: as `colibri convert` does with no options)")
     p.add_argument("--contended", action="store_true", help="also decode with one busy process beside the engine")
     p.add_argument("--prepare", action="store_true", help="only build, convert, quantize and import the models")
     p.add_argument("--out", type=Path, default=HERE / "results" / "vs_llamacpp.md")
@@ -532,9 +534,8 @@ def main():
             gguf_file = bf16 if kind == "bf16" else work / f"bench-{name}-{kind}.gguf"
             if kind != "bf16":
                 quantize(bf16, gguf_file, kind)
-            repack = args.repack and kind in PURE_TYPES
-            col = work / f"bench-{name}-{kind}{'-x8' if repack else ''}.colibri"
-            import_gguf(gguf_file, col, repack)
+            col = work / f"bench-{name}-{kind}{'' if args.repack else '-plain'}.colibri"
+            import_gguf(gguf_file, col, args.repack)
             files[name, kind] = {"llama.cpp": gguf_file, "colibri": col}
 
     if args.prepare:

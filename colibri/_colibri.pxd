@@ -40,6 +40,12 @@ cdef extern from "colibri/colibri.h" nogil:
         COLIBRI_DTYPE_Q2_K
         COLIBRI_DTYPE_Q4_0X8
         COLIBRI_DTYPE_Q8_0X8
+        COLIBRI_DTYPE_Q4_KX8
+        COLIBRI_DTYPE_Q5_KX8
+        COLIBRI_DTYPE_Q6_KX8
+        COLIBRI_DTYPE_IQ4_XSX8
+        COLIBRI_DTYPE_MXFP4X8
+        COLIBRI_DTYPE_COUNT
 
     ctypedef struct colibri_model:
         pass
@@ -205,6 +211,9 @@ cdef extern from "colibri/colibri.h" nogil:
     int32_t colibri_session_n_ctx(const colibri_session *session)
     const char *colibri_session_kernels(const colibri_session *session)
     const char *colibri_kernel_variant(int32_t i, int *runs_here)
+    colibri_dtype colibri_interleaved_form(colibri_dtype dtype, int fast_here)
+    colibri_status colibri_interleave_rows(void *dst, const void *src, colibri_dtype dtype, int64_t rows, int64_t cols,
+                                           colibri_error *err) nogil
     colibri_status colibri_forward(colibri_session *session, const int32_t *tokens, size_t n,
                                    float *logits, colibri_error *err)
     const float *colibri_session_logits(const colibri_session *session)

@@ -20,7 +20,10 @@ _DTYPES = {c.COLIBRI_DTYPE_F32: "f32", c.COLIBRI_DTYPE_F16: "f16", c.COLIBRI_DTY
            c.COLIBRI_DTYPE_Q4_1: "q4_1", c.COLIBRI_DTYPE_Q5_0: "q5_0", c.COLIBRI_DTYPE_Q5_1: "q5_1",
            c.COLIBRI_DTYPE_IQ4_NL: "iq4_nl", c.COLIBRI_DTYPE_IQ4_XS: "iq4_xs", c.COLIBRI_DTYPE_MXFP4: "mxfp4",
            c.COLIBRI_DTYPE_Q3_K: "q3_k", c.COLIBRI_DTYPE_Q2_K: "q2_k",
-           c.COLIBRI_DTYPE_Q4_0X8: "q4_0x8", c.COLIBRI_DTYPE_Q8_0X8: "q8_0x8"}
+           c.COLIBRI_DTYPE_Q4_0X8: "q4_0x8", c.COLIBRI_DTYPE_Q8_0X8: "q8_0x8", c.COLIBRI_DTYPE_Q4_KX8: "q4_kx8",
+           c.COLIBRI_DTYPE_Q5_KX8: "q5_kx8", c.COLIBRI_DTYPE_Q6_KX8: "q6_kx8", c.COLIBRI_DTYPE_IQ4_XSX8: "iq4_xsx8",
+           c.COLIBRI_DTYPE_MXFP4X8: "mxfp4x8"}
+_DTYPE_CODES = {name: code for code, name in _DTYPES.items()}
 
 
 class Error(Exception):
@@ -97,6 +100,53 @@ def kernel_variants():
         out[name.decode()] = bool(runs)
         i += 1
         name = c.colibri_kernel_variant(i, &runs)
+    return out
+
+
+def _dtype_code(dtype):
+    if dtype not in _DTYPE_CODES:
+        raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(_DTYPE_CODES)}")
+    return _DTYPE_CODES[dtype]
+
+
+def interleaved_form(dtype, fast_here=False):
+    """The row-interleaved form of a plain block dtype ("q4_k" -> "q4_kx8"), or None where it has none;
+    fast_here: only one the kernels sessions pick here (COLIBRI_KERNELS, else this CPU's best) have
+    kernels of their own for, so that they multiply it faster than the plain one."""
+    cdef int code_int = _dtype_code(dtype)
+    cdef c.colibri_dtype code = <c.colibri_dtype>code_int
+    cdef c.colibri_dtype x8 = c.colibri_interleaved_form(code, 1 if fast_here else 0)
+    return None if x8 == code else _DTYPES[x8]
+
+
+def interleave_rows(blocks, dtype):
+    """uint8 bytes (..., rows, row bytes) of a plain block dtype -> the same shape in its row-interleaved
+    form (docs/FORMAT.md: each 8 rows' blocks moved into groups; rows % 8 == 0), by the core."""
+    cdef c.colibri_error err
+    cdef c.colibri_status st
+    cdef int code_int = _dtype_code(dtype)
+    cdef c.colibri_dtype code = <c.colibri_dtype>code_int
+    a = np.ascontiguousarray(blocks).view(np.uint8)
+    shape = tuple(a.shape)   # the module is built without wraparound: no negative indices
+    if len(shape) < 2 or shape[len(shape) - 2] % 8:
+        raise ValueError(f"interleave_rows takes (..., rows, row bytes) with rows in groups of 8, not shape {list(shape)}")
+    if c.colibri_interleaved_form(code, 0) == code:
+        raise ValueError(f"{dtype} has no row-interleaved form")
+    from .convert.writer import block_size
+    weights, size = block_size(dtype)
+    row_bytes = shape[len(shape) - 1]
+    if row_bytes % size:
+        raise ValueError(f"{dtype}: rows of {row_bytes} bytes are not whole {size}-byte blocks")
+    out = np.empty_like(a)
+    cdef const uint8_t[::1] src = a.reshape(-1)
+    cdef uint8_t[::1] dst = out.reshape(-1)
+    cdef int64_t rows = a.size // row_bytes if row_bytes else 0
+    cdef int64_t cols = row_bytes // size * weights
+    if a.size:
+        with nogil:
+            st = c.colibri_interleave_rows(&dst[0], &src[0], code, rows, cols, &err)
+        if st != c.COLIBRI_OK:
+            raise_error(&err)
     return out
 
 

@@ -1,8 +1,8 @@
-"""The row-interleaved block formats q4_0x8 / q8_0x8 (docs/FORMAT.md): q4_0 / q8_0 blocks with each
-group of 8 rows interleaved.  The converter's numpy permutation against the format's definition,
-byte by byte, and its inverse; which tensors it stores so; then whole models, converted from a
-checkpoint and imported from a GGUF file, repacked and plain: the same bytes moved, strict-mode
-logits bit-identical, the fast kernels' logits within the int8 path's bound, and validation."""
+"""The row-interleaved block formats (docs/FORMAT.md): q4_0, q8_0, q4_k, q5_k, q6_k, iq4_xs and mxfp4
+blocks with each group of 8 rows interleaved.  The core's permutation against the format's definition,
+byte by byte; which tensors the converter stores so; then whole models, converted from a checkpoint
+and imported from a GGUF file, repacked and plain: the same bytes moved, strict-mode logits
+bit-identical, the fast kernels' logits within the int8 path's bound, and validation."""
 import json
 import re
 import subprocess
@@ -14,41 +14,63 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from colibri.convert import ConvertError
-from colibri.convert.writer import (MATMUL_TENSOR, block_size, deinterleave_rows8, interleave_rows8, nbytes,
-                                    repacked_dtype, write_model)
+from colibri._core import interleave_rows, interleaved_form
+from colibri.convert.writer import MATMUL_TENSOR, block_size, nbytes, repacked_dtype, write_model
 from support import FIXTURES
 
 KINDS = {"q4_0": GGMLQuantizationType.Q4_0, "q8_0": GGMLQuantizationType.Q8_0}
 TOKENS = np.random.default_rng(19).integers(0, 320, 24).astype(np.int32)
+# The plain blocks' fields, in bytes, as docs/FORMAT.md lists them for the interleaved forms.
+FIELDS = {"q4_0": (2, 16), "q8_0": (2, 32), "q4_k": (2, 2, 4, 4, 4, 128), "q5_k": (2, 2, 4, 4, 4, 32, 128),
+          "q6_k": (128, 64, 16, 2), "iq4_xs": (2, 2, 4, 128), "mxfp4": (1, 16)}
 
 
 # ------------------------------------------------------------------------------- the permutation
 
-def interleave_by_definition(plain, dtype):
-    """The x8 bytes of a (rows, nb * B) q4_0 / q8_0 matrix, written out as docs/FORMAT.md defines
-    them, one byte at a time: group g of 8 rows takes the 8 * row_bytes bytes the plain rows take;
-    in it, block column b's block group of 8 * B bytes: the 8 rows' scales d[0..7], then row i's
-    quant byte 8 c + k at 16 + 64 c + 8 i + k."""
+def group_positions(dtype):
+    """pos (8, B): where byte k of row i's block goes in its group of 8 * B bytes, as docs/FORMAT.md
+    defines it: each field of the plain block in turn, the 8 rows' copies side by side, a field of 8k
+    bytes in 8-byte pieces (row i's piece c at 64 c + 8 i of the field's copies), a smaller one row
+    after row (row i's at size * i)."""
     B = block_size(dtype)[1]
-    rows, row_bytes = plain.shape
-    out = np.full(plain.size, -1, dtype=np.int16)   # -1: a byte nobody wrote
-    for g in range(rows // 8):
-        for b in range(row_bytes // B):
-            at = g * 8 * row_bytes + b * 8 * B
-            for i in range(8):
-                block = plain[8 * g + i, b * B:(b + 1) * B]
-                out[at + 2 * i:at + 2 * i + 2] = block[:2]
-                for c in range((B - 2) // 8):
-                    for k in range(8):
-                        out[at + 16 + 64 * c + 8 * i + k] = block[2 + 8 * c + k]
-    assert (out >= 0).all()
-    return out.astype(np.uint8).reshape(plain.shape)
+    pos = np.full((8, B), -1)
+    at = byte = 0
+    for size in FIELDS[dtype]:
+        for i in range(8):
+            for k in range(size):
+                pos[i, byte + k] = at + (size * i + k if size % 8 else 64 * (k // 8) + 8 * i + k % 8)
+        at, byte = at + 8 * size, byte + size
+    assert byte == B and sorted(pos.ravel()) == list(range(8 * B))
+    return pos
+
+
+def _groups(a, dtype):
+    B = block_size(dtype)[1]
+    rows, nb = a.shape[-2], a.shape[-1] // B
+    assert rows % 8 == 0 and a.shape[-1] % B == 0
+    return rows, nb, B
+
+
+def interleave_by_definition(plain, dtype):
+    """The interleaved bytes of plain (..., rows, nb * B) by the definition (group_positions)."""
+    a = np.ascontiguousarray(plain, np.uint8)
+    rows, nb, B = _groups(a, dtype)
+    blocks = a.reshape(-1, rows // 8, 8, nb, B).transpose(0, 1, 3, 2, 4)   # expert, group, block column, row, byte
+    out = np.empty((*blocks.shape[:3], 8 * B), np.uint8)
+    out[..., group_positions(dtype)] = blocks
+    return out.reshape(a.shape)
+
+
+def deinterleave_by_definition(x8, dtype):
+    a = np.ascontiguousarray(x8, np.uint8)
+    rows, nb, B = _groups(a, dtype)
+    blocks = a.reshape(-1, rows // 8, nb, 8 * B)[..., group_positions(dtype)]   # expert, group, column, row, byte
+    return blocks.transpose(0, 1, 3, 2, 4).reshape(a.shape)
 
 
 def decode_x8(x8, dtype, rows, cols):
-    """The weights of an x8 matrix decoded by the format's definition alone: row i of group g,
-    block b: d = the block group's f16 d[i]; q4_0 quant byte j (j < 16) holds weight j in the low
+    """The weights of a q4_0x8 / q8_0x8 matrix decoded by the format's definition alone: row i of group
+    g, block b: d = the block group's f16 d[i]; q4_0 quant byte j (j < 16) holds weight j in the low
     nibble and weight j + 16 in the high one, value d * (nibble - 8); q8_0 byte j is weight j, d * q."""
     B = block_size(dtype)[1]
     groups = np.asarray(x8, dtype=np.uint8).reshape(rows // 8, cols // 32, 8 * B)
@@ -68,39 +90,42 @@ def decode_x8(x8, dtype, rows, cols):
 
 
 @pytest.mark.parametrize("dtype", ["q4_0", "q8_0"])
-def test_an_interleaved_matrix_is_the_formats_definition(dtype):
-    """16 rows of 3 blocks (two groups), quantized by the gguf package: the permutation equals the
-    definition byte by byte, and the definition's decoding gives the weights of the plain blocks."""
+def test_an_interleaved_matrix_decodes_to_the_plain_weights(dtype):
+    """16 rows of 3 blocks (two groups), quantized by the gguf package: the core's permutation equals
+    the definition byte by byte, and the definition's decoding gives the weights of the plain blocks."""
     w = np.random.default_rng(1).standard_normal((16, 96)).astype(np.float32)
     plain = quantize(w, KINDS[dtype])
     assert plain.shape == (16, nbytes((96,), dtype))
-    x8 = interleave_rows8(plain, dtype)
+    x8 = interleave_rows(plain, dtype)
     assert x8.shape == plain.shape and x8.dtype == np.uint8
     np.testing.assert_array_equal(x8, interleave_by_definition(plain, dtype))
     np.testing.assert_array_equal(decode_x8(x8, dtype, 16, 96), dequantize(plain, KINDS[dtype]).reshape(16, 96))
-    np.testing.assert_array_equal(x8[:8], interleave_rows8(plain[:8], dtype))   # group by group
 
 
-@pytest.mark.parametrize("dtype", ["q4_0", "q8_0", "q4_0x8", "q8_0x8"])
-@pytest.mark.parametrize("shape", [(8, 1), (24, 4), (3, 16, 2), (2, 2, 8, 5)])
-def test_the_inverse_undoes_the_interleaving(dtype, shape):
-    """Any bytes, any leading dimensions (stacked experts): each 8 rows of one expert a group."""
+@pytest.mark.parametrize("dtype", list(FIELDS))
+@pytest.mark.parametrize("shape", [(8, 1), (24, 3), (3, 16, 2), (2, 2, 8, 5)])
+def test_the_cores_interleaving_is_the_definition(dtype, shape):
+    """Any bytes, any leading dimensions (stacked experts, each 8 rows of one expert a group): the
+    core's bytes are the definition's, group by group, and the definition's inverse undoes them."""
     B = block_size(dtype)[1]
     plain = np.random.default_rng(2).integers(0, 256, (*shape[:-1], shape[-1] * B), dtype=np.uint8)
-    x8 = interleave_rows8(plain, dtype)
+    x8 = interleave_rows(plain, dtype)
     assert x8.shape == plain.shape and not np.array_equal(x8, plain)
-    np.testing.assert_array_equal(deinterleave_rows8(x8, dtype), plain)
+    np.testing.assert_array_equal(x8, interleave_by_definition(plain, dtype))
+    np.testing.assert_array_equal(deinterleave_by_definition(x8, dtype), plain)
     experts = plain.reshape(-1, *plain.shape[-2:])
-    np.testing.assert_array_equal(x8.reshape(experts.shape), np.stack([interleave_rows8(e, dtype) for e in experts]))
+    np.testing.assert_array_equal(x8.reshape(experts.shape), np.stack([interleave_rows(e, dtype) for e in experts]))
+    assert interleaved_form(dtype) == dtype + "x8" and block_size(dtype + "x8") == block_size(dtype)
 
 
 def test_rows_that_are_not_groups_of_8_are_refused():
-    with pytest.raises(ConvertError, match=r"q4_0: bytes of shape \[12, 36\] are not rows in groups of 8"):
-        interleave_rows8(np.zeros((12, 36), np.uint8), "q4_0")
-    with pytest.raises(ConvertError, match="not rows in groups of 8 of whole 34-byte blocks"):
-        deinterleave_rows8(np.zeros((8, 35), np.uint8), "q8_0x8")
-    with pytest.raises(ConvertError, match="takes q4_0 or q8_0 blocks, not q4_k"):
-        interleave_rows8(np.zeros((8, 144), np.uint8), "q4_k")
+    with pytest.raises(ValueError, match=r"rows in groups of 8, not shape \[12, 36\]"):
+        interleave_rows(np.zeros((12, 36), np.uint8), "q4_0")
+    with pytest.raises(ValueError, match="rows of 35 bytes are not whole 34-byte blocks"):
+        interleave_rows(np.zeros((8, 35), np.uint8), "q8_0")
+    with pytest.raises(ValueError, match="q3_k has no row-interleaved form"):
+        interleave_rows(np.zeros((8, 110), np.uint8), "q3_k")
+    assert interleaved_form("q3_k") is None and interleaved_form("f16") is None
 
 
 def test_block_sizes_are_the_plain_formats():
@@ -141,8 +166,12 @@ def test_the_repacked_tensors_are_the_cores_matmuls():
     assert repacked_dtype("layers.0.experts.w2", (8, 68, 96), "q4_0") == "q4_0"   # 68 rows an expert
     assert repacked_dtype("tok_embeddings", (320, 64), "q4_0") == "q4_0"
     assert repacked_dtype("layers.0.attn.wkv_b", (64, 32), "q8_0") == "q8_0"
-    assert repacked_dtype("layers.0.attn.wq", (64, 64), "q4_k") == "q4_k"
+    assert repacked_dtype("layers.0.attn.wq", (64, 64), "q4_k") == "q4_kx8"
+    assert repacked_dtype("layers.0.attn.wq", (64, 64), "q3_k") == "q3_k"   # no interleaved form
     assert repacked_dtype("layers.0.attn.wq", (64, 64), "f16") == "f16"
+    # fast_here: the forms the kernels here have kernels of their own for (the x86 ones: q4_k and q6_k too)
+    assert repacked_dtype("lm_head", (64, 64), "q4_k", fast_here=True) == interleaved_form("q4_k", fast_here=True)
+    assert repacked_dtype("lm_head", (64, 64), "q5_k", fast_here=True) == (interleaved_form("q5_k", fast_here=True) or "q5_k")
 
 
 def written(tmp_path, repack, layout="stacked"):
@@ -169,12 +198,12 @@ def tensor_bytes(blob, t, n_experts=4):
 
 
 def as_plain(data, t):
-    """The plain q4_0 / q8_0 bytes of tensor entry t (those of an x8 one de-interleaved)."""
+    """The plain bytes of tensor entry t (those of an interleaved one de-interleaved)."""
     if not t["dtype"].endswith("x8"):
         return data
     shape = t["shape"]
     x8 = np.frombuffer(data, np.uint8).reshape(*shape[:-1], nbytes(shape[-1:], t["dtype"]))
-    return deinterleave_rows8(x8, t["dtype"]).tobytes()
+    return deinterleave_by_definition(x8, t["dtype"][:-2]).tobytes()
 
 
 @pytest.mark.parametrize("layout", ["stacked", "interleaved"])
@@ -208,13 +237,10 @@ def colibri_core():
 
 
 def model_pair(root, src, **kw):
-    """(repacked, plain) conversions of src: the default and repack=False (a GGUF: repack=True and the default)."""
+    """(repacked, plain) conversions of src: repack=True and repack=False."""
     from colibri.convert import convert
 
-    if Path(src).suffix == ".gguf":
-        return (convert(src, root / "x8", progress=False, repack=True, **kw),
-                convert(src, root / "plain", progress=False, **kw))
-    return (convert(src, root / "x8", progress=False, **kw),
+    return (convert(src, root / "x8", progress=False, repack=True, **kw),
             convert(src, root / "plain", progress=False, repack=False, **kw))
 
 
@@ -222,20 +248,22 @@ def table(model_dir):
     return {t["name"]: t for t in json.loads((Path(model_dir) / "colibri_model.json").read_text())["tensors"]}
 
 
-def assert_moved_blocks(x8_dir, plain_dir, dtype):
+def assert_moved_blocks(x8_dir, plain_dir, fast_here=False):
     """The repacked model is the plain one with the blocks of its matmuls with rows in groups of 8
-    moved: the dtypes, the same file, each x8 tensor's bytes de-interleaved the plain ones."""
+    moved (into the forms repack=True writes, or with fast_here the default's): the dtypes, the same
+    file, each interleaved tensor's bytes de-interleaved the plain ones."""
     x8, plain = table(x8_dir), table(plain_dir)
     assert list(x8) == list(plain)
     n_repacked = 0
     for name, t in x8.items():
         u = plain[name]
         rows = t["shape"][-2] if len(t["shape"]) >= 2 else 0
-        want = dtype + "x8" if u["dtype"] == dtype and MATMUL_TENSOR.match(name) and rows % 8 == 0 else u["dtype"]
+        form = interleaved_form(u["dtype"], fast_here) if u["dtype"] in FIELDS else None
+        want = form if form and MATMUL_TENSOR.match(name) and rows % 8 == 0 else u["dtype"]
         assert t["dtype"] == want, name
         n_repacked += want != u["dtype"]
         assert (t["shape"], t["file_offset"], t["file_size"]) == (u["shape"], u["file_offset"], u["file_size"]), name
-    assert n_repacked >= 4
+    assert n_repacked >= 4 or fast_here
     x8_blob, plain_blob = (Path(x8_dir) / "weights.bin").read_bytes(), (Path(plain_dir) / "weights.bin").read_bytes()
     assert len(x8_blob) == len(plain_blob)
     for name, t in x8.items():
@@ -276,42 +304,53 @@ def assert_by_row_and_short_stay_plain(x8_dir, dtype):
 @pytest.mark.parametrize("dtype", ["q4_0", "q8_0"])
 def test_a_repacked_checkpoint_computes_the_plain_numbers(dtype, layout, tmp_path):
     x8, plain = model_pair(tmp_path, FIXTURES / "tiny-mixtral", dtype=dtype, layout=layout)
-    assert_moved_blocks(x8, plain, dtype)
+    assert_moved_blocks(x8, plain)
     assert_by_row_and_short_stay_plain(x8, dtype)
     assert_same_numbers(x8, plain)
 
 
 @pytest.mark.parametrize("dtype", ["q4_0", "q8_0"])
-def test_a_gguf_import_is_repacked_on_request(dtype, tmp_path):
-    """Byte for byte by default (the GGUF's own q4_0 / q8_0), moved with --repack."""
+def test_a_gguf_import_is_repacked_unless_asked_not_to(dtype, tmp_path):
+    """Byte for byte with repack=False (the GGUF's own q4_0 / q8_0), moved with repack=True, and by
+    default in the forms this machine's kernels run faster."""
+    from colibri.convert import convert
     from test_gguf_import import write_gguf
 
     write_gguf(tmp_path / "model.gguf", KINDS[dtype])
     x8, plain = model_pair(tmp_path, tmp_path / "model.gguf")
     assert {t["dtype"] for t in table(plain).values() if len(t["shape"]) >= 2 and t["dtype"] not in ("u8", "i32")} \
         == {dtype}
-    assert_moved_blocks(x8, plain, dtype)
+    assert_moved_blocks(x8, plain)
     assert_by_row_and_short_stay_plain(x8, dtype)
     assert_same_numbers(x8, plain)
+    assert_moved_blocks(convert(tmp_path / "model.gguf", tmp_path / "default", progress=False), plain, fast_here=True)
 
 
-def test_a_ggufs_k_quants_are_not_repacked(tmp_path):
-    """A file of Q4_K attention, a Q6_K embedding and Q4_0 experts, router and LM head: --repack
-    moves the Q4_0 matrices of 8-row groups and leaves the K-quants' bytes as they are."""
+@pytest.mark.parametrize("kquant", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4"])
+def test_a_ggufs_k_quants_are_repacked(kquant, tmp_path):
+    """A file of K-quant (or IQ4_XS, MXFP4) attention and experts, a Q6_K embedding and a Q4_0
+    router and LM head: repack=True moves the blocks of every matmul of 8-row groups into its
+    interleaved form, leaves the embedding and the 4-row router as they are, and computes the plain
+    file's numbers (bit for bit in strict mode); the default moves the forms the kernels here run
+    faster."""
+    from colibri.convert import convert
     import test_gguf_quants as kq
 
     def kind(name):
-        return "Q4_K" if "attn" in name else "Q6_K" if "token_embd" in name else "F32"
+        return kquant if ("attn" in name or "exps" in name) else "Q6_K" if "token_embd" in name else "F32"
     tensors = kq.model_tensors(kind, np.random.default_rng(7))
     for name, (k, x) in tensors.items():
         if k == "F32" and x.ndim >= 2:
             tensors[name] = ("Q4_0", quantize(x, GGMLQuantizationType.Q4_0))
-    x8, plain = model_pair(tmp_path, kq.write_gguf(tmp_path / "model.gguf", tensors))
-    assert_moved_blocks(x8, plain, "q4_0")
+    path = kq.write_gguf(tmp_path / "model.gguf", tensors)
+    x8, plain = model_pair(tmp_path, path)
+    assert_moved_blocks(x8, plain)
     got = {name: t["dtype"] for name, t in table(x8).items()}
-    assert got["tok_embeddings"] == "q6_k" and got["layers.1.attn.wq"] == "q4_k" and got["layers.1.router"] == "q4_0"
-    assert got["layers.1.experts.w2"] == got["lm_head"] == "q4_0x8"
+    want = kquant.lower()
+    assert got["tok_embeddings"] == "q6_k" and got["layers.1.router"] == "q4_0" and got["lm_head"] == "q4_0x8"
+    assert {got[f"layers.1.{m}"] for m in ("attn.wq", "experts.w1", "experts.w2")} == {want + "x8"}, got
     assert_same_numbers(x8, plain, kq.TOKENS)
+    assert_moved_blocks(convert(path, tmp_path / "default", progress=False), plain, fast_here=True)
 
 
 def colibri_cli(*args):
@@ -327,7 +366,7 @@ def test_the_convert_command_repacks_by_default(tmp_path):
     assert r.returncode == 0 and "q4_0x8" in r.stdout, r.stdout + r.stderr
     r = colibri_cli("convert", FIXTURES / "tiny-mixtral", tmp_path / "plain", "--quant", "q4_0", "--no-repack", "--quiet")
     assert r.returncode == 0 and "q4_0x8" not in r.stdout, r.stdout + r.stderr
-    assert_moved_blocks(tmp_path / "x8", tmp_path / "plain", "q4_0")
+    assert_moved_blocks(tmp_path / "x8", tmp_path / "plain")
     r = colibri_cli("validate", tmp_path / "x8")
     assert r.returncode == 0 and "valid mixtral model" in r.stdout, r.stdout + r.stderr
     write_gguf(tmp_path / "model.gguf", GGMLQuantizationType.Q8_0)

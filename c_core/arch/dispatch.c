@@ -10,33 +10,38 @@ typedef struct variant {
     const colibri_kernels *(*kernels)(void);   /* the slots it has; NULL ones come from base */
     const colibri_kernels *(*base)(void);      /* NULL: kernels has every slot (the references) */
     int (*runs_here)(void);                    /* NULL: every CPU this build targets */
+    uint32_t interleaved;                      /* the interleaved formats its matmul_q8 has kernels for */
 } variant;
+
+#define X8_Q4_0 (1u << COLIBRI_DTYPE_Q4_0X8 | 1u << COLIBRI_DTYPE_Q8_0X8)
+#define X8_X86 (X8_Q4_0 | 1u << COLIBRI_DTYPE_Q4_KX8 | 1u << COLIBRI_DTYPE_Q5_KX8 | 1u << COLIBRI_DTYPE_Q6_KX8 | \
+                1u << COLIBRI_DTYPE_IQ4_XSX8 | 1u << COLIBRI_DTYPE_MXFP4X8)
 
 /* The two references first, then in order of preference; a base comes before the variants it
  * fills.  A variant based on the reference that leaves quantize_q8 and matmul_q8 empty has no
  * int8 path (its matmul takes q8_0 and q4_0), as the reference has none. */
 static const variant variants[] = {
-    { colibri_kernels_reference, NULL, NULL },
-    { colibri_kernels_reference_int8, NULL, NULL },
+    { colibri_kernels_reference, NULL, NULL, 0 },
+    { colibri_kernels_reference_int8, NULL, NULL, 0 },
 #if defined(COLIBRI_HAVE_AVX2)
-    { colibri_kernels_avx2, colibri_kernels_reference, colibri_cpu_has_avx2 },
+    { colibri_kernels_avx2, colibri_kernels_reference, colibri_cpu_has_avx2, X8_X86 },
 #endif
 #if defined(COLIBRI_HAVE_AVX512)
-    { colibri_kernels_avx512, colibri_kernels_reference, colibri_cpu_has_avx512_vnni },
+    { colibri_kernels_avx512, colibri_kernels_reference, colibri_cpu_has_avx512_vnni, X8_X86 },
 #endif
 #if defined(COLIBRI_HAVE_NEON)
-    { colibri_kernels_neon, colibri_kernels_reference, NULL },
+    { colibri_kernels_neon, colibri_kernels_reference, NULL, X8_Q4_0 },
 #endif
 #if defined(COLIBRI_HAVE_DOTPROD)
-    { colibri_kernels_neon_dotprod, colibri_kernels_neon, colibri_cpu_has_dotprod },   /* NEON's float path */
+    { colibri_kernels_neon_dotprod, colibri_kernels_neon, colibri_cpu_has_dotprod, X8_Q4_0 },   /* NEON's float path */
 #endif
 #if defined(COLIBRI_HAVE_MVE)
-    { colibri_kernels_mve_int8, colibri_kernels_reference, NULL },   /* for tests: before mve, never the best */
-    { colibri_kernels_mve, colibri_kernels_reference, NULL },   /* bare metal: built only for a CPU that has it */
+    { colibri_kernels_mve_int8, colibri_kernels_reference, NULL, X8_Q4_0 },   /* for tests: before mve, never the best */
+    { colibri_kernels_mve, colibri_kernels_reference, NULL, X8_Q4_0 },   /* bare metal: built only for a CPU that has it */
 #endif
 #if defined(COLIBRI_HAVE_RVV)
-    { colibri_kernels_rvv_int8, colibri_kernels_reference, colibri_cpu_has_rvv },   /* for tests: before rvv, never the best */
-    { colibri_kernels_rvv, colibri_kernels_reference, colibri_cpu_has_rvv },
+    { colibri_kernels_rvv_int8, colibri_kernels_reference, colibri_cpu_has_rvv, X8_Q4_0 },   /* for tests: before rvv, never the best */
+    { colibri_kernels_rvv, colibri_kernels_reference, colibri_cpu_has_rvv, X8_Q4_0 },
 #endif
 };
 #define VARIANTS ((int32_t)(sizeof variants / sizeof variants[0]))
@@ -88,6 +93,14 @@ int colibri_kernels_runnable(const colibri_kernels *kernels)
     int32_t i;
     for (i = 0; i < VARIANTS; i++)
         if (table(i) == kernels) return runs_here(i);
+    return 0;
+}
+
+int colibri_kernels_interleave(const colibri_kernels *kernels, colibri_dtype x8)
+{
+    int32_t i;
+    for (i = 0; i < VARIANTS; i++)
+        if (table(i) == kernels) return (unsigned)x8 < 32 && (variants[i].interleaved >> x8 & 1u);
     return 0;
 }
 

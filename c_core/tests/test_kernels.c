@@ -63,12 +63,12 @@ static void quantize_row(const float *x, int32_t cols, colibri_dtype dtype, uint
 static void random_blocks(uint8_t *w, size_t size, colibri_dtype dtype)
 {
     const colibri_dtype_traits *tr = &colibri_dtypes[dtype];
-    size_t i, b;
+    size_t i, b, unit = (size_t)tr->block_bytes * (size_t)tr->rows;   /* a block, or an interleaved group */
     int32_t j;
     for (i = 0; i < size; i++) { lcg = lcg * 1664525u + 1013904223u; w[i] = (uint8_t)(lcg >> 24); }
-    for (b = 0; b < size / (size_t)tr->block_bytes; b++) {
-        uint8_t *block = w + b * (size_t)tr->block_bytes;
-        if (dtype == COLIBRI_DTYPE_MXFP4) block[0] = (uint8_t)(118 + b % 5);
+    for (b = 0; b < size / unit; b++) {
+        uint8_t *block = w + b * unit;
+        for (j = 0; j < tr->rows && colibri_dtype_plain(dtype) == COLIBRI_DTYPE_MXFP4; j++) block[j] = (uint8_t)(118 + (b + (size_t)j) % 5);
         for (j = 0; j < tr->f16_count; j++) {
             uint16_t h = to_half_bits(0.01f * next_float(), COLIBRI_DTYPE_F16);
             memcpy(block + tr->f16_at + 2 * j, &h, 2);
@@ -76,20 +76,15 @@ static void random_blocks(uint8_t *w, size_t size, colibri_dtype dtype)
     }
 }
 
-/* out = W (rows, cols) of q4_0 / q8_0 blocks with each 8 rows interleaved (q4_0x8 / q8_0x8,
- * rows % 8 == 0): per block column d[0..7], then byte 16 + 64 c + 8 i + k = row i's quant byte 8 c + k. */
+/* out = W (rows, cols) of plain blocks with each 8 rows interleaved (rows % 8 == 0): the core's own
+ * colibri_interleave_rows (test_repack.py checks its bytes against docs/FORMAT.md's rule). */
 static void interleave_rows(uint8_t *out, const uint8_t *plain, colibri_dtype dtype, int32_t rows, int32_t cols)
 {
-    size_t bb = (size_t)colibri_dtypes[dtype].block_bytes, nb = (size_t)cols / 32, row_bytes = nb * bb, g, b, i, c;
-    for (g = 0; g < (size_t)rows / 8; g++)
-        for (b = 0; b < nb; b++) {
-            uint8_t *group = out + g * 8 * row_bytes + b * 8 * bb;
-            for (i = 0; i < 8; i++) {
-                const uint8_t *block = plain + (g * 8 + i) * row_bytes + b * bb;
-                memcpy(group + 2 * i, block, 2);
-                for (c = 0; c < (bb - 2) / 8; c++) memcpy(group + 16 + 64 * c + 8 * i, block + 2 + 8 * c, 8);
-            }
-        }
+    colibri_error err;
+    if (colibri_interleave_rows(out, plain, colibri_dtype_plain(dtype), rows, cols, &err) != COLIBRI_OK) {
+        fprintf(stderr, "colibri_interleave_rows: %s\n", err.message);
+        exit(1);
+    }
 }
 
 /* wmag (cols) = per weight of one row, |scale part| + |min part|: weight = d * ... - dmin * m in
@@ -216,11 +211,12 @@ static void test_variant(const colibri_kernels *k)
                                             COLIBRI_DTYPE_IQ4_XS, COLIBRI_DTYPE_IQ4_NL, COLIBRI_DTYPE_MXFP4,
                                             COLIBRI_DTYPE_Q4_1, COLIBRI_DTYPE_Q5_0, COLIBRI_DTYPE_Q5_1,
                                             COLIBRI_DTYPE_Q3_K, COLIBRI_DTYPE_Q2_K, COLIBRI_DTYPE_Q4_0X8,
-                                            COLIBRI_DTYPE_Q8_0X8 };
+                                            COLIBRI_DTYPE_Q8_0X8, COLIBRI_DTYPE_Q4_KX8, COLIBRI_DTYPE_Q5_KX8,
+                                            COLIBRI_DTYPE_Q6_KX8, COLIBRI_DTYPE_IQ4_XSX8, COLIBRI_DTYPE_MXFP4X8 };
     const colibri_kernels *ref = colibri_kernels_reference();
     int di, ni, ci, ri, before = failures, count = checked;
     for (di = 0; di < (int)(sizeof dtypes / sizeof dtypes[0]); di++) {
-        colibri_dtype dtype = dtypes[di], plain = colibri_dtype_plain(dtype);   /* x8: built from q4_0 / q8_0 rows */
+        colibri_dtype dtype = dtypes[di], plain = colibri_dtype_plain(dtype);   /* x8: built from plain rows */
         const char *dtype_name = colibri_dtypes[dtype].name;
         for (ni = 0; ni < (int)(sizeof ns / sizeof ns[0]); ni++) for (ci = 0; ci < (int)(sizeof colss / sizeof colss[0]); ci++) for (ri = 0; ri < (int)(sizeof rowss / sizeof rowss[0]); ri++) {
             int32_t n = ns[ni], cols = colss[ci], rows = plain != dtype ? rowss_x8[ri] : rowss[ri], i, t, r;

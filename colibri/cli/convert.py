@@ -72,10 +72,11 @@ def add_convert(sub):
                    help="the routed experts in weights.bin: stacked (default: each tensor whole) or interleaved "
                         "(each expert's tensors one contiguous extent, one read per expert)")
     c.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
-                   help="store the q4_0 / q8_0 matrices of the matmuls with their rows interleaved in groups of 8 "
-                        "(q4_0x8 / q8_0x8: the same blocks, moved, so the fast kernels read 8 rows at once; the same "
-                        "numbers). Default: on for a checkpoint (--no-repack keeps every tensor plain q4_0 / q8_0), "
-                        "off for a .gguf file (its bytes as they are; --repack moves its Q4_0 / Q8_0 matrices)")
+                   help="store the block matrices of the matmuls with their rows interleaved in groups of 8 (q4_0x8, "
+                        "q8_0x8, q4_kx8, q6_kx8, ...: the same blocks, moved, so the fast kernels read 8 rows at once; "
+                        "the same numbers). Default: the forms this machine's kernels run faster than the plain ones; "
+                        "--repack: every interleaved form (for a machine whose kernels have them); --no-repack: every "
+                        "tensor as the source has it (a .gguf file byte for byte)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_convert)
 

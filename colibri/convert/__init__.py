@@ -35,10 +35,11 @@ def convert(src_dir, out_dir, dtype=KEEP, progress=True, layout="stacked", repac
     bf16, f32 where it has f64 or its sources differ); or import a .gguf file, its weights as they
     are. The chat templates and the special tokens' text they read go with the model (colibri.chat). `layout`:
     the routed experts "stacked" (each tensor whole) or "interleaved" (each expert's tensors one
-    extent, read at once; docs/FORMAT.md). `repack`: the q4_0 / q8_0 matrices of the core's matmuls
-    stored row-interleaved (q4_0x8 / q8_0x8: the same blocks, moved, for the fast kernels); None is
-    the default, True for a checkpoint, False for a GGUF file (byte for byte). Returns out_dir as a
-    Path. Raises ConvertError on anything it cannot convert.
+    extent, read at once; docs/FORMAT.md). `repack`: the block matrices of the core's matmuls stored
+    row-interleaved (q4_0x8, q8_0x8, q4_kx8, ...: the same blocks, moved, for the fast kernels): None,
+    the default, in the forms the kernels on this machine run faster than the plain ones; True in
+    every interleaved form; False byte for byte. Returns out_dir as a Path. Raises ConvertError on
+    anything it cannot convert.
 
     out_dir is replaced whole once the new model is written and the core has loaded it (CRCs and
     all): a conversion that fails, or is interrupted, leaves what was there (output.py). It must be
@@ -49,13 +50,14 @@ def convert(src_dir, out_dir, dtype=KEEP, progress=True, layout="stacked", repac
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if out_dir.resolve() == src_dir.resolve():
         raise ConvertError(f"{out_dir}: the output directory is the source {src_dir}: give another")
+    repack_mode = "fast" if repack is None else bool(repack)
     with staged(out_dir, src_dir) as work:
         if src_dir.suffix == ".gguf" and src_dir.is_file():
             from .gguf_import import convert_gguf
 
-            convert_gguf(src_dir, work, progress=progress, layout=layout, repack=bool(repack))
+            convert_gguf(src_dir, work, progress=progress, layout=layout, repack=repack_mode)
         else:
-            _convert_checkpoint(src_dir, work, dtype, progress, layout, repack is None or bool(repack))
+            _convert_checkpoint(src_dir, work, dtype, progress, layout, repack_mode)
         _check_loads(work)
     return out_dir
 

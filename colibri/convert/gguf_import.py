@@ -3,8 +3,9 @@
     colibri convert model.gguf out/model
 
 Tensors keep their bytes and their own type (a Q4_K_M file's Q4_K and Q6_K matrices and F32 norms
-stay so; `--repack` moves the bytes of Q4_0 and Q8_0 matrices into colibri's row-interleaved q4_0x8 /
-q8_0x8): llama.cpp's block formats are colibri's dtypes of the same names (STORED), block by
+stay so), except that by default the matrices of the core's matmuls whose format the kernels here run
+faster row-interleaved are stored so (q4_0x8, q4_kx8, ...: the same blocks, moved; `--no-repack`
+keeps every byte where it was): llama.cpp's block formats are colibri's dtypes of the same names (STORED), block by
 block along each row, so both engines read identical weights.  Architectures: `llama` with experts
 (Mixtral; llama.cpp's converter reorders the rows of q and k for its RoPE on adjacent pairs, which
 colibri then uses too), `qwen3moe` (rotate-half RoPE, per-head QK-norm), and the other MoE families
@@ -335,8 +336,8 @@ def _plan(path):
 def convert_gguf(path, out_dir, progress=True, layout="stacked", repack=False):
     """Import the GGUF file at `path` into the colibri model directory `out_dir`; with layout
     "interleaved" the stacked expert tensors are rewritten into per-expert extents, byte for byte;
-    with `repack`, the q4_0 / q8_0 matrices the core allows in the x8 forms are stored so (the same
-    bytes, rows interleaved in groups of 8: writer.repacked_dtype); the K-quants stay as they are."""
+    with `repack` (writer.REPACK), the block matrices the core allows in the interleaved forms are
+    stored so (the same bytes, rows interleaved in groups of 8: writer.repacked_dtype)."""
     path, out_dir = Path(path), Path(out_dir)
     reader, doc, entries = _plan(path)
     write_model(out_dir, doc, entries, "f32", progress=progress, layout=layout, repack=repack)

@@ -12,8 +12,7 @@ from .errors import ConvertError
 
 ALIGN = 64
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "w4g128")   # what a float checkpoint can be written as
-OWN_BLOCKS = {"w4g128": (128, 66), "q4_0x8": (32, 18), "q8_0x8": (32, 34),   # (weights, bytes) of colibri's own blocks
-              "u8": (1, 1), "i32": (1, 4)}
+OWN_BLOCKS = {"w4g128": (128, 66), "u8": (1, 1), "i32": (1, 4)}   # (weights, bytes) of colibri's own blocks
 GGML_TYPE = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # llama.cpp's block formats, quantized by the gguf package
 
 
@@ -23,6 +22,8 @@ def block_size(dtype):
     formats (a GGUF file's types, of the same names) as the gguf package sizes them."""
     if dtype in OWN_BLOCKS:
         return OWN_BLOCKS[dtype]
+    if dtype.endswith("x8"):   # a row-interleaved form: its plain format's blocks, moved
+        return block_size(dtype[:-2])
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     return GGML_QUANT_SIZES[GGMLQuantizationType[dtype.upper()]]
@@ -53,55 +54,25 @@ def stored_dtype(shape, dtype):
     return dtype
 
 
-# q4_0 and q8_0 with each group of 8 rows interleaved (docs/FORMAT.md): the same blocks, moved, so that
-# the fast kernels share each activation load across 8 rows.
-X8 = {"q4_0": "q4_0x8", "q8_0": "q8_0x8"}
 # The matrices the core multiplies only through colibri_matmul (c_core/src/model/tensors.c's names), so
-# the only ones it takes in the x8 forms: not the token embedding (read by row, and the LM head when
-# tied) nor attn.wkv_b (latent attention reads each head's key rows on their own).
+# the only ones it takes in the row-interleaved forms (q4_0x8, q4_kx8, ...: docs/FORMAT.md): not the
+# token embedding (read by row, and the LM head when tied) nor attn.wkv_b (latent attention reads each
+# head's key rows on their own).
 MATMUL_TENSOR = re.compile(r"(layers\.\d+\.(attn\.(wq|wk|wv|wo|wq_a|wq_b|wkv_a)|conv\.(in_proj|out_proj)|router"
                            r"|experts\.(w1|w3|w2)|shared\.(w1|w3|w2|gate)|mlp\.(w1|w3|w2))|lm_head)$")
+REPACK = (False, True, "fast")   # byte for byte; every interleaved form; the forms this CPU's kernels run faster
 
 
-def repacked_dtype(name, shape, dtype):
-    """The x8 form of q4_0 / q8_0 for a matrix of the core's matmuls with rows (its second-to-last
-    dimension: each expert's rows) in whole groups of 8; otherwise `dtype` itself."""
-    if dtype in X8 and MATMUL_TENSOR.match(name) and len(shape) >= 2 and shape[-2] % 8 == 0:
-        return X8[dtype]
+def repacked_dtype(name, shape, dtype, fast_here=False):
+    """The row-interleaved form of a block dtype (the core's: q4_0 -> q4_0x8, q4_k -> q4_kx8, ...) for a
+    matrix of the core's matmuls with rows (its second-to-last dimension: each expert's rows) in whole
+    groups of 8; with fast_here, only a form the kernels here run faster than the plain one; otherwise
+    `dtype` itself."""
+    from colibri._core import interleaved_form
+
+    if MATMUL_TENSOR.match(name) and len(shape) >= 2 and shape[-2] % 8 == 0:
+        return interleaved_form(dtype, fast_here) or dtype
     return dtype
-
-
-def _x8_geometry(blocks, dtype):
-    """(uint8 view of blocks, rows, blocks a row, block bytes) for interleave_rows8 and its inverse."""
-    plain = dtype[:-2] if dtype in X8.values() else dtype
-    if plain not in X8:
-        raise ConvertError(f"row interleaving takes q4_0 or q8_0 blocks, not {dtype}")
-    size = block_size(plain)[1]
-    a = np.ascontiguousarray(blocks).view(np.uint8)
-    if a.ndim < 2 or a.shape[-2] % 8 or a.shape[-1] % size:
-        raise ConvertError(f"{dtype}: bytes of shape {list(a.shape)} are not rows in groups of 8 of whole "
-                           f"{size}-byte blocks")
-    return a, a.shape[-2], a.shape[-1] // size, size
-
-
-def interleave_rows8(blocks, dtype):
-    """q4_0 / q8_0 bytes (..., rows, nb * B) -> the x8 form (same shape): per group of 8 rows and
-    block column b, the 8 scales d (16 bytes), then 8-byte pieces of the rows' quants, row i's
-    byte 8 c + k at 16 + 64 c + 8 i + k (B = 18 or 34 bytes a block)."""
-    a, rows, nb, size = _x8_geometry(blocks, dtype)
-    p = a.reshape(-1, rows // 8, 8, nb, size)   # group, row i, block b, byte
-    d = p[..., :2].transpose(0, 1, 3, 2, 4).reshape(-1, rows // 8, nb, 16)
-    q = p[..., 2:].reshape(-1, rows // 8, 8, nb, (size - 2) // 8, 8).transpose(0, 1, 3, 4, 2, 5)   # g, b, c, i, k
-    return np.concatenate([d, q.reshape(-1, rows // 8, nb, 8 * (size - 2))], axis=-1).reshape(a.shape)
-
-
-def deinterleave_rows8(blocks, dtype):
-    """The inverse of interleave_rows8: x8 bytes (..., rows, nb * B) -> q4_0 / q8_0 bytes."""
-    a, rows, nb, size = _x8_geometry(blocks, dtype)
-    x = a.reshape(-1, rows // 8, nb, 8 * size)   # group, block b, block group's bytes
-    d = x[..., :16].reshape(-1, rows // 8, nb, 8, 2).transpose(0, 1, 3, 2, 4)
-    q = x[..., 16:].reshape(-1, rows // 8, nb, (size - 2) // 8, 8, 8).transpose(0, 1, 4, 2, 3, 5)   # g, i, b, c, k
-    return np.concatenate([d, q.reshape(-1, rows // 8, 8, nb, size - 2)], axis=-1).reshape(a.shape)
 
 
 def quantize_w4g128(x):
@@ -178,17 +149,19 @@ def check_layout(layout):
         raise ConvertError(f"unknown layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
 
 
-def _repacked(name, shape, y, stored):
-    """(y, stored) in the x8 form where repacked_dtype allows it: the same bytes, moved."""
-    x8 = repacked_dtype(name, shape, stored)
+def _repacked(name, shape, y, stored, repack):
+    """(y, stored) in the interleaved form where repacked_dtype allows it: the same bytes, moved by the core."""
+    from colibri._core import interleave_rows
+
+    x8 = repacked_dtype(name, shape, stored, fast_here=repack == "fast")
     if x8 == stored:
         return y, stored
-    return interleave_rows8(np.asarray(y).reshape(*shape[:-1], nbytes(shape[-1:], stored)), x8), x8
+    return interleave_rows(np.asarray(y).reshape(*shape[:-1], nbytes(shape[-1:], stored)), stored), x8
 
 
 def _encoded(name, shape, load, planned, repack=False):
     """(bytes, stored dtype) of one tensor of the plan, a float array written as `planned` (its
-    fourth item); with `repack`, q4_0 and q8_0 matrices of the core's matmuls in their x8 forms."""
+    fourth item); with `repack` (REPACK), block matrices of the core's matmuls in their interleaved forms."""
     x = load()
     if isinstance(x, Stored):
         y, stored = x.data, x.dtype
@@ -204,7 +177,7 @@ def _encoded(name, shape, load, planned, repack=False):
     if stored == "f16" and not np.isfinite(y).all():
         raise ConvertError(f"tensor `{name}`: values beyond the f16 range (|x| > 65504); use bf16 or f32")
     if repack:
-        y, stored = _repacked(name, shape, y, stored)
+        y, stored = _repacked(name, shape, y, stored, repack)
     return y.tobytes(), stored
 
 
@@ -281,8 +254,8 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked", r
     "interleaved", one layer's routed-expert tensors, written as its experts' extents, all of them
     after every other tensor: weights.bin is then the resident prefix (what a device keeps in
     memory), then the extents (what it may stream). The table keeps the plan's order. With
-    `repack`, the q4_0 and q8_0 matrices the core allows in the x8 forms (repacked_dtype) are
-    stored so, the Stored ones too. out_dir is written in place: convert() gives it a fresh
+    `repack` (REPACK: True, or "fast" for the forms this CPU's kernels run faster), the block matrices the
+    core allows in the interleaved forms (repacked_dtype) are stored so, the Stored ones too. out_dir is written in place: convert() gives it a fresh
     directory it renames into place (output.py).
     """
     check_dtype(dtype)

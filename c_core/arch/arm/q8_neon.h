@@ -361,7 +361,8 @@ static inline void matmul_q8_neon_with(float *y, const colibri_q8_block *xq, con
     case COLIBRI_DTYPE_Q5_0: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q5_0, n, cols, rows, 22, dot16); return;
     case COLIBRI_DTYPE_Q5_1: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_Q5_1, n, cols, rows, 24, dot16); return;
     case COLIBRI_DTYPE_Q4_0X8: case COLIBRI_DTYPE_Q8_0X8: matmul_x8_neon(y, xq, w, dtype, n, cols, rows); return;
-    default: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, 17, dot16); return;
+    case COLIBRI_DTYPE_MXFP4: matmul_kq_neon(y, xq, w, COLIBRI_DTYPE_MXFP4, n, cols, rows, 17, dot16); return;
+    default: colibri_ref_matmul_q8(y, xq, w, dtype, n, cols, rows); return;   /* the other interleaved formats */
     }
 }
 

@@ -10,7 +10,7 @@
 
 #include "../arch.h"
 #include "../../src/ops/quant_tables.h"
-#include "rows8_x86.h"
+#include "kx8_x86.h"
 
 static inline float hsum8(__m256 v)
 {
@@ -520,8 +520,9 @@ static inline __attribute__((always_inline)) void matmul_q8_x86(int RN, int RN_K
     case COLIBRI_DTYPE_Q4_1: KQ(COLIBRI_DTYPE_Q4_1); break;
     case COLIBRI_DTYPE_Q5_0: KQ(COLIBRI_DTYPE_Q5_0); break;
     case COLIBRI_DTYPE_Q5_1: KQ(COLIBRI_DTYPE_Q5_1); break;
+    case COLIBRI_DTYPE_MXFP4: KQ(COLIBRI_DTYPE_MXFP4); break;
     case COLIBRI_DTYPE_Q4_0X8: case COLIBRI_DTYPE_Q8_0X8: matmul_x8_x86(y, xq, w, dtype, n, cols, rows); break;
-    default: KQ(COLIBRI_DTYPE_MXFP4); break;
+    default: matmul_kx8_x86(y, xq, w, dtype, n, cols, rows); break;   /* q4_kx8, q5_kx8, q6_kx8, iq4_xsx8, mxfp4x8 */
     }
 #undef KQ
 }

@@ -72,6 +72,13 @@ typedef enum colibri_dtype {
      * multiplies whole: a single row is not addressable on its own. */
     COLIBRI_DTYPE_Q4_0X8 = 19,      /* 144 bytes a group: 8 d, 2 chunks */
     COLIBRI_DTYPE_Q8_0X8 = 20,      /* 272 bytes a group: 8 d, 4 chunks */
+    /* The same for the K-quants, iq4_xs and mxfp4: each field of the plain block in turn, the 8 rows'
+     * copies side by side, a field of 8k bytes in 8-byte pieces (docs/FORMAT.md) */
+    COLIBRI_DTYPE_Q4_KX8 = 21,      /* 1152 bytes a group */
+    COLIBRI_DTYPE_Q5_KX8 = 22,      /* 1408 bytes */
+    COLIBRI_DTYPE_Q6_KX8 = 23,      /* 1680 bytes */
+    COLIBRI_DTYPE_IQ4_XSX8 = 24,    /* 1088 bytes */
+    COLIBRI_DTYPE_MXFP4X8 = 25,     /* 136 bytes */
     COLIBRI_DTYPE_COUNT
 } colibri_dtype;
 
@@ -423,6 +430,17 @@ const char *colibri_session_kernels(const colibri_session *session);   /* "avx2"
 /* The kernel variants this build has, in order of preference after the reference: name of the
  * i-th (NULL past the end), and whether this CPU runs it. */
 const char *colibri_kernel_variant(int32_t i, int *runs_here);
+/* The row-interleaved form of a plain block dtype (q4_k: q4_kx8), or the dtype itself where it has
+ * none; with fast_here, only a form that the kernels sessions pick here (COLIBRI_KERNELS, else this
+ * CPU's best) have kernels of their own for, so that they multiply it faster than the plain one:
+ * what the converter writes by default. */
+colibri_dtype colibri_interleaved_form(colibri_dtype dtype, int fast_here);
+/* dst = src (rows, cols) of a plain block dtype (q4_0, q8_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4) in its
+ * row-interleaved form (docs/FORMAT.md): the same bytes, moved.  rows % 8 == 0; dst and src of
+ * rows * colibri_row_bytes; they must not overlap.  COLIBRI_E_DTYPE for a dtype with no such form,
+ * COLIBRI_E_SHAPE for rows or cols that do not fit it. */
+colibri_status colibri_interleave_rows(void *dst, const void *src, colibri_dtype dtype, int64_t rows, int64_t cols,
+                                       colibri_error *err);
 
 /* Appends `n` tokens to the KV cache (after the pending token, if any) and computes their logits.
  * logits (n, vocab): every position's logits, or NULL to keep only the last one,

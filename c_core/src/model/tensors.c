@@ -596,7 +596,9 @@ colibri_status colibri_verify_tensor(const colibri_model *m, const colibri_tenso
         if (colibri_dtype_is_block(t->dtype)) {   /* the quants are integers: only the scales can be inf or nan */
             const colibri_dtype_traits *tr = &colibri_dtypes[t->dtype];
             for (i = 0; i < n; i++) {
-                int32_t k, finite = t->dtype != COLIBRI_DTYPE_MXFP4 || p[i * unit] != 0xff;   /* E8M0's nan */
+                int32_t k, finite = 1;
+                for (k = 0; k < tr->rows && colibri_dtype_plain(t->dtype) == COLIBRI_DTYPE_MXFP4; k++)
+                    if (p[i * unit + (size_t)k] == 0xff) finite = 0;   /* E8M0's nan */
                 for (k = 0; k < tr->f16_count; k++) {
                     uint16_t bits;
                     memcpy(&bits, p + i * unit + (size_t)tr->f16_at + 2 * (size_t)k, 2);

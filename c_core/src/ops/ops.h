@@ -91,6 +91,9 @@ const colibri_kernels *colibri_kernels_variant(int32_t i);
 int colibri_kernels_runnable(const colibri_kernels *kernels);
 const colibri_kernels *colibri_kernels_best(void);
 const colibri_kernels *colibri_kernels_named(const char *name);
+/* Whether a variant's matmul_q8 has kernels of its own for an interleaved format (else it hands it
+ * to the scalar int8 path, block by block: correct, and slower than the plain format). */
+int colibri_kernels_interleave(const colibri_kernels *kernels, colibri_dtype x8);
 
 /* The scalar int8 path: what every variant's quantize_q8 and matmul_q8 are tested against. */
 void colibri_ref_quantize_q8(colibri_q8_block *xq, const float *x, int32_t n, int32_t cols);
@@ -140,7 +143,7 @@ void colibri_dequantize_rows(float *y, const void *w, colibri_dtype dtype, int32
  * block of one); a block format's f16 scales are `f16_count` halves from byte `f16_at` of each block
  * (what verify mode checks for inf and nan).  `rows` > 1: the blocks of each `rows` consecutive rows
  * are interleaved (q4_0x8, q8_0x8), one group of `rows` blocks per block column, whose f16 scales
- * f16_at and f16_count describe; sizes are the plain format's. */
+ * f16_at and f16_count describe (mxfp4x8: its 8 E8M0 bytes from 0); sizes are the plain format's. */
 typedef struct colibri_dtype_traits {
     const char *name;
     int32_t block, block_bytes;
@@ -163,8 +166,11 @@ int colibri_dtype_int8_path(colibri_dtype dtype);
 int colibri_dtype_simd(colibri_dtype dtype);
 /* The format an interleaved one moves the blocks of (q4_0x8: q4_0); any other: itself. */
 colibri_dtype colibri_dtype_plain(colibri_dtype dtype);
-/* Block b (the weights 32 b ..) of row r of W (rows, cols) in its plain format's bytes: a pointer into
- * W, or for an interleaved format the block gathered into buf (34 bytes at least). */
+/* The interleaved form of a plain format (q4_k: q4_kx8); any other: itself. */
+colibri_dtype colibri_dtype_x8(colibri_dtype dtype);
+#define COLIBRI_MAX_BLOCK_BYTES 210   /* q6_k's */
+/* Block b (the weights block * b ..) of row r of W (rows, cols) in its plain format's bytes: a pointer
+ * into W, or for an interleaved format the block gathered into buf (COLIBRI_MAX_BLOCK_BYTES). */
 const uint8_t *colibri_block_at(uint8_t *buf, const void *w, colibri_dtype dtype, int32_t cols, int32_t r, int32_t b);
 #define COLIBRI_BLOCK 32            /* an int8 activation block, and a q8_0 / q4_0 block */
 

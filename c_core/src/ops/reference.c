@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "../util.h"
 #include "quant_tables.h"
 
 float colibri_f16_to_f32(uint16_t h)
@@ -108,7 +109,54 @@ const colibri_dtype_traits colibri_dtypes[COLIBRI_DTYPE_COUNT] = {
     /* 8 rows' blocks interleaved: f16 at, count of each group of 8 blocks (the 8 scales) */
     [COLIBRI_DTYPE_Q4_0X8] = { "q4_0x8",   32,    18,    1,     1,    2,     0, 8,  8 },
     [COLIBRI_DTYPE_Q8_0X8] = { "q8_0x8",   32,    34,    1,     1,    2,     0, 8,  8 },
+    [COLIBRI_DTYPE_Q4_KX8] = { "q4_kx8",   256,   144,   1,     1,    2,     0, 16, 8 },   /* d[8], dmin[8] */
+    [COLIBRI_DTYPE_Q5_KX8] = { "q5_kx8",   256,   176,   1,     1,    2,     0, 16, 8 },
+    [COLIBRI_DTYPE_Q6_KX8] = { "q6_kx8",   256,   210,   1,     1,    2,  1664, 8,  8 },
+    [COLIBRI_DTYPE_IQ4_XSX8] = { "iq4_xsx8", 256, 136,   1,     1,    2,     0, 8,  8 },
+    [COLIBRI_DTYPE_MXFP4X8] = { "mxfp4x8", 32,    17,    1,     1,    2,     0, 0,  8 },   /* e[8]: E8M0 */
 };
+
+/* Each interleaved format's plain one, and the plain block's fields (bytes, in order, 0 ends):
+ * a group of 8 rows' block b holds each field in turn, the 8 rows' copies side by side, a field of
+ * 8k bytes as 8-byte pieces (row i's piece c at 64 c + 8 i of the field's 8 copies), a smaller
+ * one (1, 2 or 4 bytes: q4_k's 12 scale bytes are three of 4) row after row.  docs/FORMAT.md. */
+static const struct { colibri_dtype x8, plain; uint8_t fields[8]; } interleaved[] = {
+    { COLIBRI_DTYPE_Q4_0X8, COLIBRI_DTYPE_Q4_0, { 2, 16 } },
+    { COLIBRI_DTYPE_Q8_0X8, COLIBRI_DTYPE_Q8_0, { 2, 32 } },
+    { COLIBRI_DTYPE_Q4_KX8, COLIBRI_DTYPE_Q4_K, { 2, 2, 4, 4, 4, 128 } },          /* d, dmin, scales, qs */
+    { COLIBRI_DTYPE_Q5_KX8, COLIBRI_DTYPE_Q5_K, { 2, 2, 4, 4, 4, 32, 128 } },      /* d, dmin, scales, qh, qs */
+    { COLIBRI_DTYPE_Q6_KX8, COLIBRI_DTYPE_Q6_K, { 128, 64, 16, 2 } },              /* ql, qh, scales, d */
+    { COLIBRI_DTYPE_IQ4_XSX8, COLIBRI_DTYPE_IQ4_XS, { 2, 2, 4, 128 } },            /* d, scales_h, scales_l, qs */
+    { COLIBRI_DTYPE_MXFP4X8, COLIBRI_DTYPE_MXFP4, { 1, 16 } },                     /* e, qs */
+};
+#define INTERLEAVED ((int32_t)(sizeof interleaved / sizeof interleaved[0]))
+
+/* Moves one group's block between its plain bytes (row i's) and the group's: to_group 1 writes
+ * the group, 0 reads row i's block out of it. */
+static void move_block(uint8_t *group, uint8_t *block, const uint8_t *fields, size_t i, int to_group)
+{
+    size_t at = 0, f, c;
+    for (f = 0; f < 8 && fields[f]; at += 8 * (size_t)fields[f], block += fields[f], f++) {
+        size_t size = fields[f];
+        if (size % 8) {
+            if (to_group) memcpy(group + at + size * i, block, size);
+            else memcpy(block, group + at + size * i, size);
+            continue;
+        }
+        for (c = 0; c < size / 8; c++) {
+            if (to_group) memcpy(group + at + 64 * c + 8 * i, block + 8 * c, 8);
+            else memcpy(block + 8 * c, group + at + 64 * c + 8 * i, 8);
+        }
+    }
+}
+
+static const uint8_t *fields_of(colibri_dtype dtype)
+{
+    int32_t k;
+    for (k = 0; k < INTERLEAVED; k++)
+        if (interleaved[k].x8 == dtype) return interleaved[k].fields;
+    return NULL;
+}
 
 int colibri_dtype_is_block(colibri_dtype dtype) { return colibri_dtypes[dtype].block > 1; }
 int colibri_dtype_int8_path(colibri_dtype dtype) { return colibri_dtypes[dtype].int8_path; }
@@ -116,7 +164,39 @@ int colibri_dtype_simd(colibri_dtype dtype) { return colibri_dtypes[dtype].simd;
 
 colibri_dtype colibri_dtype_plain(colibri_dtype dtype)
 {
-    return dtype == COLIBRI_DTYPE_Q4_0X8 ? COLIBRI_DTYPE_Q4_0 : dtype == COLIBRI_DTYPE_Q8_0X8 ? COLIBRI_DTYPE_Q8_0 : dtype;
+    int32_t k;
+    for (k = 0; k < INTERLEAVED; k++)
+        if (interleaved[k].x8 == dtype) return interleaved[k].plain;
+    return dtype;
+}
+
+colibri_dtype colibri_dtype_x8(colibri_dtype dtype)
+{
+    int32_t k;
+    for (k = 0; k < INTERLEAVED; k++)
+        if (interleaved[k].plain == dtype) return interleaved[k].x8;
+    return dtype;
+}
+
+colibri_status colibri_interleave_rows(void *dst, const void *src, colibri_dtype dtype, int64_t rows, int64_t cols,
+                                       colibri_error *err)
+{
+    colibri_dtype x8 = (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtype_x8(dtype) : dtype;
+    int64_t r, b, blocks;
+    size_t bb;
+    if (x8 == dtype)
+        return colibri_fail(err, COLIBRI_E_DTYPE, "dtype %d has no row-interleaved form", (int)dtype);
+    if (rows < 0 || rows % 8 || cols <= 0 || cols % colibri_dtypes[dtype].block)
+        return colibri_fail(err, COLIBRI_E_SHAPE, "%s: %lld rows of %lld weights are not groups of 8 rows of whole %d-weight blocks",
+                            colibri_dtypes[dtype].name, (long long)rows, (long long)cols, (int)colibri_dtypes[dtype].block);
+    bb = (size_t)colibri_dtypes[dtype].block_bytes;
+    blocks = cols / colibri_dtypes[dtype].block;
+    for (r = 0; r < rows; r++)
+        for (b = 0; b < blocks; b++) {
+            uint8_t *group = (uint8_t *)dst + ((size_t)(r / 8) * 8 * (size_t)blocks + (size_t)b * 8) * bb;
+            move_block(group, (uint8_t *)src + ((size_t)r * (size_t)blocks + (size_t)b) * bb, fields_of(x8), (size_t)(r % 8), 1);
+        }
+    return COLIBRI_OK;
 }
 
 size_t colibri_row_bytes(colibri_dtype dtype, size_t n)
@@ -224,17 +304,12 @@ void colibri_dequantize(float *y, const void *w, colibri_dtype dtype, size_t n)
     for (i = 0; i < n; i++) y[i] = colibri_load_f32(w, dtype, i);
 }
 
-/* A group of 8 rows' block b: d[0..7], then byte 16 + 64 c + 8 i + k = byte 8 c + k of row i's
- * quants (docs/FORMAT.md: q4_0x8 2 chunks, q8_0x8 4). */
 const uint8_t *colibri_block_at(uint8_t *buf, const void *w, colibri_dtype dtype, int32_t cols, int32_t r, int32_t b)
 {
     const colibri_dtype_traits *tr = &colibri_dtypes[dtype];
-    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), bb = (size_t)tr->block_bytes, i = (size_t)r % 8, c;
-    const uint8_t *group;
+    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), bb = (size_t)tr->block_bytes;
     if (tr->rows == 1) return (const uint8_t *)w + (size_t)r * row_bytes + (size_t)b * bb;
-    group = (const uint8_t *)w + (size_t)r / 8 * 8 * row_bytes + (size_t)b * 8 * bb;
-    memcpy(buf, group + 2 * i, 2);
-    for (c = 0; c < (bb - 2) / 8; c++) memcpy(buf + 2 + 8 * c, group + 16 + 64 * c + 8 * i, 8);
+    move_block((uint8_t *)w + (size_t)r / 8 * 8 * row_bytes + (size_t)b * 8 * bb, buf, fields_of(dtype), (size_t)r % 8, 0);
     return buf;
 }
 
@@ -242,7 +317,7 @@ void colibri_dequantize_rows(float *y, const void *w, colibri_dtype dtype, int32
 {
     colibri_dtype plain = colibri_dtype_plain(dtype);
     int32_t r, b, j, block = colibri_dtypes[dtype].block;
-    uint8_t buf[34];
+    uint8_t buf[COLIBRI_MAX_BLOCK_BYTES];
     if (colibri_dtypes[dtype].rows == 1) { colibri_dequantize(y, w, dtype, (size_t)rows * (size_t)cols); return; }
     for (r = 0; r < rows; r++)
         for (b = 0; b < cols / block; b++) {
@@ -281,13 +356,14 @@ void colibri_ref_matmul(float *y, const float *x, const void *w, colibri_dtype d
             if (dtype == COLIBRI_DTYPE_F32) {
                 const float *wr = (const float *)w + (size_t)r * cols;
                 for (c = 0; c < cols; c++) acc += (double)wr[c] * xt[c];
-            } else if (colibri_dtypes[dtype].rows > 1) {   /* q4_0x8, q8_0x8: q4_0's, q8_0's sums */
+            } else if (colibri_dtypes[dtype].rows > 1) {   /* interleaved: the plain format's sums */
                 colibri_dtype plain = colibri_dtype_plain(dtype);
-                uint8_t buf[34];
-                for (c = 0; c < cols; c += COLIBRI_BLOCK) {
-                    const uint8_t *blk = colibri_block_at(buf, w, dtype, cols, r, c / COLIBRI_BLOCK);
+                int32_t block = colibri_dtypes[dtype].block;
+                uint8_t buf[COLIBRI_MAX_BLOCK_BYTES];
+                for (c = 0; c < cols; c += block) {
+                    const uint8_t *blk = colibri_block_at(buf, w, dtype, cols, r, c / block);
                     int32_t j;
-                    for (j = 0; j < COLIBRI_BLOCK; j++) acc += (double)block_element(blk, plain, (size_t)j) * xt[c + j];
+                    for (j = 0; j < block; j++) acc += (double)block_element(blk, plain, (size_t)j) * xt[c + j];
                 }
             } else if (colibri_dtype_is_block(dtype)) {
                 const uint8_t *wr = (const uint8_t *)w + (size_t)r * colibri_row_bytes(dtype, (size_t)cols);
@@ -456,22 +532,20 @@ static void int8_group(const uint8_t *b, colibri_dtype dtype, size_t g, int w[32
 void colibri_ref_matmul_q8(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                            int32_t n, int32_t cols, int32_t rows)
 {
-    size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols);
-    colibri_dtype plain = colibri_dtype_plain(dtype);   /* q4_0x8, q8_0x8: q4_0's, q8_0's sums */
+    colibri_dtype plain = colibri_dtype_plain(dtype);   /* interleaved: the plain format's sums */
     int32_t r, t, b, j, blocks = cols / COLIBRI_BLOCK;
-    uint8_t buf[34];
+    uint8_t buf[COLIBRI_MAX_BLOCK_BYTES];
     for (r = 0; r < rows; r++) {
         for (t = 0; t < n; t++) {
-            const uint8_t *wb = (const uint8_t *)w + (size_t)r * row_bytes;
             const colibri_q8_block *xb = xq + (size_t)t * blocks;
             float acc = 0.0f;
             if (plain != COLIBRI_DTYPE_Q8_0 && plain != COLIBRI_DTYPE_Q4_0) {
-                size_t groups = (size_t)colibri_dtypes[dtype].block / COLIBRI_BLOCK;
+                int32_t groups = colibri_dtypes[dtype].block / COLIBRI_BLOCK;
                 for (b = 0; b < blocks; b++, xb++) {
                     int wq[32], scale[2], min[2];
                     int32_t dot[2] = { 0, 0 }, msum = 0;
                     float d, m;
-                    int8_group(wb + (size_t)b / groups * (size_t)colibri_dtypes[dtype].block_bytes, dtype, (size_t)b % groups,
+                    int8_group(colibri_block_at(buf, w, dtype, cols, r, b / groups), plain, (size_t)(b % groups),
                                wq, scale, min, &d, &m);
                     for (j = 0; j < COLIBRI_BLOCK; j++) {
                         dot[j / 16] += wq[j] * xb->q[j];

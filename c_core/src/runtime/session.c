@@ -204,6 +204,13 @@ static const colibri_kernels *pick_kernels(const colibri_session_options *o, col
     return colibri_kernels_named(wanted);
 }
 
+colibri_dtype colibri_interleaved_form(colibri_dtype dtype, int fast_here)
+{
+    colibri_dtype x8 = (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtype_x8(dtype) : dtype;
+    const colibri_kernels *k = x8 != dtype && fast_here ? pick_kernels(NULL, NULL) : NULL;
+    return x8 != dtype && (!fast_here || (k && colibri_kernels_interleave(k, x8))) ? x8 : dtype;
+}
+
 const char *colibri_kernel_variant(int32_t i, int *runs_here)
 {
     const colibri_kernels *k = colibri_kernels_variant(i);
