@@ -196,13 +196,16 @@ def llama_cpp_cmake_args(family="native"):
 
 
 # The x86 families measured: the kernels colibri is told to take (None: its pick for this CPU) and the
-# llama.cpp build beside them.  "avx2" runs only where the CPU has AVX-512 (else "native" is it).
-FAMILIES = {"native": None, "avx2": "avx2"}
+# llama.cpp build beside them.  "avx2" runs only where the CPU has AVX-512 (else "native" is it);
+# "avx512-bf16" (colibri's bf16-activation kernels, a numerics choice, against the native llama.cpp,
+# whose BF16 path rounds the activations so too) only where it has AVX512_BF16.
+FAMILIES = {"native": None, "avx2": "avx2", "avx512-bf16": "avx512-bf16"}
 
 
 def families_here(names):
-    has_avx512 = "avx512f" in cpu_flags() and platform.machine() in ("x86_64", "AMD64")
-    return [f for f in names if f == "native" or has_avx512]
+    flags, x86 = cpu_flags(), platform.machine() in ("x86_64", "AMD64")
+    runs = {"native": True, "avx2": x86 and "avx512f" in flags, "avx512-bf16": x86 and "avx512_bf16" in flags}
+    return [f for f in names if runs.get(f, False)]
 
 
 def ensure_llama_cpp():
@@ -221,7 +224,7 @@ def ensure_llama_cpp():
 def llama_cpp_family(work, family):
     """PYTHONPATH for a worker of `family`: "" for the installed build; for "avx2" a build of its own
     under WORK (pip --target), made once."""
-    if family == "native":
+    if family in ("native", "avx512-bf16"):   # the native build
         return ""
     target = work / f"llama-cpp-{family}"
     with _one_at_a_time(work):   # the suite's workers share WORK: one builds, the others wait and reuse

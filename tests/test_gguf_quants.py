@@ -60,7 +60,8 @@ def quant_cli(request):
     with the vector kernels (under QEMU with V, VLEN 256)."""
     kind = request.param
     binary = [*RUNNER.get(kind, []), str(build(kind) / "c_core" / "tests" / "quant_cli")]
-    runs = [k for k, ok in colibri.kernel_variants().items() if ok]
+    # avx512-bf16 rounds the activations of bf16 weights to bf16 (test_kernels.c checks it so)
+    runs = [k for k, ok in colibri.kernel_variants().items() if ok and k != "avx512-bf16"]
     runs = {"native": runs, "sanitize": ["reference", "reference-int8", runs[-1]],
             "aarch64": ["reference", "reference-int8", "neon", "neon-dotprod"],
             "riscv64-rvv": ["reference", "reference-int8", "rvv"]}.get(kind, ["reference", "reference-int8"])

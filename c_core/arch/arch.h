@@ -40,6 +40,7 @@ static inline void k3_unpack(const uint8_t *scales, uint8_t out[16])
 
 const colibri_kernels *colibri_kernels_avx2(void);
 const colibri_kernels *colibri_kernels_avx512(void);
+const colibri_kernels *colibri_kernels_avx512_bf16(void);
 const colibri_kernels *colibri_kernels_neon(void);
 const colibri_kernels *colibri_kernels_neon_dotprod(void);
 const colibri_kernels *colibri_kernels_mve(void);
@@ -49,6 +50,7 @@ const colibri_kernels *colibri_kernels_rvv_int8(void);
 
 int colibri_cpu_has_avx2(void);
 int colibri_cpu_has_avx512_vnni(void);
+int colibri_cpu_has_avx512_bf16(void);
 int colibri_cpu_has_dotprod(void);
 int colibri_cpu_has_rvv(void);
 

@@ -11,6 +11,7 @@ typedef struct variant {
     const colibri_kernels *(*base)(void);      /* NULL: kernels has every slot (the references) */
     int (*runs_here)(void);                    /* NULL: every CPU this build targets */
     uint32_t interleaved;                      /* the interleaved formats its matmul_q8 has kernels for */
+    int named_only;                            /* a numerics choice: only when named, never the best */
 } variant;
 
 #define X8_Q4_0 (1u << COLIBRI_DTYPE_Q4_0X8 | 1u << COLIBRI_DTYPE_Q8_0X8)
@@ -21,27 +22,30 @@ typedef struct variant {
  * fills.  A variant based on the reference that leaves quantize_q8 and matmul_q8 empty has no
  * int8 path (its matmul takes q8_0 and q4_0), as the reference has none. */
 static const variant variants[] = {
-    { colibri_kernels_reference, NULL, NULL, 0 },
-    { colibri_kernels_reference_int8, NULL, NULL, 0 },
+    { colibri_kernels_reference, NULL, NULL, 0, 0 },
+    { colibri_kernels_reference_int8, NULL, NULL, 0, 0 },
 #if defined(COLIBRI_HAVE_AVX2)
-    { colibri_kernels_avx2, colibri_kernels_reference, colibri_cpu_has_avx2, X8_X86 },
+    { colibri_kernels_avx2, colibri_kernels_reference, colibri_cpu_has_avx2, X8_X86, 0 },
 #endif
 #if defined(COLIBRI_HAVE_AVX512)
-    { colibri_kernels_avx512, colibri_kernels_reference, colibri_cpu_has_avx512_vnni, X8_X86 },
+    { colibri_kernels_avx512, colibri_kernels_reference, colibri_cpu_has_avx512_vnni, X8_X86, 0 },
+#endif
+#if defined(COLIBRI_HAVE_AVX512_BF16)
+    { colibri_kernels_avx512_bf16, colibri_kernels_avx512, colibri_cpu_has_avx512_bf16, X8_X86, 1 },   /* bf16 activations */
 #endif
 #if defined(COLIBRI_HAVE_NEON)
-    { colibri_kernels_neon, colibri_kernels_reference, NULL, X8_Q4_0 },
+    { colibri_kernels_neon, colibri_kernels_reference, NULL, X8_Q4_0, 0 },
 #endif
 #if defined(COLIBRI_HAVE_DOTPROD)
-    { colibri_kernels_neon_dotprod, colibri_kernels_neon, colibri_cpu_has_dotprod, X8_Q4_0 },   /* NEON's float path */
+    { colibri_kernels_neon_dotprod, colibri_kernels_neon, colibri_cpu_has_dotprod, X8_Q4_0, 0 },   /* NEON's float path */
 #endif
 #if defined(COLIBRI_HAVE_MVE)
-    { colibri_kernels_mve_int8, colibri_kernels_reference, NULL, X8_Q4_0 },   /* for tests: before mve, never the best */
-    { colibri_kernels_mve, colibri_kernels_reference, NULL, X8_Q4_0 },   /* bare metal: built only for a CPU that has it */
+    { colibri_kernels_mve_int8, colibri_kernels_reference, NULL, X8_Q4_0, 0 },   /* for tests: before mve, never the best */
+    { colibri_kernels_mve, colibri_kernels_reference, NULL, X8_Q4_0, 0 },   /* bare metal: built only for a CPU that has it */
 #endif
 #if defined(COLIBRI_HAVE_RVV)
-    { colibri_kernels_rvv_int8, colibri_kernels_reference, colibri_cpu_has_rvv, X8_Q4_0 },   /* for tests: before rvv, never the best */
-    { colibri_kernels_rvv, colibri_kernels_reference, colibri_cpu_has_rvv, X8_Q4_0 },
+    { colibri_kernels_rvv_int8, colibri_kernels_reference, colibri_cpu_has_rvv, X8_Q4_0, 0 },   /* for tests: before rvv, never the best */
+    { colibri_kernels_rvv, colibri_kernels_reference, colibri_cpu_has_rvv, X8_Q4_0, 0 },
 #endif
 };
 #define VARIANTS ((int32_t)(sizeof variants / sizeof variants[0]))
@@ -108,7 +112,7 @@ const colibri_kernels *colibri_kernels_best(void)
 {
     int32_t i;
     for (i = VARIANTS - 1; i > 1; i--)
-        if (runs_here(i)) return table(i);
+        if (runs_here(i) && !variants[i].named_only) return table(i);
     return colibri_kernels_reference();
 }
 

@@ -18,3 +18,5 @@ int colibri_cpu_has_avx512_vnni(void)
     return colibri_cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
            && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
+
+int colibri_cpu_has_avx512_bf16(void) { return colibri_cpu_has_avx512_vnni() && __builtin_cpu_supports("avx512bf16"); }

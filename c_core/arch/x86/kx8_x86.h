@@ -25,8 +25,9 @@ static inline kv kv_and(kv a, kv b) { return _mm512_and_si512(a, b); }
 static inline kv kv_or(kv a, kv b) { return _mm512_or_si512(a, b); }
 static inline kv kv_sub8(kv a, kv b) { return _mm512_sub_epi8(a, b); }
 static inline kv kv_add16(kv a, kv b) { return _mm512_add_epi16(a, b); }
-static inline kv kv_srl16(kv a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
-static inline kv kv_sll16(kv a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+static inline kv kv_sub16(kv a, kv b) { return _mm512_sub_epi16(a, b); }
+static inline kv kv_srl16(kv a, int n) { return _mm512_srli_epi16(a, (unsigned)n); }   /* n a constant once inlined */
+static inline kv kv_sll16(kv a, int n) { return _mm512_slli_epi16(a, (unsigned)n); }
 static inline kv kv_bcast(const int8_t *q) { return _mm512_set1_epi64(x8_bytes(q)); }   /* 8 activation bytes in every row */
 static inline kv kv_bcast16(int64_t four) { return _mm512_set1_epi64(four); }
 static inline kv kv_maddubs(kv u, kv s) { return _mm512_maddubs_epi16(u, s); }
@@ -42,10 +43,10 @@ static inline kv kv_sra16_8(kv v) { return _mm512_srai_epi16(v, 8); }
 static inline kv kv_shuffle_by(kv table, kv idx) { return _mm512_shuffle_epi8(table, idx); }
 static inline kv kv_of_rows(__m256i rows0_3, __m256i rows4_7) { return _mm512_inserti64x4(_mm512_castsi256_si512(rows0_3), rows4_7, 1); }
 /* 8 floats (one a row) times f, in float lanes 2 i, 2 i + 1 */
-static inline x8_acc row_floats(const float *v, float f)
+static inline x8_acc row_floats(__m256 v, float f)
 {
-    __m512 r = _mm512_castps256_ps512(_mm256_loadu_ps(v));
-    return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), r), _mm512_set1_ps(f));
+    return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), _mm512_castps256_ps512(v)),
+                         _mm512_set1_ps(f));
 }
 static inline kv kv_table(const int8_t *values) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)values)); }
 
@@ -70,14 +71,9 @@ static inline kv kv_and(kv a, kv b) { return kv_pair(_mm256_and_si256(a.lo, b.lo
 static inline kv kv_or(kv a, kv b) { return kv_pair(_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)); }
 static inline kv kv_sub8(kv a, kv b) { return kv_pair(_mm256_sub_epi8(a.lo, b.lo), _mm256_sub_epi8(a.hi, b.hi)); }
 static inline kv kv_add16(kv a, kv b) { return kv_pair(_mm256_add_epi16(a.lo, b.lo), _mm256_add_epi16(a.hi, b.hi)); }
-static inline kv kv_srl16(kv a, int n)
-{
-    return kv_pair(_mm256_srl_epi16(a.lo, _mm_cvtsi32_si128(n)), _mm256_srl_epi16(a.hi, _mm_cvtsi32_si128(n)));
-}
-static inline kv kv_sll16(kv a, int n)
-{
-    return kv_pair(_mm256_sll_epi16(a.lo, _mm_cvtsi32_si128(n)), _mm256_sll_epi16(a.hi, _mm_cvtsi32_si128(n)));
-}
+static inline kv kv_sub16(kv a, kv b) { return kv_pair(_mm256_sub_epi16(a.lo, b.lo), _mm256_sub_epi16(a.hi, b.hi)); }
+static inline kv kv_srl16(kv a, int n) { return kv_pair(_mm256_srli_epi16(a.lo, n), _mm256_srli_epi16(a.hi, n)); }
+static inline kv kv_sll16(kv a, int n) { return kv_pair(_mm256_slli_epi16(a.lo, n), _mm256_slli_epi16(a.hi, n)); }
 static inline kv kv_bcast(const int8_t *q) { __m256i v = _mm256_set1_epi64x(x8_bytes(q)); return kv_pair(v, v); }
 static inline kv kv_bcast16(int64_t four) { __m256i v = _mm256_set1_epi64x(four); return kv_pair(v, v); }
 static inline kv kv_maddubs(kv u, kv s) { return kv_pair(_mm256_maddubs_epi16(u.lo, s.lo), _mm256_maddubs_epi16(u.hi, s.hi)); }
@@ -99,12 +95,12 @@ static inline kv kv_shuffle(kv v, __m128i ctrl)
 static inline kv kv_sra16_8(kv v) { return kv_pair(_mm256_srai_epi16(v.lo, 8), _mm256_srai_epi16(v.hi, 8)); }
 static inline kv kv_shuffle_by(kv table, kv idx) { return kv_pair(_mm256_shuffle_epi8(table.lo, idx.lo), _mm256_shuffle_epi8(table.hi, idx.hi)); }
 static inline kv kv_of_rows(__m256i rows0_3, __m256i rows4_7) { return kv_pair(rows0_3, rows4_7); }
-static inline x8_acc row_floats(const float *v, float f)
+static inline x8_acc row_floats(__m256 v, float f)
 {
-    __m256 r = _mm256_loadu_ps(v), fv = _mm256_set1_ps(f);
+    __m256 fv = _mm256_set1_ps(f);
     x8_acc a;
-    a.lo = _mm256_mul_ps(_mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)), fv);
-    a.hi = _mm256_mul_ps(_mm256_permutevar8x32_ps(r, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)), fv);
+    a.lo = _mm256_mul_ps(_mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)), fv);
+    a.hi = _mm256_mul_ps(_mm256_permutevar8x32_ps(v, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)), fv);
     return a;
 }
 static inline kv kv_table(const int8_t *values)
@@ -215,8 +211,10 @@ static inline __attribute__((always_inline)) void k4x8_block(int RN, int q5, con
 }
 
 /* Activation block a = 4 h + j of a q6_kx8 block column into isum: half h's ql pieces 8 h + p
- * (j = 0, 2: low and high nibbles) and 8 h + 4 + p (j = 1, 3), qh piece 4 h + p at shift 2 j; q - 32
- * by the sign trick; one scale a 16 weights (pieces 0, 1 and 2, 3).  a a constant once inlined. */
+ * (j = 0, 2: low and high nibbles) and 8 h + 4 + p (j = 1, 3), qh piece 4 h + p at shift 2 j; one
+ * scale a 16 weights (pieces 0, 1 and 2, 3).  (q - 32) x as q x - 32 x: both products exact in int16
+ * (pairs at most 2 * 63 * 127 and 2 * 32 * 127), their difference at most 2 * 32 * 127, the sign trick's
+ * abs, sign and sign of every weight byte saved.  a a constant once inlined. */
 static inline __attribute__((always_inline)) void q6_kx8_sub(int RN, int a, const uint8_t *g, const colibri_q8_block *xb, size_t xs,
                                                              const kv *scale_pieces, kv *isum)
 {
@@ -229,13 +227,14 @@ static inline __attribute__((always_inline)) void q6_kx8_sub(int RN, int a, cons
         kv scale = pick_of8(scale_pieces[s / 8], s % 8);
         for (t = 0; t < RN; t++) sum16[t] = kv_zero();
         for (p = 2 * half; p < 2 * half + 2; p++) {
-            kv ql = kv_load(g + 64 * (8 * h + 4 * (j % 2) + p)), qh = kv_load(g + 1024 + 64 * (4 * h + p)), w, w_abs;
+            kv ql = kv_load(g + 64 * (8 * h + 4 * (j % 2) + p)), qh = kv_load(g + 1024 + 64 * (4 * h + p)), q;
             ql = j < 2 ? kv_and(ql, m4) : kv_and(kv_srl16(ql, 4), m4);
             qh = kv_and(j < 2 ? kv_sll16(qh, 4 - 2 * j) : kv_srl16(qh, 2 * j - 4), m2);
-            w = kv_sub8(kv_or(ql, qh), c32);
-            w_abs = kv_abs8(w);
-            for (t = 0; t < RN; t++)
-                sum16[t] = kv_add16(sum16[t], kv_maddubs(w_abs, kv_sign8(kv_bcast(xb[(size_t)t * xs + a].q + 8 * p), w)));
+            q = kv_or(ql, qh);   /* 0 .. 63 */
+            for (t = 0; t < RN; t++) {
+                kv x = kv_bcast(xb[(size_t)t * xs + a].q + 8 * p);
+                sum16[t] = kv_add16(sum16[t], kv_sub16(kv_maddubs(q, x), kv_maddubs(c32, x)));
+            }
         }
         for (t = 0; t < RN; t++) isum[t] = kv_dot16(isum[t], sum16[t], scale);
     }
@@ -309,9 +308,13 @@ static inline __attribute__((always_inline)) void mxfp4x8_block(int RN, const ui
 {
     const kv m4 = kv_byte(0x0f), ones = kv_bcast16(0x0001000100010001);
     kv w[4], w_abs[4];
-    float scale[8];
+    __m256 scale;
     int i, p, t;
-    for (i = 0; i < 8; i++) scale[i] = colibri_e8m0_half(g[i]);
+    {   /* colibri_e8m0_half of the 8 rows' e: (e - 1) << 23 as float bits, 0x00200000 << e below 2 */
+        __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)g)), one = _mm256_set1_epi32(1);
+        __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, one), 23), tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+        scale = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+    }
     for (p = 0; p < 2; p++) {   /* piece p: low nibbles weights 8p .., high 16 + 8p .. */
         kv v = kv_load(g + 8 + 64 * p);
         w[2 * p] = kv_shuffle_by(table, kv_and(v, m4));
@@ -364,7 +367,7 @@ static inline __attribute__((always_inline)) void tile_kx8(int RN, colibri_dtype
 }
 
 /* y (n, rows) = xq @ W^T, W one of the formats above (rows % 8 == 0; xq from quantize_q8_256 for the
- * 256-weight ones): each group of 8 rows against KX8_RN tokens at a time, the rest one by one. */
+ * 256-weight ones): each group of 8 rows against KX8_RN tokens at a time, then 2, then one by one. */
 static inline __attribute__((always_inline)) void matmul_kx8_format(colibri_dtype dtype, float *y, const colibri_q8_block *xq,
                                                                     const uint8_t *w, int32_t n, int32_t cols, int32_t rows)
 {
@@ -374,6 +377,8 @@ static inline __attribute__((always_inline)) void matmul_kx8_format(colibri_dtyp
         const uint8_t *wg = w + (size_t)g * group_bytes;
         for (t = 0; t + KX8_RN <= n; t += KX8_RN)
             tile_kx8(KX8_RN, dtype, y + (size_t)t * rows + 8 * g, rows, wg, xq + (size_t)t * blocks, blocks);
+        for (; KX8_RN > 2 && t + 2 <= n; t += 2)   /* an expert's 2 or 3 tokens of a batched step: the pair shares each piece */
+            tile_kx8(2, dtype, y + (size_t)t * rows + 8 * g, rows, wg, xq + (size_t)t * blocks, blocks);
         for (; t < n; t++) tile_kx8(1, dtype, y + (size_t)t * rows + 8 * g, rows, wg, xq + (size_t)t * blocks, blocks);
     }
 }

@@ -119,10 +119,17 @@ static inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i s, __m256i sc16
     return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), sc16);
 }
 
+/* One token of q5_kx8 or q6_kx8 (decode) takes AVX2's kernel: on the AMD EPYC (Zen 4) these were
+ * measured on, 512-bit operations run as two 256-bit halves, and the 512-bit form of their fifth-
+ * and sixth-bit shuffling ran 10-20% slower for one token (benchmarks/x8_matmul.c, 2026-12-04); with
+ * several, the 4-token tiles win.  The two give the same bits: the same integer sums, the same
+ * float operations on them (test_kernels.c checks one token against several). */
 static void matmul_q8_avx512(float *y, const colibri_q8_block *xq, const void *w, colibri_dtype dtype,
                              int32_t n, int32_t cols, int32_t rows)
 {
-    matmul_q8_x86(4, 8, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 32 registers: 4 x 4 accumulators; 8 rows of 1 */
+    if (n == 1 && (dtype == COLIBRI_DTYPE_Q5_KX8 || dtype == COLIBRI_DTYPE_Q6_KX8))
+        colibri_kernels_avx2()->matmul_q8(y, xq, w, dtype, n, cols, rows);
+    else matmul_q8_x86(4, 8, y, xq, w, dtype, n, cols, rows, dot_us, dot_scaled);   /* 32 registers: 4 x 4 accumulators; 8 rows of 1 */
 }
 
 /* y (dim) = x / sqrt(mean(x^2) + eps) * w, 16 at a time; block-format weights take the reference. */
