@@ -131,21 +131,16 @@ static const struct { colibri_dtype x8, plain; uint8_t fields[8]; } interleaved[
 };
 #define INTERLEAVED ((int32_t)(sizeof interleaved / sizeof interleaved[0]))
 
-/* Moves one group's block between its plain bytes (row i's) and the group's: to_group 1 writes
- * the group, 0 reads row i's block out of it. */
-static void move_block(uint8_t *group, uint8_t *block, const uint8_t *fields, size_t i, int to_group)
+/* Moves row i's block between its plain bytes and its group's: into_group 1 copies the block at
+ * `from` into the group at `to`, 0 the group at `from` out into the block at `to`. */
+static void move_block(uint8_t *to, const uint8_t *from, const uint8_t *fields, size_t i, int into_group)
 {
-    size_t at = 0, f, c;
-    for (f = 0; f < 8 && fields[f]; at += 8 * (size_t)fields[f], block += fields[f], f++) {
-        size_t size = fields[f];
-        if (size % 8) {
-            if (to_group) memcpy(group + at + size * i, block, size);
-            else memcpy(block, group + at + size * i, size);
-            continue;
-        }
-        for (c = 0; c < size / 8; c++) {
-            if (to_group) memcpy(group + at + 64 * c + 8 * i, block + 8 * c, 8);
-            else memcpy(block + 8 * c, group + at + 64 * c + 8 * i, 8);
+    size_t in_group = 0, in_block = 0, f, c;
+    for (f = 0; f < 8 && fields[f]; in_group += 8 * (size_t)fields[f], in_block += fields[f], f++) {
+        size_t size = fields[f], piece = size % 8 ? size : 8;   /* a small field whole, a larger one in 8-byte pieces */
+        for (c = 0; c < size / piece; c++) {
+            size_t g = in_group + (size % 8 ? size * i : 64 * c + 8 * i), b = in_block + piece * c;
+            memcpy(to + (into_group ? g : b), from + (into_group ? b : g), piece);
         }
     }
 }
@@ -194,7 +189,7 @@ colibri_status colibri_interleave_rows(void *dst, const void *src, colibri_dtype
     for (r = 0; r < rows; r++)
         for (b = 0; b < blocks; b++) {
             uint8_t *group = (uint8_t *)dst + ((size_t)(r / 8) * 8 * (size_t)blocks + (size_t)b * 8) * bb;
-            move_block(group, (uint8_t *)src + ((size_t)r * (size_t)blocks + (size_t)b) * bb, fields_of(x8), (size_t)(r % 8), 1);
+            move_block(group, (const uint8_t *)src + ((size_t)r * (size_t)blocks + (size_t)b) * bb, fields_of(x8), (size_t)(r % 8), 1);
         }
     return COLIBRI_OK;
 }
@@ -309,7 +304,7 @@ const uint8_t *colibri_block_at(uint8_t *buf, const void *w, colibri_dtype dtype
     const colibri_dtype_traits *tr = &colibri_dtypes[dtype];
     size_t row_bytes = colibri_row_bytes(dtype, (size_t)cols), bb = (size_t)tr->block_bytes;
     if (tr->rows == 1) return (const uint8_t *)w + (size_t)r * row_bytes + (size_t)b * bb;
-    move_block((uint8_t *)w + (size_t)r / 8 * 8 * row_bytes + (size_t)b * 8 * bb, buf, fields_of(dtype), (size_t)r % 8, 0);
+    move_block(buf, (const uint8_t *)w + (size_t)r / 8 * 8 * row_bytes + (size_t)b * 8 * bb, fields_of(dtype), (size_t)r % 8, 0);
     return buf;
 }
 
