@@ -9,7 +9,8 @@ For each file: the description the first open writes into an empty cache (bytes,
 them, against the file's; seconds), the strict-mode logits of a 32-token prompt in place and
 converted (strict mode, the reference kernels: bit-identical or not), then runs interleaved (llama.cpp, colibri converted, colibri in
 place; each a fresh process, vs_llamacpp.run_engine: pp128 and tg64) and a table of medians with
-each colibri's ratio to llama.cpp."""
+each colibri's ratio to llama.cpp, and the in-place run's peak resident memory against the file's
+size (its matrices rewritten at open in the mapping's own pages: no copy beside it)."""
 import argparse
 import importlib.util
 import os
@@ -69,7 +70,7 @@ def main():
                     r = bench.run_engine(engine, path, args.threads)
                     runs[name].append(r)
                     bench.log(f"rep {rep + 1}/{args.reps} {kind} {name:9s} pp {r['pp']:7.1f}  tg {r['tg']:6.1f}")
-            med = {k: {m: statistics.median(r[m] for r in v) for m in ("pp", "tg")} for k, v in runs.items()}
+            med = {k: {m: statistics.median(r[m] for r in v) for m in ("pp", "tg", "rss")} for k, v in runs.items()}
             ratio = {k: {m: statistics.median(a[m] / b[m] for a, b in zip(runs[k], runs["llama.cpp"]))
                          for m in ("pp", "tg")} for k in ("converted", "in place")}
             rows.append((kind, gguf.stat().st_size, du(converted), written, described, same, med, ratio))
@@ -80,15 +81,16 @@ def main():
           f"({bench.machine()})\n")
     print("| file | GGUF bytes | converted (du) | description written (du) | first open | strict logits | "
           "tg llama.cpp | tg converted (ratio) | tg in place (ratio) | pp llama.cpp | pp converted (ratio) | "
-          "pp in place (ratio) |")
-    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+          "pp in place (ratio) | peak RSS in place (÷ file) |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for kind, size, conv, written, described, same, med, ratio in rows:
         print(f"| {kind} | {size:,} | {conv:,} | {written:,} ({100 * written / size:.3f}%) | {described:.1f} s | "
               f"{'bit-identical' if same else 'DIFFER'} | {med['llama.cpp']['tg']:.1f} | "
               f"{med['converted']['tg']:.1f} ({ratio['converted']['tg']:.2f}x) | "
               f"{med['in place']['tg']:.1f} ({ratio['in place']['tg']:.2f}x) | {med['llama.cpp']['pp']:.1f} | "
               f"{med['converted']['pp']:.1f} ({ratio['converted']['pp']:.2f}x) | "
-              f"{med['in place']['pp']:.1f} ({ratio['in place']['pp']:.2f}x) |")
+              f"{med['in place']['pp']:.1f} ({ratio['in place']['pp']:.2f}x) | "
+              f"{med['in place']['rss'] / 2**20:,.0f} MiB ({med['in place']['rss'] / size:.2f}) |")
 
 
 if __name__ == "__main__":

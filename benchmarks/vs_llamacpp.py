@@ -343,7 +343,14 @@ def prompt_tokens():
     return np.random.default_rng(SEED).integers(3, VOCAB, PROMPT_TOKENS).tolist()
 
 
-WORKER_LLAMA = """
+# The worker's peak resident bytes (VmHWM: this process's own, from its exec on; rusage's ru_maxrss
+# would also count the parent's memory at the fork)
+PEAK = """
+def PEAK():
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+"""
+
+WORKER_LLAMA = PEAK + """
 import json, sys, time
 import numpy as np
 import llama_cpp
@@ -359,11 +366,11 @@ start = time.perf_counter()
 for _ in range(n_decode):
     llm.eval([token]); token = greedy()
 tg = time.perf_counter() - start
-print(json.dumps({"pp": len(prompt) / pp, "tg": n_decode / tg, "last": token,
+print(json.dumps({"pp": len(prompt) / pp, "tg": n_decode / tg, "last": token, "hwm": PEAK(),
                   "system": llama_cpp.llama_print_system_info().decode()}))
 """
 
-WORKER_COLIBRI = """
+WORKER_COLIBRI = PEAK + """
 import json, sys, time
 import colibri
 path, threads, prompt, n_decode = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
@@ -377,7 +384,7 @@ for _ in range(n_decode):
     token = s.step(token)
 tg = time.perf_counter() - start
 decode = {k: (v - after_prefill[k]) / n_decode for k, v in s.profile().items()} if len(sys.argv) > 5 else {}
-print(json.dumps({"pp": len(prompt) / pp, "tg": n_decode / tg, "last": token, "kernels": s.kernels,
+print(json.dumps({"pp": len(prompt) / pp, "tg": n_decode / tg, "last": token, "kernels": s.kernels, "hwm": PEAK(),
                   "kv": s.memory()["kv_cache"], "decode_step_ns": decode}))
 """
 
@@ -414,14 +421,14 @@ def run_engine(engine, path, threads, family=("native", ""), profile=False):
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, cwd="/", env=env)
         out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)   # this process's own rusage: its peak RSS
+        _, status, usage = os.wait4(proc.pid, 0)   # this process's own rusage: its CPU time
         proc.returncode = os.waitstatus_to_exitcode(status)
         busy1, wall = cpu_busy_ticks(), time.perf_counter() - wall0
         if proc.returncode != 0:
             err.seek(0)
             raise SystemExit(f"{engine} on {path} failed:\n{err.read().decode()[-2000:]}")
     result = json.loads(out.decode().strip().splitlines()[-1])
-    result["rss"] = usage.ru_maxrss * 1024
+    result["rss"] = result.pop("hwm")
     result["other_cpu"] = max(0.0, ((busy1 - busy0) / tick - usage.ru_utime - usage.ru_stime) / wall)
     return result
 

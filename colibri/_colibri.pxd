@@ -84,6 +84,7 @@ cdef extern from "colibri/colibri.h" nogil:
         uint32_t crc32
         const void *data
         uint64_t expert_stride
+        colibri_dtype run_dtype
 
     ctypedef enum colibri_field_type:
         COLIBRI_FIELD_INTEGER
@@ -192,6 +193,8 @@ cdef extern from "colibri/colibri.h" nogil:
 
     enum: COLIBRI_LOAD_EXPERTS_ELSEWHERE
     enum: COLIBRI_LOAD_COPY
+    enum: COLIBRI_LOAD_AS_STORED
+    enum: COLIBRI_LOAD_STREAM_EXPERTS
     enum: COLIBRI_CACHE_GLOBAL
     enum: COLIBRI_CACHE_PER_LAYER
     enum: COLIBRI_EXPERT_IO_DIRECT

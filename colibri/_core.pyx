@@ -458,17 +458,25 @@ cdef class Model:
     cdef readonly str directory     # what holds colibri_model.json: path, or a GGUF's sidecar
     cdef readonly int threads
 
-    def __cinit__(self, path, *, bint verify=False, threads=0, bint experts_elsewhere=False, bint copy=False):
+    def __cinit__(self, path, *, bint verify=False, threads=0, bint experts_elsewhere=False, bint copy=False,
+                  bint repack=True, bint stream_experts=False):
         """``threads``: how many threads its sessions share big matmuls with (0: $COLIBRI_THREADS,
         else the machine's cores); the results are the same for any count.  ``experts_elsewhere``:
         weights.bin holds only what precedes the routed experts (an interleaved file cut there);
         sessions then stream the experts through an ``expert_read`` callable.  ``copy``: read
         weights.bin into memory (read-only, not pageable to the file) instead of mapping it, so that
-        the file truncated or rewritten later cannot reach the model's bytes (a server's choice)."""
+        the file truncated or rewritten later cannot reach the model's bytes (a server's choice).
+        ``repack``: each matrix whose row-interleaved form this machine's kernels multiply faster
+        (a GGUF's Q4_K, Q6_K, IQ4_XS, ... on x86) is rewritten in it at open, in the mapping's own
+        private pages (the file is never written; ``tensors()``' run_dtype says what each runs as);
+        False runs the file's layout as it is.  ``stream_experts``: sessions will take an
+        ``expert_budget``, so the routed experts' pages are left unread at open (each expert is
+        rewritten in its slot as it is read)."""
         cdef c.colibri_error err
         cdef c.colibri_status st
         cdef unsigned flags = (c.COLIBRI_LOAD_VERIFY if verify else 0) | \
-            (c.COLIBRI_LOAD_EXPERTS_ELSEWHERE if experts_elsewhere else 0) | (c.COLIBRI_LOAD_COPY if copy else 0)
+            (c.COLIBRI_LOAD_EXPERTS_ELSEWHERE if experts_elsewhere else 0) | (c.COLIBRI_LOAD_COPY if copy else 0) | \
+            (0 if repack else c.COLIBRI_LOAD_AS_STORED) | (c.COLIBRI_LOAD_STREAM_EXPERTS if stream_experts else 0)
         self.path = os.fspath(path)
         self.threads = _threads_value(threads)
         cdef bytes bpath = _path_bytes(self.path)
@@ -517,15 +525,17 @@ cdef class Model:
         return c.colibri_model_weight_bytes(self._model)
 
     def tensors(self):
-        """The tensor table: name, dtype, shape, offset, size and CRC-32 of each tensor (and the
-        routed experts' expert_stride with the interleaved layout)."""
+        """The tensor table: name, dtype, shape, offset, size and CRC-32 of each tensor as the file
+        stores it, the dtype it runs as (run_dtype: dtype, or its row-interleaved form rewritten at
+        open), and the routed experts' expert_stride with the interleaved layout."""
         cdef c.colibri_tensor_info info
         out = []
         for i in range(c.colibri_model_tensor_count(self._model)):
             c.colibri_model_tensor(self._model, i, &info)
             t = {"name": info.name.decode(), "dtype": _DTYPES[info.dtype],
                  "shape": tuple(info.shape[d] for d in range(info.n_dims)),
-                 "file_offset": info.file_offset, "file_size": info.file_size, "crc32": info.crc32}
+                 "file_offset": info.file_offset, "file_size": info.file_size, "crc32": info.crc32,
+                 "run_dtype": _DTYPES[info.run_dtype]}
             if info.expert_stride:   # interleaved experts: expert e's part at file_offset + e * expert_stride
                 t["expert_stride"] = info.expert_stride
             out.append(t)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import colibri
+from colibri import experts
 from colibri._core import gguf_sidecar
 from colibri.convert import convert
 from support import infer
@@ -58,8 +59,11 @@ def case_gguf(family, kind, root):
 
 @pytest.mark.parametrize("family,kind", CASES)
 def test_a_gguf_runs_in_place_as_its_conversion_bit_for_bit(family, kind, gguf_root, cache, tmp_path):
+    """As a user runs it: the file opened with no options against `colibri convert` with none (each
+    matrix in the form this machine's kernels run faster: rewritten at open in place, written so
+    by the converter)."""
     path = case_gguf(family, kind, gguf_root)
-    convert(path, tmp_path / "converted", progress=False, repack=False)   # the file's own layout, byte for byte
+    convert(path, tmp_path / "converted", progress=False)
     converted = colibri.Model(tmp_path / "converted", verify=True)
     before = path.stat()
     in_place = colibri.Model(path, verify=True)   # the first open describes it
@@ -79,7 +83,7 @@ def test_a_gguf_runs_in_place_as_its_conversion_bit_for_bit(family, kind, gguf_r
     assert all(t["name"].startswith("tokenizer.") or t["name"].endswith("attn.wkv_b") for t in made), made
     assert (sidecar / "extra.bin").stat().st_size <= sum(t["file_size"] + 64 for t in made)
     assert written - (sidecar / "extra.bin").stat().st_size <= 1024 * len(doc["tensors"]) + 8192
-    assert {t["name"]: t["dtype"] for t in converted.tensors()} == {t["name"]: t["dtype"] for t in in_place.tensors()}
+    assert {t["name"]: t["dtype"] for t in converted.tensors()} == {t["name"]: t["run_dtype"] for t in in_place.tensors()}
 
     tokens = np.random.default_rng(3).integers(0, converted.config["vocab_size"], N_TOKENS)
     for kernels in ("reference", "auto"):   # strict mode, and the fast kernels (the same layout: the same bits)
@@ -102,6 +106,75 @@ def test_a_gguf_runs_in_place_as_its_conversion_bit_for_bit(family, kind, gguf_r
                                "--expert-budget", "50%", "--verbose", *flags], **RUN)
     assert streamed.returncode == 0 and streamed.stdout == texts[1].stdout, streamed.stderr
     assert int(re.search(r"(\d+) misses", streamed.stderr).group(1)) > 0, streamed.stderr   # read from the file
+
+
+def rss_after(script):
+    """The resident bytes of a fresh interpreter before and after `script` runs (the installed colibri)."""
+    code = ("import colibri, numpy as np\n"
+            "rss = lambda: int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0]) * 1024\n"
+            f"before = rss()\n{script}\nprint(before, rss())")
+    r = subprocess.run([sys.executable, "-c", code], **RUN)
+    assert r.returncode == 0, r.stderr
+    return [int(v) for v in r.stdout.split()[-2:]]
+
+
+def test_a_gguf_is_repacked_at_open_in_its_own_pages(gguf_root, cache, tmp_path):
+    """A Q4_K_M GGUF opened with no options runs each matrix in the row-interleaved form this machine's
+    kernels multiply faster, rewritten at open in the private mapping's own pages: the file unchanged,
+    the memory the file's size (no copy beside the mapping), the logits those of the file converted
+    with the same forms (and, opened with repack=False, those of its byte-for-byte conversion); an
+    expert streamed from the file is rewritten in its slot, whether or not the mapping's were."""
+    path = case_gguf("glm4_moe", "q4_k_m", gguf_root)
+    forms = {colibri._core.interleaved_form(d, fast_here=True) for d in ("q4_k", "q6_k")}
+    if forms == {"q4_k", "q6_k"}:
+        pytest.skip("this machine's kernels run no interleaved K-quant form faster (the reference kernels)")
+    fast = colibri.Model(convert(path, tmp_path / "fast", progress=False))
+    plain = colibri.Model(convert(path, tmp_path / "plain", progress=False, repack=False, layout="interleaved"),
+                          repack=False)
+    data = path.read_bytes()
+    in_place, as_stored = colibri.Model(path), colibri.Model(path, repack=False)
+    assert path.read_bytes() == data   # never written: the pages written are the process's own
+
+    runs = {t["name"]: t["run_dtype"] for t in in_place.tensors()}
+    assert runs == {t["name"]: t["dtype"] for t in fast.tensors()}
+    assert {t["run_dtype"] for t in in_place.tensors() if t["name"].endswith("experts.w1")} & forms   # x8: something moved
+    assert all(t["run_dtype"] == t["dtype"] for t in as_stored.tensors())
+    assert {t["name"]: t["dtype"] for t in as_stored.tensors()} == {t["name"]: t["dtype"] for t in plain.tensors()}
+
+    tokens = np.random.default_rng(5).integers(0, fast.config["vocab_size"], N_TOKENS)
+    steps = [int(t) for t in np.random.default_rng(6).integers(0, fast.config["vocab_size"], 4)]
+
+    def run(model, **options):   # a prompt, then decode steps (the workers' own waits on streamed slots)
+        s = model.session(ctx=64, **options)
+        return [s.forward(tokens)] + [s.forward([t]) for t in steps]
+
+    for kernels in ("auto", "reference"):
+        for ours, ref in ((in_place, fast), (as_stored, plain)):
+            for a, b in zip(run(ours, kernels=kernels), run(ref, kernels=kernels)):
+                assert np.array_equal(a, b), f"{kernels}: max |in place - converted| {np.abs(a - b).max()}"
+    reference = run(fast)
+    for stream_experts in (False, True):   # the mapping's experts rewritten at open, or left to their slots
+        model = colibri.Model(path, stream_experts=stream_experts)
+        expert_runs = {t["run_dtype"] for t in model.tensors() if ".experts." in t["name"]}
+        assert expert_runs == ({runs[n] for n in runs if ".experts." in n} if not stream_experts else
+                               {t["dtype"] for t in model.tensors() if ".experts." in t["name"]})
+        for verify in (False, True):   # checked against the extents' CRCs first: a converted file's
+            source = model if not verify else colibri.Model(tmp_path / "plain", stream_experts=stream_experts)
+            streamed = run(source, expert_budget=experts.routed_bytes(source) // 2, verify=verify)
+            for a, b in zip(streamed, reference):
+                assert np.array_equal(a, b), f"streamed: max |slot - resident| {np.abs(a - b).max()}"
+
+    # in place: the pages the rewrite writes replace the file's in the mapping, so the whole run's
+    # memory stays the file's size; run as stored, the same (nothing to compare against but the file)
+    open_run = (f"m = colibri.Model({str(path)!r}{{}})\n"
+                "m.session(ctx=128).forward(np.arange(128) % m.config['vocab_size'])")
+    size, grown = path.stat().st_size, {}
+    for option in ("", ", repack=False"):
+        before, after = rss_after(open_run.format(option))
+        grown[option] = after - before
+        print(f"repack{option or '=True'}: {after - before:,} B more resident for a {size:,} B file")
+        assert after - before <= 1.1 * size + (4 << 20), (option, after - before, size)   # the session's arena
+    assert grown[""] <= grown[", repack=False"] + 0.1 * size   # a copy beside the mapping would add the file
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILY_CASES if f not in dict(CASES)])

@@ -21,7 +21,8 @@ const char *colibri_platform_kernels_request(void);
 
 /* Threads for the forward pass, made with the session: `threads` - 1 workers that sleep until
  * colibri_platform_pool_run offers them the parts of a job, so no thread is made and nothing is
- * allocated per token.  Platforms without threads report 1 and never make a pool. */
+ * allocated per token.  Platforms without threads report 1 and never make a pool; their builds define
+ * COLIBRI_ONE_THREAD, which leaves the paths that only a pool takes out of the image. */
 typedef struct colibri_pool colibri_pool;
 int32_t colibri_platform_default_threads(void);   /* COLIBRI_THREADS, else the online cores */
 colibri_status colibri_platform_pool_create(int32_t threads, colibri_pool **pool, colibri_error *err);

@@ -57,6 +57,7 @@ typedef struct options {
     unsigned long long expert_budget;   /* 0: resident */
     int expert_cache;               /* COLIBRI_CACHE_* */
     int direct_io, no_prefetch, verify_experts;
+    int as_stored;                      /* run the file's layout as it is (no repack at open) */
     const char *device;             /* where the routed experts compute: a built-in driver's name */
     const char *placement_path;     /* a placement file (docs/DEVICES.md) */
     const char *stops[COLIBRI_MAX_STOPS];   /* --stop strings */
@@ -68,7 +69,7 @@ enum flag_id {
     F_REPEAT_LAST_N, F_PRESENCE_PENALTY, F_FREQUENCY_PENALTY, F_LOGIT_BIAS, F_SEED, F_CTX, F_BATCH,
     F_KV_TYPE, F_IGNORE_EOS, F_STOP, F_RESET_EVERY, F_LATENCY, F_IDS, F_LOGITS, F_REFERENCE, F_KERNELS, F_EXPERT_LOAD, F_THREADS,
     F_PROFILE, F_ROUTING, F_ROUTING_NOISE, F_ROUTING_SEED, F_CAPACITY_FACTOR, F_EXPERT_BUDGET, F_EXPERT_CACHE,
-    F_DIRECT_IO, F_NO_PREFETCH, F_VERIFY_EXPERTS, F_DEVICE, F_PLACEMENT, F_VALIDATE_MODEL, F_MEMDUMP, F_VERBOSE,
+    F_DIRECT_IO, F_NO_PREFETCH, F_VERIFY_EXPERTS, F_AS_STORED, F_DEVICE, F_PLACEMENT, F_VALIDATE_MODEL, F_MEMDUMP, F_VERBOSE,
     F_VERSION, F_HELP, F_COUNT
 };
 
@@ -151,6 +152,9 @@ static const struct flag {
     [F_NO_PREFETCH] = { "no_prefetch", no_argument, NULL, NULL, "read only demanded experts (no guess of the next layer's)" },
     [F_VERIFY_EXPERTS] = { "verify_experts", no_argument, NULL, NULL,
                            "check each expert's extent against its CRC-32 when first read" },
+    [F_AS_STORED] = { "as_stored", no_argument, NULL, NULL,
+                      "run every tensor as the file stores it (default: each matrix in the row-interleaved form\n"
+                      "this CPU's kernels multiply faster, rewritten at open in the mapping's own pages)" },
     [F_DEVICE] = { "device", required_argument, "NAME", NULL, "compute the routed experts on this driver (this build's: cpu)" },
     [F_PLACEMENT] = { "placement", required_argument, "FILE", NULL,
                       "bind each expert to a device by a placement file (docs/DEVICES.md)" },
@@ -348,6 +352,7 @@ static int set_option(options *o, int id, const char *v)
     case F_EXPERT_BUDGET: return parse_size(flag, v, &o->expert_budget);
     case F_EXPERT_CACHE: return parse_cache(v, &o->expert_cache);
     case F_DIRECT_IO: o->direct_io = 1; return 1;
+    case F_AS_STORED: o->as_stored = 1; return 1;
     case F_NO_PREFETCH: o->no_prefetch = 1; return 1;
     case F_VERIFY_EXPERTS: o->verify_experts = 1; return 1;
     case F_DEVICE: o->device = v; return 1;
@@ -877,7 +882,8 @@ int main(int argc, char **argv)
         if (o.verbose) fprintf(stderr, "seed: %lld (--seed %lld repeats this run)\n", o.seed, o.seed);
     }
     t0 = now_seconds();
-    if (colibri_model_open(o.model, o.validate ? COLIBRI_LOAD_VERIFY : 0, &model, &err)) {
+    if (colibri_model_open(o.model, (o.validate ? COLIBRI_LOAD_VERIFY : 0u) | (o.as_stored ? COLIBRI_LOAD_AS_STORED : 0u) |
+                                    (o.expert_budget ? COLIBRI_LOAD_STREAM_EXPERTS : 0u), &model, &err)) {
         free(prompt_text);
         return fail(o.validate ? "validation failed" : "cannot load model", &err);
     }

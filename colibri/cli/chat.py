@@ -138,7 +138,7 @@ def _template_arg(text):
 
 
 def cmd_chat(args):
-    model = open_model(args.model)
+    model = open_model(args.model, stream_experts=args.expert_budget is not None)
     resolve_seed(args)
     session = model.session(ctx=args.ctx, batch=args.batch, threads=args.threads, kv_type=args.kv_type,
                             **stream_options(model, args))

@@ -11,14 +11,15 @@ from colibri import experts
 from colibri.demo import MODEL_DIR as BUNDLED_MODEL
 
 
-def open_model(path, verify=False, experts_elsewhere=False):
+def open_model(path, verify=False, experts_elsewhere=False, stream_experts=False, repack=True):
+    """stream_experts: the sessions take an --expert-budget, so the routed experts stay unread at open;
+    repack: False for --as-stored (colibri.Model's repack)."""
     if path is None:
         path = BUNDLED_MODEL
         if not (path / "colibri_model.json").exists():
             raise SystemExit(f"colibri: the bundled model is missing from {path}; give one with --model")
-    if experts_elsewhere:
-        return colibri.Model(path, verify=verify, experts_elsewhere=True)
-    return colibri.Model(path, verify=verify)
+    return colibri.Model(path, verify=verify, experts_elsewhere=experts_elsewhere, stream_experts=stream_experts,
+                         repack=repack)
 
 
 INT32_MAX = 2 ** 31 - 1

@@ -40,6 +40,8 @@ def generate_on_target(model, ids, args):
         command += ["--kv_type", args.kv_type]
     if args.ignore_eos:
         command.append("--ignore_eos")
+    if args.as_stored:
+        command.append("--as_stored")
     for stop in args.stop or ():
         command += ["--stop", stop]
     if args.tokens is not None:
@@ -60,7 +62,8 @@ def generate_on_target(model, ids, args):
 
 def cmd_generate(args):
     remote = args.remote is not None or args.fleet
-    model = open_model(args.model, experts_elsewhere=remote and args.experts_elsewhere)
+    model = open_model(args.model, experts_elsewhere=remote and args.experts_elsewhere,
+                       stream_experts=args.expert_budget is not None, repack=not args.as_stored)
     ids = prompt_ids(model, args)
     resolve_seed(args)   # here, so that a --target run gets the seed drawn for -1
     if args.target != "native":
@@ -199,7 +202,7 @@ def edge_arguments(p):
 
 
 def cmd_memdump(args):
-    model = open_model(args.model)
+    model = open_model(args.model, stream_experts=args.expert_budget is not None)
     session = model.session(ctx=args.ctx, batch=args.batch, kv_type=args.kv_type, **stream_options(model, args))
     sys.stdout.write(session.memdump())
     return 0
@@ -214,6 +217,9 @@ def add_generate(sub):
     g.add_argument("--batch", type=count_in(0, 4096), default=0, help="prefill chunk (default 64)")
     g.add_argument("--threads", type=count_in(0, 256), default=0, help="threads (default: $COLIBRI_THREADS, else the cores)")
     kv_type_argument(g)
+    g.add_argument("--as-stored", action="store_true",
+                   help="run every tensor as the file stores it (default: each matrix in the row-interleaved form "
+                        "this CPU's kernels multiply faster, rewritten at open in the mapping's own pages)")
     g.add_argument("--verbose", action="store_true", help="timings (and the expert cache's counters) on stderr")
     g.add_argument("--stop", action="append", metavar="STR",
                    help="end the generation when its text completes STR, which is not printed (repeatable)")

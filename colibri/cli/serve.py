@@ -39,7 +39,7 @@ def cmd_serve(args):
         raise SystemExit(f"colibri serve: --host {args.host} can be reached from other machines: give "
                          "--api-key-file FILE (clients send Authorization: Bearer KEY), or --insecure to serve "
                          "without a key")
-    model = open_model(args.model)
+    model = open_model(args.model, stream_experts=args.expert_budget is not None)
     if model.token_bytes(0) is None:
         raise SystemExit(f"colibri serve: {model.path} carries no vocabulary for the core's text: reconvert it "
                          "with colibri convert")

@@ -271,7 +271,7 @@ def _write(out, root, model_dir, target, flags, board_file, ctx, batch, stack, s
     sources = [Path(s).relative_to(core) for s in colibri.c_sources("baremetal")]
     vectors = [VECTOR_KERNELS[f] for f in flags if f in VECTOR_KERNELS]   # Helium on a Cortex-M55
     sources += [Path(source) for source, _ in vectors]
-    defines = [define for _, define in vectors]
+    defines = ["COLIBRI_ONE_THREAD"] + [define for _, define in vectors]   # baremetal.c makes no pool
     headers = [p.relative_to(core) for p in [*core.glob("include/colibri/*.h"), *core.glob("src/**/*.h"),
                                               *core.glob("arch/*.h")]]
     for rel in [*sources, *headers]:   # core/, not c_core/: the folder is no checkout of colibri's

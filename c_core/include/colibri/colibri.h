@@ -240,6 +240,9 @@ typedef struct colibri_tensor_info {
     uint64_t expert_stride;         /* interleaved routed experts: expert e's part at file_offset +
                                        e * expert_stride (data: expert 0's), file_size / n_experts
                                        bytes each; 0: the tensor's bytes are contiguous */
+    colibri_dtype run_dtype;        /* what the forward pass multiplies: dtype, or its row-interleaved
+                                       form rewritten at open (colibri_model_open); `data` holds it, or,
+                                       for routed experts left to stream, their dtype as stored */
 } colibri_tensor_info;
 
 /* ---- model ------------------------------------------------------------ */
@@ -249,9 +252,15 @@ enum {
     COLIBRI_LOAD_EXPERTS_ELSEWHERE = 1u << 1,  /* colibri_model_load: `weights` holds the tensors other than
                                    the routed experts (interleaved layout: weights.bin up to the first
                                    extent); sessions stream the experts through expert_read */
-    COLIBRI_LOAD_COPY = 1u << 2    /* colibri_model_open: read weights.bin into memory instead of mapping it,
+    COLIBRI_LOAD_COPY = 1u << 2,   /* colibri_model_open: read weights.bin into memory instead of mapping it,
                                    so that the file truncated under the model is no SIGBUS (a server's
                                    choice: it costs the file's size in memory that cannot be paged out) */
+    COLIBRI_LOAD_AS_STORED = 1u << 3,  /* colibri_model_open: run every tensor in the layout the file stores
+                                   (else each matrix whose row-interleaved form the kernels here multiply
+                                   faster is rewritten so at open, in its own pages: see below) */
+    COLIBRI_LOAD_STREAM_EXPERTS = 1u << 4  /* colibri_model_open: sessions will stream the routed experts
+                                   (an expert_budget): leave their pages unread at open; each expert read
+                                   into a slot is rewritten there */
 };
 
 /* Opens a model on a hosted platform: a directory (colibri_model.json + weights.bin), or a GGUF
@@ -259,7 +268,14 @@ enum {
  * its description, kept in its sidecar directory (colibri_gguf_sidecar): colibri_model.json and
  * extra.bin, the few tensors colibri makes for it (vocabulary tables, joined tensors), never a
  * copy of its weights.  Python writes the description (colibri.Model(path) on first open);
- * COLIBRI_E_IO, saying so, when there is none yet. */
+ * COLIBRI_E_IO, saying so, when there is none yet.
+ *
+ * Unless COLIBRI_LOAD_AS_STORED, every matrix the forward pass multiplies whole, stored in a plain
+ * block dtype whose row-interleaved form the kernels here run faster (colibri_interleaved_form with
+ * fast_here: a GGUF's Q4_K, Q6_K, IQ4_XS, ... on x86), is rewritten in that form at open, in the
+ * private mapping's own pages (copied on write: the file is never written, and the memory stays
+ * the file's size); the routed experts too, unless COLIBRI_LOAD_STREAM_EXPERTS or the weights
+ * exceed the machine's memory.  colibri_tensor_info.run_dtype says what each tensor runs as. */
 colibri_status colibri_model_open(const char *path, unsigned flags,
                                   colibri_model **model, colibri_error *err);
 

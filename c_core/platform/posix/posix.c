@@ -69,6 +69,7 @@ typedef struct posix_model {
     char *json;
     void *mapping;              /* what release unmaps: weights.bin, or a GGUF's data and the extra tensors */
     size_t mapping_len;
+    size_t readable[2][2];      /* the mapping's readable spans (offset, bytes): the main file's, extra.bin's */
     char *weights_path;         /* the file the weights lie in: for expert streaming's reads (expert_io.c) */
     uint64_t weights_at;        /* where the weights start in it (a GGUF's data offset; 0 for weights.bin) */
     struct stat weights_stat;   /* that file as mapped: colibri_platform_model_check compares */
@@ -275,6 +276,9 @@ static colibri_status map_weights(const char *main_path, const weights_source *s
     }
     pm->mapping = p;
     pm->weights_at = at;
+    pm->readable[0][1] = copy ? pm->mapping_len : (size_t)(head + len);
+    pm->readable[1][0] = (size_t)(head + extra_at);
+    pm->readable[1][1] = copy ? 0 : (size_t)extra_len;
     *weights = p ? p + head : NULL;
     *weights_len = (size_t)(extra_len ? extra_at + extra_len : len);
     return COLIBRI_OK;
@@ -329,6 +333,40 @@ colibri_status colibri_gguf_sidecar(const char *gguf_path, char *dir, size_t cap
     return COLIBRI_OK;
 }
 
+/* The fast forms (colibri_model_repack) written into the mapping's own pages, made writable for the
+ * while: the mapping is private, so each page written becomes the process's copy in place of the
+ * file's, the file is never written, and the memory stays the file's size.  The routed experts wait
+ * for their slots when sessions will stream them, or when the weights exceed the machine's memory
+ * (rewriting them all would page).  Where the pages cannot be made writable (a strict overcommit
+ * policy), the mapped tensors run as stored. */
+static colibri_status repack_at_open(colibri_model *m, posix_model *pm, unsigned flags, colibri_error *err)
+{
+    long phys = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    int what = COLIBRI_REPACK_DENSE |
+               (flags & COLIBRI_LOAD_STREAM_EXPERTS || (phys > 0 && m->weights_len / (size_t)page > (size_t)phys)
+                ? 0 : COLIBRI_REPACK_EXPERTS);
+    size_t need, k;
+    uint8_t *scratch, *base = (uint8_t *)pm->mapping;
+    colibri_status s;
+    m->fast_forms = &colibri_fast_forms_here;
+    need = colibri_repack_scratch(m, what);
+    if (!need) return COLIBRI_OK;
+    scratch = malloc(need);
+    if (!scratch) return colibri_fail(err, COLIBRI_E_NOMEM, "cannot allocate %zu bytes to repack the weights", need);
+    if (mprotect(base, pm->mapping_len, PROT_READ | PROT_WRITE) != 0) {
+        free(scratch);
+        return COLIBRI_OK;
+    }
+    s = colibri_model_repack(m, base + (m->weights - base), what, scratch, need, err);
+    free(scratch);
+    if (mprotect(base, pm->mapping_len, PROT_NONE) != 0 && !s)
+        s = colibri_fail(err, COLIBRI_E_IO, "cannot make the weights read-only again: %s", strerror(errno));
+    for (k = 0; k < 2; k++)
+        if (pm->readable[k][1] && mprotect(base + pm->readable[k][0], pm->readable[k][1], PROT_READ) != 0 && !s)
+            s = colibri_fail(err, COLIBRI_E_IO, "cannot make the weights read-only again: %s", strerror(errno));
+    return s;
+}
+
 colibri_status colibri_model_open(const char *path, unsigned flags, colibri_model **out, colibri_error *err)
 {
     char dir[4096], json_path[4096], main_path[4096], extra_path[4096];
@@ -374,7 +412,9 @@ colibri_status colibri_model_open(const char *path, unsigned flags, colibri_mode
         if (!meta) st = colibri_fail(err, COLIBRI_E_NOMEM, "cannot allocate %zu bytes of model metadata", meta_bytes);
     }
     if (!st) st = colibri_model_load(pm->json, json_len, weights, weights_len, flags, meta, meta_bytes, out, err);
+    if (!st && !(flags & COLIBRI_LOAD_AS_STORED)) st = repack_at_open(*out, pm, flags, err);
     if (st) {
+        *out = NULL;
         if (pm->mapping) munmap(pm->mapping, pm->mapping_len);
         free(pm->json);
         free(pm->weights_path);

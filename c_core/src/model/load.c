@@ -258,6 +258,88 @@ colibri_status colibri_model_load(const char *json, size_t json_len, const void 
     return COLIBRI_OK;
 }
 
+/* ---- the fast forms, repacked at open ---- */
+
+const colibri_tensor *colibri_layer_tensor(const colibri_model *m, int32_t layer, int kind)
+{
+    int32_t i;
+    for (i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].slot == T_GLOBAL + (int64_t)layer * L_KINDS + kind) return &m->tensors[i];
+    return NULL;
+}
+
+colibri_dtype colibri_run_dtype(const colibri_model *m, const colibri_tensor *t)
+{
+    colibri_dtype x8;
+    if (!m->fast_forms || t->n_dims < 2 || !colibri_slot_multiplied_whole(t->slot)) return t->dtype;
+    x8 = colibri_interleaved_form(t->dtype, 1);
+    return x8 != t->dtype && t->shape[t->n_dims - 2] % 8 == 0 ? x8 : t->dtype;
+}
+
+void colibri_repack_in_place(uint8_t *bytes, colibri_dtype from, int64_t rows, int64_t cols, uint8_t *scratch)
+{
+    size_t group = 8 * colibri_row_bytes(from, (size_t)cols);
+    int64_t r;
+    for (r = 0; r < rows; r += 8, bytes += group) {   /* an 8-row group is a permutation of its own bytes */
+        memcpy(scratch, bytes, group);
+        colibri_interleave_rows(bytes, scratch, from, 8, cols, NULL);
+    }
+}
+
+static int repacked_by(const colibri_model *m, const colibri_tensor *t, int what)
+{
+    return colibri_run_dtype(m, t) != t->dtype &&
+           (what & (colibri_slot_is_routed_expert(t->slot) ? COLIBRI_REPACK_EXPERTS : COLIBRI_REPACK_DENSE));
+}
+
+size_t colibri_repack_scratch(const colibri_model *m, int what)
+{
+    size_t most = 0;
+    int32_t i;
+    for (i = 0; i < m->n_tensors; i++) {
+        const colibri_tensor *t = &m->tensors[i];
+        size_t group = repacked_by(m, t, what) ? 8 * colibri_row_bytes(t->dtype, (size_t)t->shape[t->n_dims - 1]) : 0;
+        if (group > most) most = group;
+    }
+    return most;
+}
+
+/* What the forward pass reads tensor t as: the layer's or the model's weight (NULL: none it multiplies). */
+static colibri_weight *weight_of(colibri_model *m, const colibri_tensor *t)
+{
+    if (t->slot == G_LM_HEAD) return &m->lm_head;
+    if (t->slot < T_GLOBAL) return NULL;
+    return &m->layers[(t->slot - T_GLOBAL) / L_KINDS].w[(t->slot - T_GLOBAL) % L_KINDS];
+}
+
+colibri_status colibri_model_repack(colibri_model *m, uint8_t *weights, int what, uint8_t *scratch,
+                                    size_t scratch_bytes, colibri_error *err)
+{
+    int32_t i;
+    if (!m || !m->fast_forms || weights != m->weights || (!scratch && scratch_bytes))
+        return colibri_fail(err, COLIBRI_E_ARG, "colibri_model_repack: the model's own weights, made writable");
+    if (m->experts_elsewhere) what &= ~COLIBRI_REPACK_EXPERTS;   /* not in `weights` */
+    if (scratch_bytes < colibri_repack_scratch(m, what))
+        return colibri_fail(err, COLIBRI_E_NOMEM, "colibri_model_repack: %zu bytes of scratch, %zu needed",
+                            scratch_bytes, colibri_repack_scratch(m, what));
+    for (i = 0; i < m->n_tensors; i++) {
+        const colibri_tensor *t = &m->tensors[i];
+        colibri_weight *w = weight_of(m, t);
+        int64_t rows, cols, parts, e;
+        size_t stride;
+        if (!w || !repacked_by(m, t, what)) continue;   /* a matrix, (rows, cols) or (experts, rows, cols) */
+        rows = t->shape[t->n_dims - 2], cols = t->shape[t->n_dims - 1], parts = t->n_dims == 3 ? t->shape[0] : 1;
+        stride = (size_t)rows * colibri_row_bytes(t->dtype, (size_t)cols);
+        if (colibri_slot_is_routed_expert(t->slot))   /* each expert's part, wherever the layout puts it */
+            stride = m->layers[(t->slot - T_GLOBAL) / L_KINDS].expert_stride[(t->slot - T_GLOBAL) % L_KINDS - L_EXPERT_FIRST];
+        for (e = 0; e < parts; e++)
+            colibri_repack_in_place(weights + ((const uint8_t *)w->data - m->weights) + (size_t)e * stride, t->dtype,
+                                    rows, cols, scratch);
+        w->dtype = colibri_run_dtype(m, t);
+    }
+    return COLIBRI_OK;
+}
+
 /* ---- accessors ---- */
 
 const colibri_hparams *colibri_model_hparams(const colibri_model *model) { return &model->hp; }
@@ -287,6 +369,9 @@ colibri_status colibri_model_tensor(const colibri_model *model, int32_t index, c
     info->crc32 = t->crc32;
     info->data = model->weights + t->file_offset;
     info->expert_stride = t->expert_stride;
+    info->run_dtype = t->slot == G_LM_HEAD ? model->lm_head.dtype
+                    : t->slot >= T_GLOBAL ? model->layers[(t->slot - T_GLOBAL) / L_KINDS].w[(t->slot - T_GLOBAL) % L_KINDS].dtype
+                    : t->dtype;
     return COLIBRI_OK;
 }
 

@@ -82,11 +82,14 @@ struct colibri_model {
 
     const uint8_t *weights;         /* weights.bin, mapped or linked in */
     size_t weights_len;
-    int32_t experts_elsewhere;      /* COLIBRI_LOAD_EXPERTS_ELSEWHERE: `weights` lacks the routed experts */
+    const struct colibri_fast_forms *fast_forms;   /* matrices run in the row-interleaved form the kernels
+                                       here multiply faster: repacked at open, streamed experts in their
+                                       slots (set by a hosted platform's open); NULL: as the file stores them */
     const char *json;               /* colibri_model.json, which outlives the model, and its tokens in */
     const struct json_token *json_tokens;   /* the metadata: read again for the extents' checksums */
 
     int32_t n_tensors;
+    int32_t experts_elsewhere;      /* COLIBRI_LOAD_EXPERTS_ELSEWHERE: `weights` lacks the routed experts */
     colibri_tensor *tensors;        /* (n_tensors), in file order of the JSON */
     colibri_layer_weights *layers;  /* (n_layers) */
     colibri_weight tok_embeddings;  /* (vocab, dim) */
@@ -127,6 +130,42 @@ colibri_status colibri_expert_extent(const colibri_model *model, int32_t layer, 
  * COLIBRI_E_ARG when the layer has no such tensor or the expert is out of range. */
 colibri_status colibri_expert_part(const colibri_model *model, int32_t layer, int kind, int32_t expert,
                                    uint64_t *offset, uint64_t *bytes);
+
+/* What tensor t runs as when the model runs fast forms: its row-interleaved form when the forward
+ * pass multiplies it whole, its (per-expert) rows come in groups of 8 and the kernels here multiply
+ * that form faster (colibri_interleaved_form); else the dtype the file stores. */
+colibri_dtype colibri_run_dtype(const colibri_model *m, const colibri_tensor *t);
+/* Bytes of scratch a rewrite of the tensors `what` (below) takes: 8 rows of the widest; 0: none. */
+size_t colibri_repack_scratch(const colibri_model *m, int what);
+/* The bytes of one matrix (rows, cols) of `from`, a plain block dtype, rewritten in place in its
+ * row-interleaved form, 8 rows at a time through `scratch` (8 rows' bytes). */
+void colibri_repack_in_place(uint8_t *bytes, colibri_dtype from, int64_t rows, int64_t cols, uint8_t *scratch);
+/* The table of the fast forms that a hosted platform's open sets (moe/cache.c's
+ * colibri_fast_forms_here), so that a firmware image, whose models run as stored, links none of
+ * it: the slots' room for a rewrite, each layer's parts' dtypes as stored and as run, and a slot's
+ * bytes checked and rewritten once read. */
+struct colibri_arena;
+struct colibri_cache_layer;
+struct colibri_expert_cache;
+typedef struct colibri_fast_forms {
+    uint64_t (*room)(const colibri_model *m, int direct);
+    uint8_t *(*carve)(struct colibri_arena *a, size_t slots);
+    void (*plan)(const colibri_model *m, int32_t layer, struct colibri_cache_layer *cl);
+    void (*prepare)(struct colibri_expert_cache *c, int32_t slot);
+} colibri_fast_forms;
+extern const colibri_fast_forms colibri_fast_forms_here;
+/* The table's entry for tensor `kind` (L_KINDS) of `layer`; NULL: the layer has none. */
+const colibri_tensor *colibri_layer_tensor(const colibri_model *m, int32_t layer, int kind);
+
+/* Rewrites each tensor of `weights` (the model's weights, made writable at the same addresses by the
+ * platform: a private mapping's pages, copied on write) whose run dtype differs, and points the
+ * forward pass at that dtype: the dense ones (COLIBRI_REPACK_DENSE: all but the routed experts), the
+ * routed experts (COLIBRI_REPACK_EXPERTS: not when sessions will stream them, which rewrites each in
+ * its slot as it is read).  The tensor table keeps describing the file.  m->fast_forms set; scratch:
+ * colibri_repack_scratch(m, what) bytes. */
+enum { COLIBRI_REPACK_DENSE = 1, COLIBRI_REPACK_EXPERTS = 2 };
+colibri_status colibri_model_repack(colibri_model *m, uint8_t *weights, int what, uint8_t *scratch,
+                                    size_t scratch_bytes, colibri_error *err);
 
 const char *colibri_dtype_name(colibri_dtype dtype);
 const char *colibri_layer_tensor_name(int kind);   /* "experts.w1", ... (L_KINDS) */

@@ -9,8 +9,8 @@
  *             xe (m, dim) -> ye (m, dim); the aggregator adds out (n, dim) += gate * ye
  *   shared    out += the shared expert of every token, after the routed sum
  *
- * Decode (one token) with a thread pool shares the hit experts among the threads instead of
- * splitting each matmul, for the same bits.
+ * A few tokens (decode: one per running sequence) with a thread pool share the hit experts among
+ * the threads instead of splitting each matmul, for the same bits.
  *
  * Devices (colibri/device.h, src/devices/): the calls of the hit experts bound to a driver are
  * started before the local experts run; each device's outputs are collected when the id-ordered
@@ -185,6 +185,7 @@ static colibri_status wait_for(const colibri_moe_context *c, int32_t e, int32_t 
     return st;
 }
 
+#define WHOLE_EXPERTS_TOKENS 32  /* up to this many tokens, each hit expert runs whole on one thread */
 #define LOOKAHEAD 4     /* streaming: experts of the layer whose reads are queued ahead of the one computed */
 
 /* Every hit expert in turn, each over its m kept tokens with all the threads.  Streaming, the next
@@ -237,15 +238,18 @@ static colibri_status run_experts(const colibri_moe_context *c, const float *x, 
     return COLIBRI_OK;
 }
 
-/* Decode: the hit experts shared among the threads, each expert whole on one thread, so the pool
- * is woken once per layer instead of once per matmul.  Slot i (the i-th hit expert, in id order)
- * has its own rows of xe, h1, h3, ye and the quantized-input scratch; each expert runs the same
- * kernel calls as on one thread, and the outputs are added afterwards in id order: the same bits
- * as run_experts. */
+#ifndef COLIBRI_ONE_THREAD
+/* Few tokens (decode: one, or one per running sequence): the hit experts shared among the threads,
+ * each expert whole on one thread, so the pool is woken once per wave of experts instead of once
+ * per matmul.  Expert e's kept pairs [expert_start[e], + m) have their own rows of xe, h1, h3, ye and
+ * of the quantized-input scratch, counted from the wave's first pair: a wave is the run of experts
+ * whose pairs fit the n_batch rows.  Each expert runs the same kernel calls as on one thread, and
+ * the outputs are added after each wave in id order: the same bits as run_experts. */
 typedef struct experts_job {
-    const colibri_moe_context *c;   /* b->slot_expert (n_slots): the hit experts */
-    const float *x;                 /* (1, dim) */
+    const colibri_moe_context *c;   /* b->slot_expert (n_slots): the wave's hit experts */
+    const float *x;                 /* (n, dim) */
     int32_t n_slots;
+    int32_t row0;                   /* the wave's first pair: row 0 of its buffers */
 } experts_job;
 
 static void experts_part(void *context, int32_t part, int32_t parts)
@@ -256,62 +260,70 @@ static void experts_part(void *context, int32_t part, int32_t parts)
     int32_t d = c->hp->hidden_size, f = c->hp->intermediate_size, p;
     for (p = j->n_slots * part / parts; p < j->n_slots * (part + 1) / parts; p++) {
         int32_t i = c->stream ? b->slot_order[p] : p, e = b->slot_expert[i];
-        float *xe = b->xe + (size_t)i * d;   /* (1, dim) */
+        int32_t first = b->expert_start[e], m = colibri_moe_kept(b, e), row = first - j->row0;
+        float *xe = b->xe + (size_t)row * d;   /* (m, dim) */
         colibri_compute alone = *c->k;
         colibri_expert_weights w;
         alone.pool = NULL;
-        alone.xq = c->k->xq ? c->k->xq + (size_t)i * c->k->xq_row_blocks : NULL;
-        colibri_moe_gather(c, j->x, b->expert_start[e], 1, xe);
+        alone.xq = c->k->xq ? c->k->xq + (size_t)row * c->k->xq_row_blocks : NULL;
+        colibri_moe_gather(c, j->x, first, m, xe);
         if (c->stream) b->slot_wait[i] = colibri_cache_await(c->stream->cache, c->layer, e);
         expert_weights(c, e, &w);
-        colibri_expert_run(c->moe->expert, &alone, c->hp, &w, xe, 1, b->h1 + (size_t)i * f, b->h3 + (size_t)i * f,
-                           b->ye + (size_t)i * d);
+        colibri_expert_run(c->moe->expert, &alone, c->hp, &w, xe, m, b->h1 + (size_t)row * f, b->h3 + (size_t)row * f,
+                           b->ye + (size_t)row * d);
     }
 }
 
-static colibri_status run_decode_experts(const colibri_moe_context *c, const float *x, float *out, uint64_t *clock,
-                                         colibri_error *err)
+static colibri_status run_experts_whole(const colibri_moe_context *c, const float *x, float *out, uint64_t *clock,
+                                        colibri_error *err)
 {
     const colibri_moe_buffers *b = c->b;
     const colibri_moe_stream *stream = c->stream;
-    int32_t d = c->hp->hidden_size, E = c->hp->n_experts, slots = 0, e, i;
+    int32_t d = c->hp->hidden_size, E = c->hp->n_experts, e0, e1, e, i, collected = 0;
     experts_job job;
-    for (e = 0; e < E; e++)
-        if (local(c, e)) b->slot_expert[slots++] = e;
-    if (stream) {   /* requested already (colibri_moe_forward): the threads take those in a slot first */
-        int32_t n = 0, pass;
-        for (pass = 0; pass < 2; pass++)
-            for (i = 0; i < slots; i++)
-                if (colibri_cache_ready(stream->cache, c->layer, b->slot_expert[i]) == !pass) b->slot_order[n++] = i;
-    }
-    job.c = c; job.x = x; job.n_slots = slots;
-    colibri_platform_pool_run(c->k->pool, experts_part, &job, slots);
-    if (stream) {
-        uint64_t waited = 0;   /* the longest a thread waited: the forward pass waited at least that */
-        for (i = 0; i < slots; i++) {   /* a failed read shows here: what its thread computed is dropped */
-            colibri_status st = colibri_cache_wait(stream->cache, c->layer, b->slot_expert[i], err);
-            if (st) return st;
-            colibri_cache_release(stream->cache, c->layer, b->slot_expert[i]);
-            if (b->slot_wait[i] > waited) waited = b->slot_wait[i];
+    for (e = 0; e < E; e++)   /* a registered router may choose an expert twice for a token */
+        if (b->expert_start[e + 1] - b->expert_start[e] > b->n_batch) return run_experts(c, x, out, clock, err);
+    for (e0 = 0; e0 < E; e0 = e1) {
+        int32_t slots = 0;
+        for (e1 = e0; e1 < E && b->expert_start[e1 + 1] - b->expert_start[e0] <= b->n_batch; e1++)
+            if (local(c, e1)) b->slot_expert[slots++] = e1;
+        if (stream) {   /* requested already (colibri_moe_forward): the threads take those in a slot first */
+            int32_t n = 0, pass;
+            for (pass = 0; pass < 2; pass++)
+                for (i = 0; i < slots; i++)
+                    if (colibri_cache_ready(stream->cache, c->layer, b->slot_expert[i]) == !pass) b->slot_order[n++] = i;
         }
-        stream->cache->stats.io_wait_ns += waited;
-        if (c->profile) { c->profile[COLIBRI_PHASE_EXPERT_IO] += waited; *clock += waited; }
+        job.c = c; job.x = x; job.n_slots = slots; job.row0 = b->expert_start[e0];
+        if (slots) colibri_platform_pool_run(c->k->pool, experts_part, &job, slots);
+        if (stream) {
+            uint64_t waited = 0;   /* the longest a thread waited: the forward pass waited at least that */
+            for (i = 0; i < slots; i++) {   /* a failed read shows here: what its thread computed is dropped */
+                colibri_status st = colibri_cache_wait(stream->cache, c->layer, b->slot_expert[i], err);
+                if (st) return st;
+                colibri_cache_release(stream->cache, c->layer, b->slot_expert[i]);
+                if (b->slot_wait[i] > waited) waited = b->slot_wait[i];
+            }
+            stream->cache->stats.io_wait_ns += waited;
+            if (c->profile) { c->profile[COLIBRI_PHASE_EXPERT_IO] += waited; *clock += waited; }
+        }
+        if (c->dev && !collected) {
+            colibri_status st = colibri_devices_collect_all(c, err);
+            if (st) return st;
+            collected = 1;
+        }
+        colibri_profile_add(c->profile, COLIBRI_PHASE_EXPERTS, clock);
+        for (e = e0; e < e1; e++) {   /* in id order: the slots' and the devices' outputs */
+            int32_t first = b->expert_start[e], m = colibri_moe_kept(b, e);
+            const float *y;   /* (m, dim) */
+            if (!m) continue;
+            y = local(c, e) ? b->ye + (size_t)(first - job.row0) * d : colibri_devices_output(c, e);
+            c->moe->aggregator->combine(out, y, b->pair_token + first, b->pair_gate + first, m, d);
+        }
+        colibri_profile_add(c->profile, COLIBRI_PHASE_AGGREGATION, clock);
     }
-    if (c->dev) {
-        colibri_status st = colibri_devices_collect_all(c, err);
-        if (st) return st;
-    }
-    colibri_profile_add(c->profile, COLIBRI_PHASE_EXPERTS, clock);
-    for (e = 0, i = 0; e < E; e++) {   /* in id order: the slots' and the devices' outputs */
-        int32_t first = b->expert_start[e];
-        const float *y;   /* (1, dim) */
-        if (!colibri_moe_kept(b, e)) continue;
-        y = local(c, e) ? b->ye + (size_t)i++ * d : colibri_devices_output(c, e);
-        c->moe->aggregator->combine(out, y, b->pair_token + first, b->pair_gate + first, 1, d);
-    }
-    colibri_profile_add(c->profile, COLIBRI_PHASE_AGGREGATION, clock);
     return COLIBRI_OK;
 }
+#endif
 
 /* out (n, dim) += g * shared expert (x (n, dim)), g = sigmoid(x @ shared_gate) or 1, after the
  * routed sum as transformers adds it. */
@@ -363,10 +375,12 @@ colibri_status colibri_moe_forward(const colibri_moe_context *c, const float *x,
     }
     colibri_profile_add(c->profile, COLIBRI_PHASE_DISPATCH, &clock);
 
-    /* one token on threads, with rows of xe, h1, h3, ye for each of its top_k experts */
-    if (n == 1 && c->k->pool && hp->top_k <= c->b->n_batch)
-        st = run_decode_experts(c, x, out, &clock, err);
+    /* few tokens on threads, each expert whole (streaming: one token, whose experts were requested) */
+#ifndef COLIBRI_ONE_THREAD
+    if (c->k->pool && n <= WHOLE_EXPERTS_TOKENS && (n == 1 || !c->stream))
+        st = run_experts_whole(c, x, out, &clock, err);
     else
+#endif
         st = run_experts(c, x, out, &clock, err);
     if (st) {
         if (c->dev) colibri_devices_drain(c->dev);

@@ -28,8 +28,9 @@ static void plan_layer(const colibri_model *m, int32_t l, int direct, colibri_ca
     uint64_t at = 0, offset, bytes;
     int32_t k;
     memset(cl, 0, sizeof *cl);
-    for (k = 0; k < L_EXPERT_KINDS; k++) cl->part_read[k] = -1;
+    for (k = 0; k < L_EXPERT_KINDS; k++) cl->part_read[k] = -1, cl->runs[k] = (uint8_t)lw->w[L_EXPERT_FIRST + k].dtype;
     if (!lw->moe) return;
+    if (m->fast_forms) m->fast_forms->plan(m, l, cl);
     if (colibri_expert_extent(m, l, 0, &offset, &bytes) == COLIBRI_OK) {   /* interleaved: one read */
         cl->read[0].offset = offset;
         cl->read[0].stride = lw->extent_bytes;
@@ -80,6 +81,7 @@ colibri_status colibri_cache_geometry(const colibri_model *m, int32_t scope, int
         plan_layer(m, l, direct, &cl);
         if (slot_bytes_of(&cl, direct) > slot) slot = slot_bytes_of(&cl, direct);
     }
+    if (m->fast_forms) slot += m->fast_forms->room(m, direct);
     /* one layer's top_k experts computed together: in the pool, or in each layer's share of it */
     need = (uint64_t)hp->top_k * (scope == COLIBRI_CACHE_PER_LAYER ? (uint64_t)layers : 1u);
     most = (uint64_t)hp->n_experts * (uint64_t)layers;
@@ -120,6 +122,7 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
     colibri_io_read *reads = colibri_arena_carve(a, colibri_arena_bytes(a, S, K, COLIBRI_IO_READ_SLOT), ARENA_EXPERT_CACHE,
                                                  "reads", -1, "(slots, 6) struct");
     void *io_state = colibri_arena_carve(a, COLIBRI_IO_STATE_SLOT, ARENA_EXPERT_CACHE, "reader", -1, "struct");
+    uint8_t *prepared = m->fast_forms ? m->fast_forms->carve(a, S) : NULL;
     /* the pool last, aligned for direct I/O inside its carve */
     pool = colibri_arena_carve(a, colibri_arena_bytes(a, S, (size_t)slot_bytes, 1) + align - COLIBRI_ALIGNMENT,
                                ARENA_EXPERT_CACHE, "slots", -1, "(slots, slot_bytes) u8");
@@ -141,6 +144,8 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
     c->slot_owner = owner; c->slot_state = state; c->slot_flags = flags; c->slot_used = used;
     c->slot_shift = shift; c->where = where; c->uses = uses; c->verified = verified; c->reads = reads;
     c->io_state = io_state;
+    c->slot_prepared = prepared;
+    c->repack_scratch = m->fast_forms ? m->fast_forms->room(m, direct) : 0;
     c->demands_per_token = (float)layers_moe * (float)hp->top_k;
     c->aging_period = (uint64_t)AGING_TOKENS * (uint64_t)layers_moe * (uint64_t)hp->top_k;
     c->stats.slots = n_slots;
@@ -232,6 +237,7 @@ static void queue_reads(colibri_expert_cache *c, int32_t slot, int32_t layer, in
     int32_t r;
     c->slot_owner[slot] = layer * c->n_experts + e;
     c->slot_state[slot] = CACHE_LOADING;
+    if (c->slot_prepared) c->slot_prepared[slot] = 0;
     c->where[layer * c->n_experts + e] = slot;
     for (r = 0; r < cl->n_reads; r++) {
         colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS + r];
@@ -266,6 +272,7 @@ static colibri_status settle(colibri_expert_cache *c, int32_t slot, colibri_erro
     clock = colibri_platform_now_ns() - clock;
     c->stats.io_wait_ns += clock;
     if (c->profile) c->profile[COLIBRI_PHASE_EXPERT_IO] += clock;
+    if (bad < 0 && c->model->fast_forms) c->model->fast_forms->prepare(c, slot);   /* checked there, if it can be */
     if (bad < 0 && c->verify && !c->verified[owner]) {   /* interleaved: one read, the whole extent */
         const colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS];
         uint32_t want = 0, got = 0;
@@ -447,7 +454,9 @@ uint64_t colibri_cache_await(colibri_expert_cache *c, int32_t layer, int32_t e)
     if (c->slot_state[slot] != CACHE_LOADING) return 0;
     clock = colibri_platform_now_ns();
     for (r = 0; r < n; r++) colibri_platform_io_wait(c->io, (int32_t)((size_t)slot * L_EXPERT_KINDS + r));
-    return colibri_platform_now_ns() - clock;
+    clock = colibri_platform_now_ns() - clock;
+    if (c->model->fast_forms) c->model->fast_forms->prepare(c, slot);   /* before this thread computes from it */
+    return clock;
 }
 
 int colibri_cache_ready(const colibri_expert_cache *c, int32_t layer, int32_t e)
@@ -459,12 +468,11 @@ int colibri_cache_ready(const colibri_expert_cache *c, int32_t layer, int32_t e)
 void colibri_cache_weights(const colibri_expert_cache *c, int32_t layer, int32_t e, colibri_expert_weights *w)
 {
     const colibri_cache_layer *cl = &c->layers[layer];
-    const colibri_layer_weights *lw = &c->model->layers[layer];
     int32_t slot = c->where[layer * c->n_experts + e], k;
     const uint8_t *base = c->pool + (size_t)slot * c->slot_bytes;
     for (k = 0; k < L_EXPERT_KINDS; k++) {
         int32_t r = cl->part_read[k];
-        w->w[k].dtype = lw->w[L_EXPERT_FIRST + k].dtype;
+        w->w[k].dtype = (colibri_dtype)cl->runs[k];
         w->w[k].data = r < 0 ? NULL
                              : base + cl->read[r].at + c->slot_shift[(size_t)slot * L_EXPERT_KINDS + r] + cl->part_at[k];
     }
@@ -507,3 +515,70 @@ void colibri_cache_guess(colibri_expert_cache *c, int32_t layer, const int32_t *
         in_flight++;
     }
 }
+
+/* ---- the fast forms: reached only through colibri_fast_forms_here, which a hosted platform's open
+ * sets (posix.c), so that a firmware image links none of it ---- */
+
+/* Each of the layer's parts as the file stores it, and as it runs. */
+static void plan_fast(const colibri_model *m, int32_t layer, colibri_cache_layer *cl)
+{
+    int32_t k;
+    for (k = 0; k < L_EXPERT_KINDS; k++) {
+        const colibri_tensor *t = colibri_layer_tensor(m, layer, L_EXPERT_FIRST + k);
+        if (!t) continue;
+        cl->stored[k] = (uint8_t)t->dtype;
+        cl->runs[k] = (uint8_t)colibri_run_dtype(m, t);
+    }
+}
+
+/* Once a slot's reads are all done and whole: its extent checked against its CRC-32 when verifying
+ * (first read only; a mismatch leaves the bytes as read, for settle to report), then its parts that
+ * run in a fast form rewritten in it, 8 rows at a time through the room at the slot's end.  By the
+ * thread that first needs the bytes (a worker computing the expert, or the forward pass), one per
+ * slot at a time. */
+static void prepare_fast(colibri_expert_cache *c, int32_t slot)
+{
+    int32_t owner = c->slot_owner[slot], layer = owner / c->n_experts, k, r;
+    const colibri_cache_layer *cl = &c->layers[layer];
+    const colibri_hparams *hp = &c->model->hp;
+    uint8_t *base = c->pool + (size_t)slot * c->slot_bytes;
+    if (c->slot_prepared[slot]) return;
+    for (r = 0; r < cl->n_reads; r++) {   /* a failed or short read: settle reports it */
+        const colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS + r];
+        if (io->result < 0 || (uint64_t)io->result < io->need) return;
+    }
+    if (c->verify && !c->verified[owner]) {   /* interleaved: one read, the whole extent */
+        uint32_t want = 0;
+        colibri_extent_checksum(c->model, layer, owner % c->n_experts, &want);
+        if (colibri_crc32(0, base + cl->read[0].at + c->slot_shift[(size_t)slot * L_EXPERT_KINDS],
+                          (size_t)cl->read[0].bytes) != want)
+            return;
+        c->verified[owner] = 1;
+    }
+    for (k = 0; k < L_EXPERT_KINDS; k++) {
+        int w2 = k == L_W2 - L_EXPERT_FIRST;   /* (dim, ffn); w1, w3: (ffn, dim) */
+        r = cl->part_read[k];
+        if (r < 0 || cl->runs[k] == cl->stored[k]) continue;
+        colibri_repack_in_place(base + cl->read[r].at + c->slot_shift[(size_t)slot * L_EXPERT_KINDS + r] + cl->part_at[k],
+                                (colibri_dtype)cl->stored[k], w2 ? hp->hidden_size : hp->intermediate_size,
+                                w2 ? hp->intermediate_size : hp->hidden_size, base + c->slot_bytes - c->repack_scratch);
+    }
+    c->slot_prepared[slot] = 1;
+}
+
+/* Room at a slot's end for rewriting its parts, 8 rows at a time; 0: none runs in a fast form. */
+static uint64_t room_fast(const colibri_model *m, int direct)
+{
+    size_t bytes = colibri_repack_scratch(m, COLIBRI_REPACK_EXPERTS);
+    return bytes ? colibri_align_up(bytes, direct ? BLOCK : COLIBRI_ALIGNMENT) : 0;
+}
+
+/* (slots) u8, zeroed when carved for real: which slots' bytes were prepared. */
+static uint8_t *carve_fast(colibri_arena *a, size_t slots)
+{
+    uint8_t *prepared = colibri_arena_carve(a, slots, ARENA_EXPERT_CACHE, "slot_prepared", -1, "(slots) u8");
+    if (a->base && prepared) memset(prepared, 0, slots);
+    return prepared;
+}
+
+const colibri_fast_forms colibri_fast_forms_here = { room_fast, carve_fast, plan_fast, prepare_fast };

@@ -14,7 +14,9 @@
  * One slot holds one expert of one layer: its tensors' parts (w1, w3, w2 and any biases) side by
  * side, one read for the interleaved layout, one per tensor for the stacked one.  With direct I/O
  * each read covers whole 4 KiB blocks and lands 4 KiB-aligned; the data starts `shift` bytes in.
- * The bytes are those of weights.bin, so what the kernels compute is bit for bit the resident run. */
+ * The bytes are those of weights.bin, rewritten in the slot in the form the resident run computes
+ * (colibri_fast_forms: a GGUF's Q4_K experts as q4_kx8 on x86), so what the kernels compute is bit for
+ * bit the resident run. */
 #ifndef COLIBRI_CACHE_H
 #define COLIBRI_CACHE_H
 
@@ -42,6 +44,8 @@ typedef struct colibri_cache_layer {
     int32_t n_reads;                        /* 0: the layer has no routed experts */
     int32_t part_read[L_EXPERT_KINDS];      /* which read brings each tensor's part; -1: none */
     uint64_t part_at[L_EXPERT_KINDS];       /* and where in that read's bytes it starts */
+    uint8_t stored[L_EXPERT_KINDS];         /* each part's dtype as read (the file's) */
+    uint8_t runs[L_EXPERT_KINDS];           /*   and as computed: its fast form, rewritten in the slot once read */
     int32_t first_slot, n_slots;            /* the slots the layer's experts may take */
 } colibri_cache_layer;
 #define COLIBRI_CACHE_LAYER_SLOT 320
@@ -66,6 +70,9 @@ typedef struct colibri_expert_cache {
     uint32_t *uses;                 /* (n_layers * n_experts) demands, halved every aging period */
     uint8_t *verified;              /* (n_layers * n_experts) its extent matched its CRC once */
     colibri_io_read *reads;         /* (n_slots, L_EXPERT_KINDS) */
+    uint8_t *slot_prepared;         /* (n_slots) its bytes checked and rewritten in their fast forms, by
+                                       whichever thread first needs them; NULL: the model has none */
+    uint64_t repack_scratch;        /* bytes at each slot's end for rewriting 8 rows of its widest part */
     void *io_state;                 /* COLIBRI_IO_STATE_SLOT bytes for the platform's reader */
     colibri_io *io;
     uint64_t clock;                 /* demands so far */
@@ -75,7 +82,7 @@ typedef struct colibri_expert_cache {
     colibri_expert_cache_stats stats;
     uint64_t *profile;              /* the session's phase sums, or NULL */
 } colibri_expert_cache;
-#define COLIBRI_CACHE_SLOT 256
+#define COLIBRI_CACHE_SLOT 272
 
 enum { CACHE_EMPTY = 0, CACHE_LOADING = 1, CACHE_READY = 2 };
 enum { CACHE_PINNED = 1, CACHE_BUSY = 2, CACHE_GUESSED = 4 };

@@ -110,10 +110,10 @@ typedef struct colibri_moe_buffers {
     float *h1;              /* (n_batch, ffn) */
     float *h3;              /* (n_batch, ffn) */
     float *ye;              /* (n_batch, dim) */
-    int32_t *slot_expert;   /* (top_k) decode: the hit experts, in id order, that the threads share */
+    int32_t *slot_expert;   /* (n_experts) few tokens: the hit experts, in id order, that the threads share */
     int32_t *slot_order;    /* (top_k) streaming: the slots in the order threads take them (those read first) */
     uint64_t *slot_wait;    /* (top_k) streaming: ns each slot's thread waited for its expert's reads */
-    int32_t n_batch;        /* rows of xe, h1, h3, ye: decode runs its top_k experts in parallel when top_k <= n_batch */
+    int32_t n_batch;        /* rows of xe, h1, h3, ye: a few tokens' experts run in parallel, as many as their pairs fit */
 } colibri_moe_buffers;
 
 typedef struct colibri_moe {

@@ -143,7 +143,7 @@ static void carve_session(colibri_session *s, colibri_arena *a, const colibri_mo
                                             "expert_dropped", -1, "(n_layers, n_experts) u64");
     s->moe_buf.expert_start = colibri_arena_carve(a, (E + 1) * sizeof(int32_t), ARENA_ROUTER, "expert_start", -1, "(n_experts + 1) i32");
     s->moe_buf.pair_token = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, sizeof(int32_t)), ARENA_ROUTER, "pair_token", -1, "(n_batch * top_k) i32");
-    s->moe_buf.slot_expert = colibri_arena_carve(a, K * sizeof(int32_t), ARENA_ROUTER, "slot_expert", -1, "(top_k) i32");
+    s->moe_buf.slot_expert = colibri_arena_carve(a, E * sizeof(int32_t), ARENA_ROUTER, "slot_expert", -1, "(n_experts) i32");
     s->moe_buf.n_batch = n_batch;
     s->moe_buf.pair_gate = colibri_arena_carve(a, colibri_arena_bytes(a, B, K, f), ARENA_ROUTER, "pair_gate", -1, "(n_batch * top_k) f32");
     s->expert_load = colibri_arena_carve(a, colibri_arena_bytes(a, (size_t)hp->n_layers, E, sizeof(uint64_t)), ARENA_ROUTER,
