@@ -9,7 +9,7 @@ from colibri.cli.options import (INT32_MAX, build_dir_argument, checkout_names, 
 
 def _firmware_session(args):
     """(board, model directory, ctx, batch, stack, expert budget) of a firmware command."""
-    model = open_model(args.model)
+    model = open_model(args.model, repack=False)   # as an image runs it: its bytes as stored
     budget = 0
     if args.expert_budget is not None:
         try:   # a percentage is of what slots for every routed expert take
@@ -84,7 +84,7 @@ def cmd_firmware_run(args):
 
 def _model_directory(args):
     """The model to build into an image: a directory (a firmware links its weights.bin)."""
-    model = open_model(args.model)
+    model = open_model(args.model, repack=False)   # as an image runs it: its bytes as stored
     if model.directory != model.path:
         raise SystemExit(f"colibri firmware: an image holds a model directory's weights.bin: convert the GGUF "
                          f"first (colibri convert {model.path} DIR)")

@@ -73,7 +73,7 @@ def plan_sizes(model_dir, ctx, batch, kv_type="f32"):
     """{meta, arena}: the bytes the core plans for the model's tables and the session, 64-byte
     aligned (as firmware/plan/model_image.c rounds them)."""
     try:
-        model = colibri.Model(model_dir)
+        model = colibri.Model(model_dir, repack=False)   # as the image runs it: its bytes as stored
         return {"meta": _align64(model.metadata_bytes), "arena": _align64(model.memory_plan(ctx, min(batch, ctx), kv_type=kv_type))}
     except colibri.Error as e:
         raise ExportError(f"{model_dir}: {e}") from None

@@ -127,8 +127,10 @@ int main(int argc, char **argv)
     snprintf(weights_path, sizeof weights_path, "%s/weights.bin", dir);
     weights_len = file_size(weights_path);
 
-    /* the core validates the model and plans its metadata and session as the board will */
-    if (colibri_model_open(dir, plan_only ? 0 : COLIBRI_LOAD_VERIFY, &model, &err)) return fail(dir, &err);
+    /* the core validates the model and plans its metadata and session as the board will: as stored,
+     * since an image runs its model's bytes as the file has them (no repack at open) */
+    if (colibri_model_open(dir, COLIBRI_LOAD_AS_STORED | (plan_only ? 0u : COLIBRI_LOAD_VERIFY), &model, &err))
+        return fail(dir, &err);
     memset(&so, 0, sizeof so);
     so.n_ctx = (int32_t)n_ctx;
     so.n_batch = (int32_t)n_batch;

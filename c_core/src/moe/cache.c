@@ -122,13 +122,14 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
     colibri_io_read *reads = colibri_arena_carve(a, colibri_arena_bytes(a, S, K, COLIBRI_IO_READ_SLOT), ARENA_EXPERT_CACHE,
                                                  "reads", -1, "(slots, 6) struct");
     void *io_state = colibri_arena_carve(a, COLIBRI_IO_STATE_SLOT, ARENA_EXPERT_CACHE, "reader", -1, "struct");
-    uint8_t *prepared = m->fast_forms ? m->fast_forms->carve(a, S) : NULL;
+    uint64_t room = m->fast_forms ? m->fast_forms->room(m, direct) : 0;   /* 0: no part is rewritten */
+    uint8_t *prepared = room ? m->fast_forms->carve(a, S) : NULL;
     /* the pool last, aligned for direct I/O inside its carve */
     pool = colibri_arena_carve(a, colibri_arena_bytes(a, S, (size_t)slot_bytes, 1) + align - COLIBRI_ALIGNMENT,
                                ARENA_EXPERT_CACHE, "slots", -1, "(slots, slot_bytes) u8");
     int32_t l, i, layers_moe = moe_layers(m), next = 0, share;
     *out = NULL;
-    if (!a->base || !c || !pool) return;   /* measuring, or out of room (the caller sees it) */
+    if (!a->base || !c || !pool || (room && !prepared)) return;   /* measuring, or out of room (the caller sees it) */
 
     memset(c, 0, sizeof *c);
     c->model = m;
@@ -145,7 +146,7 @@ void colibri_cache_carve(colibri_expert_cache **out, colibri_arena *a, const col
     c->slot_shift = shift; c->where = where; c->uses = uses; c->verified = verified; c->reads = reads;
     c->io_state = io_state;
     c->slot_prepared = prepared;
-    c->repack_scratch = m->fast_forms ? m->fast_forms->room(m, direct) : 0;
+    c->repack_scratch = room;
     c->demands_per_token = (float)layers_moe * (float)hp->top_k;
     c->aging_period = (uint64_t)AGING_TOKENS * (uint64_t)layers_moe * (uint64_t)hp->top_k;
     c->stats.slots = n_slots;
@@ -542,7 +543,7 @@ static void prepare_fast(colibri_expert_cache *c, int32_t slot)
     const colibri_cache_layer *cl = &c->layers[layer];
     const colibri_hparams *hp = &c->model->hp;
     uint8_t *base = c->pool + (size_t)slot * c->slot_bytes;
-    if (c->slot_prepared[slot]) return;
+    if (!c->slot_prepared || c->slot_prepared[slot]) return;   /* nothing to rewrite, or done */
     for (r = 0; r < cl->n_reads; r++) {   /* a failed or short read: settle reports it */
         const colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS + r];
         if (io->result < 0 || (uint64_t)io->result < io->need) return;
