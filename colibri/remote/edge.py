@@ -532,6 +532,7 @@ class Edge:
             lines.append(self.driver.counters_line())
         if self.heartbeats is not None:
             h = self.heartbeats
+            h.wait(h.timeout_s)   # the answer to a heartbeat still on its way (a short run ends before it)
             lines.append(f"[orchestrator: {h.sent} heartbeats answered, {h.failed} failed"
                          f"{f' (last: {h.last_error})' if h.last_error else ''}; placement version {self.version}, "
                          f"{len(self.applied)} applied; last heartbeat {self.last_message_bytes} B on the wire"
