@@ -420,7 +420,8 @@ tg = time.perf_counter() - t
 r2, c2, f2 = read_bytes(), stats(s), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "last": token, "read_open": r0,
                   "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1, "memory": s.memory(),
-                  "cache": {k: c2[k] - c1[k] for k in COUNTERS} if c2 else {}}))
+                  "cache": {k: c2[k] - c1[k] for k in COUNTERS} if c2 else {},
+                  "peak": int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024}))
 """
 
 WORKER_LLAMA = r"""
@@ -454,7 +455,8 @@ for tok in a["decode"]:
 tg = time.perf_counter() - t
 r2, f2 = read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "last": token, "read_open": r0,
-                  "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1}))
+                  "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1,
+                  "peak": int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024}))
 """
 
 
@@ -467,7 +469,7 @@ def user_ticks():
 
 def run_worker(code, arg, limit=None, cgroup_parent=None, tag="run"):
     """One run in a fresh process, in a memory cgroup of `limit` bytes when given.  Returns the
-    worker's JSON plus rss (peak, bytes), other_cpu (cores other processes used in user space), and with a
+    worker's JSON plus rss (its peak, bytes), other_cpu (cores other processes used in user space), and with a
     limit the cgroup's peak charge (page cache included) and whether it killed the run (oom)."""
     cmd = [sys.executable, "-c", code, json.dumps(arg)]
     group = None
@@ -497,7 +499,7 @@ def run_worker(code, arg, limit=None, cgroup_parent=None, tag="run"):
                 return {**result, "failed": "killed at the memory limit"}
             raise SystemExit(f"{tag} failed ({code_}):\n{stderr[-3000:]}")
         result.update(json.loads(out.decode().strip().splitlines()[-1]))
-        result["rss"] = usage.ru_maxrss * 1024
+        result["rss"] = result.pop("peak")   # the worker's own VmHWM: ru_maxrss would count the parent's at the fork
         result["other_cpu"] = max(0.0, ((busy1 - busy0) / tick - usage.ru_utime) / wall)
         return result
     finally:
@@ -729,7 +731,7 @@ def report(args, runs, budgets, demands, groups, calibration, m):
 def routing_report(stats, groups, n_experts, n_layers, calibration):
     k = 8
     mean = lambda key: sum(r[key] for r in stats) / len(stats)
-    lines = ["", f"## Routing of the bench model on the text (decode tokens)", "",
+    lines = ["", "## Routing of the bench model on the text (decode tokens)", "",
              f"Averages over the {n_layers} layers: the 8 most popular experts take {mean('top8'):.0%} of a layer's demands "
              f"(uniform: {8 / n_experts:.1%}), the 16 most popular {mean('top16'):.0%} ({16 / n_experts:.0%}); popularity entropy "
              f"{mean('entropy'):.2f} bits (uniform: {math.log2(n_experts):.0f}); a token shares {mean('overlap'):.0%} of its experts "

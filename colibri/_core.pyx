@@ -121,7 +121,8 @@ def interleaved_form(dtype, fast_here=False):
 
 def interleave_rows(blocks, dtype):
     """uint8 bytes (..., rows, row bytes) of a plain block dtype -> the same shape in its row-interleaved
-    form (docs/FORMAT.md: each 8 rows' blocks moved into groups; rows % 8 == 0), by the core."""
+    form (docs/FORMAT.md: each 8 rows' blocks moved into groups; rows % 8 == 0), by the core; of an
+    interleaved dtype (q4_kx8) -> the plain form."""
     cdef c.colibri_error err
     cdef c.colibri_status st
     cdef int code_int = _dtype_code(dtype)
@@ -130,7 +131,7 @@ def interleave_rows(blocks, dtype):
     shape = tuple(a.shape)   # the module is built without wraparound: no negative indices
     if len(shape) < 2 or shape[len(shape) - 2] % 8:
         raise ValueError(f"interleave_rows takes (..., rows, row bytes) with rows in groups of 8, not shape {list(shape)}")
-    if c.colibri_interleaved_form(code, 0) == code:
+    if c.colibri_interleaved_form(code, 0) == code and not dtype.endswith("x8"):
         raise ValueError(f"{dtype} has no row-interleaved form")
     from .convert.writer import block_size
     weights, size = block_size(dtype)

@@ -7,6 +7,7 @@ transposed projection) fails here and not only in the parity tests.
 
 import json
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -384,6 +385,13 @@ def test_bad_input_raises_convert_error(tmp_path, setup, match):
 def test_bad_dtype_argument(tmp_path):
     with pytest.raises(ConvertError, match=r"unknown dtype 'q8'.*\['bf16', 'f16', 'f32', 'q4_0', 'q8_0', 'w4g128'\]"):
         convert(FIXTURES / "tiny-mixtral", tmp_path / "out", dtype="q8", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("repack", ["yes", 2, "fast"])
+def test_bad_repack_argument(tmp_path, repack):
+    with pytest.raises(ConvertError, match=re.escape(f"repack={repack!r}: expected None")):
+        convert(FIXTURES / "tiny-mixtral", tmp_path / "out", repack=repack, progress=False)
     assert not (tmp_path / "out").exists()
 
 

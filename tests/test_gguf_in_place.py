@@ -177,6 +177,36 @@ def test_a_gguf_is_repacked_at_open_in_its_own_pages(gguf_root, cache, tmp_path)
     assert grown[""] <= grown[", repack=False"] + 0.1 * size   # a copy beside the mapping would add the file
 
 
+def test_interleaved_forms_the_kernels_here_lack_run_plain(gguf_root, cache, tmp_path, monkeypatch):
+    """A file stored in the row-interleaved forms (converted on x86) opened where the kernels have no
+    kernels of their own for those forms (NEON, RVV, MVE for the K-quants; here the reference-int8
+    kernels, which would run them through the reference) is rewritten back into the plain forms at
+    open: the file unchanged, the logits those of its plain conversion, bit for bit, whether the
+    experts are rewritten at open or in their slots."""
+    path = case_gguf("glm4_moe", "q4_k_m", gguf_root)
+    x8_path = convert(path, tmp_path / "x8", progress=False, repack=True)   # every form that has one
+    plain = colibri.Model(convert(path, tmp_path / "plain", progress=False, repack=False))
+    monkeypatch.setenv("COLIBRI_KERNELS", "reference-int8")   # what sessions and the open pick here
+    data = (Path(x8_path) / "weights.bin").read_bytes()
+    stored = {t["name"]: t["dtype"] for t in colibri.Model(x8_path, repack=False).tensors()}
+    assert {d for d in stored.values() if d.endswith("x8")} >= {"q4_kx8", "q6_kx8"}
+
+    model = colibri.Model(x8_path)
+    assert {t["name"]: t["run_dtype"] for t in model.tensors()} == {t["name"]: t["dtype"] for t in plain.tensors()}
+    tokens = np.random.default_rng(7).integers(0, plain.config["vocab_size"], N_TOKENS)
+
+    def run(m, **options):
+        s = m.session(ctx=64, **options)
+        return [s.forward(tokens), s.forward([3])]
+
+    reference = run(plain)
+    for ours in (run(model), run(colibri.Model(x8_path, stream_experts=True), expert_budget=experts.routed_bytes(model) // 2),
+                 run(colibri.Model(x8_path, repack=False))):   # as stored: the reference computes the plain sums
+        for a, b in zip(ours, reference):
+            assert np.array_equal(a, b), f"max |x8 file - plain file| {np.abs(a - b).max()}"
+    assert (Path(x8_path) / "weights.bin").read_bytes() == data   # never written
+
+
 @pytest.mark.parametrize("family", [f for f in FAMILY_CASES if f not in dict(CASES)])
 def test_every_family_llama_cpp_writes_runs_in_place(family, gguf_root, tmp_path):
     """The other families of tests/test_gguf_families.py, at F16: strict logits as the conversion's."""

@@ -113,6 +113,7 @@ def test_the_cores_interleaving_is_the_definition(dtype, shape):
     assert x8.shape == plain.shape and not np.array_equal(x8, plain)
     np.testing.assert_array_equal(x8, interleave_by_definition(plain, dtype))
     np.testing.assert_array_equal(deinterleave_by_definition(x8, dtype), plain)
+    np.testing.assert_array_equal(interleave_rows(x8, dtype + "x8"), plain)   # and the core's way back
     experts = plain.reshape(-1, *plain.shape[-2:])
     np.testing.assert_array_equal(x8.reshape(experts.shape), np.stack([interleave_rows(e, dtype) for e in experts]))
     assert interleaved_form(dtype) == dtype + "x8" and block_size(dtype + "x8") == block_size(dtype)

@@ -91,15 +91,26 @@ static void random_blocks(uint8_t *w, size_t size, colibri_dtype dtype)
     }
 }
 
+static int failures, checked, emulated;
+
 /* out = W (rows, cols) of plain blocks with each 8 rows interleaved (rows % 8 == 0): the core's own
- * colibri_interleave_rows (test_repack.py checks its bytes against docs/FORMAT.md's rule). */
+ * colibri_interleave_rows (test_repack.py checks its bytes against docs/FORMAT.md's rule); and back
+ * (what an open does where the kernels have none for the form), which must give the plain bytes. */
 static void interleave_rows(uint8_t *out, const uint8_t *plain, colibri_dtype dtype, int32_t rows, int32_t cols)
 {
+    size_t bytes = (size_t)rows * colibri_row_bytes(dtype, (size_t)cols);
+    uint8_t *back = malloc(bytes);
     colibri_error err;
-    if (colibri_interleave_rows(out, plain, colibri_dtype_plain(dtype), rows, cols, &err) != COLIBRI_OK) {
+    if (colibri_interleave_rows(out, plain, colibri_dtype_plain(dtype), rows, cols, &err) != COLIBRI_OK ||
+        colibri_interleave_rows(back, out, dtype, rows, cols, &err) != COLIBRI_OK) {
         fprintf(stderr, "colibri_interleave_rows: %s\n", err.message);
         exit(1);
     }
+    checked++;
+    if (memcmp(back, plain, bytes) && failures++ < 10)
+        fprintf(stderr, "colibri_interleave_rows %s cols=%d rows=%d: back from the groups, not the plain bytes\n",
+                colibri_dtypes[dtype].name, (int)cols, (int)rows);
+    free(back);
 }
 
 /* wmag (cols) = per weight of one row, |scale part| + |min part|: weight = d * ... - dmin * m in
@@ -145,8 +156,6 @@ static double q8_budget(const float *w32, const float *wmag, const float *x, int
     }
     return budget + cols * ldexp(1.0, -22) * mag + 1e-30;
 }
-
-static int failures, checked, emulated;
 
 static void check(const char *variant, const char *what, const char *dtype, int32_t n, int32_t cols, int32_t rows,
                   int32_t t, int32_t r, double got, double want, double budget)

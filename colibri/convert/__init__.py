@@ -50,6 +50,8 @@ def convert(src_dir, out_dir, dtype=KEEP, progress=True, layout="stacked", repac
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if out_dir.resolve() == src_dir.resolve():
         raise ConvertError(f"{out_dir}: the output directory is the source {src_dir}: give another")
+    if repack not in (None, True, False):
+        raise ConvertError(f"repack={repack!r}: expected None (the forms this CPU's kernels run faster), True or False")
     repack_mode = "fast" if repack is None else bool(repack)
     with staged(out_dir, src_dir) as work:
         if src_dir.suffix == ".gguf" and src_dir.is_file():

@@ -149,6 +149,11 @@ def check_layout(layout):
         raise ConvertError(f"unknown layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
 
 
+def check_repack(repack):
+    if repack not in REPACK:   # 1 == True, 0 == False: what a caller means by them
+        raise ConvertError(f"repack={repack!r}: expected one of {', '.join(map(repr, REPACK))}")
+
+
 def _repacked(name, shape, y, stored, repack):
     """(y, stored) in the interleaved form where repacked_dtype allows it: the same bytes, moved by the core."""
     from colibri._core import interleave_rows
@@ -254,12 +259,14 @@ def write_model(out_dir, doc, tensors, dtype, progress=True, layout="stacked", r
     "interleaved", one layer's routed-expert tensors, written as its experts' extents, all of them
     after every other tensor: weights.bin is then the resident prefix (what a device keeps in
     memory), then the extents (what it may stream). The table keeps the plan's order. With
-    `repack` (REPACK: True, or "fast" for the forms this CPU's kernels run faster), the block matrices the
-    core allows in the interleaved forms (repacked_dtype) are stored so, the Stored ones too. out_dir is written in place: convert() gives it a fresh
-    directory it renames into place (output.py).
+    `repack` (REPACK: True, or "fast" for the forms this CPU's kernels run faster), the block
+    matrices the core allows in the interleaved forms (repacked_dtype) are stored so, the Stored
+    ones too. out_dir is written in place: convert() gives it a fresh directory it renames into
+    place (output.py).
     """
     check_dtype(dtype)
     check_layout(layout)
+    check_repack(repack)
     tensors = list(tensors)
     block = block_size(dtype)[0]
     if block > 1:   # a quantization that would quantize nothing is refused, not written as f32

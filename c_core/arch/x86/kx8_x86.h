@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The int8 path for q4_kx8, q5_kx8, q6_kx8, iq4_xsx8 and mxfp4x8 (docs/FORMAT.md: each field of 8
- * rows' blocks side by side, the quants in 8-byte pieces; included by q8_x86.h, after quant_tables.h), AVX-512 VNNI or AVX2 by the flags of the file that includes it.
+ * rows' blocks side by side, the quants in 8-byte pieces; included by q8_x86.h, after
+ * quant_tables.h), AVX-512 VNNI or AVX2 by the flags of the file that includes it.
  * A piece is 64 bytes, row i's 8 bytes at 8 i: one broadcast of 8 activation bytes meets 8 rows.
  * maddubs gives int16 lanes 4 i .. 4 i + 3 of row i; the pieces of one sub-block (16 or 32 weights)
  * are summed in int16 (no overflow: see each format), then multiplied by the row's sub-block scale

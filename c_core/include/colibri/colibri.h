@@ -272,10 +272,12 @@ enum {
  *
  * Unless COLIBRI_LOAD_AS_STORED, every matrix the forward pass multiplies whole, stored in a plain
  * block dtype whose row-interleaved form the kernels here run faster (colibri_interleaved_form with
- * fast_here: a GGUF's Q4_K, Q6_K, IQ4_XS, ... on x86), is rewritten in that form at open, in the
- * private mapping's own pages (copied on write: the file is never written, and the memory stays
- * the file's size); the routed experts too, unless COLIBRI_LOAD_STREAM_EXPERTS or the weights
- * exceed the machine's memory.  colibri_tensor_info.run_dtype says what each tensor runs as. */
+ * fast_here: a GGUF's Q4_K, Q6_K, IQ4_XS, ... on x86), is rewritten in that form at open, and one
+ * stored interleaved where the kernels here have none for that form (a q4_kx8 file written on x86,
+ * opened on NEON) back in the plain form, in the private mapping's own pages (copied on write: the
+ * file is never written, and the memory stays the file's size); the routed experts too, unless
+ * COLIBRI_LOAD_STREAM_EXPERTS or the weights exceed the machine's memory.
+ * colibri_tensor_info.run_dtype says what each tensor runs as. */
 colibri_status colibri_model_open(const char *path, unsigned flags,
                                   colibri_model **model, colibri_error *err);
 
@@ -452,9 +454,10 @@ const char *colibri_kernel_variant(int32_t i, int *runs_here);
  * what the converter writes by default. */
 colibri_dtype colibri_interleaved_form(colibri_dtype dtype, int fast_here);
 /* dst = src (rows, cols) of a plain block dtype (q4_0, q8_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4) in its
- * row-interleaved form (docs/FORMAT.md): the same bytes, moved.  rows % 8 == 0; dst and src of
- * rows * colibri_row_bytes; they must not overlap.  COLIBRI_E_DTYPE for a dtype with no such form,
- * COLIBRI_E_SHAPE for rows or cols that do not fit it. */
+ * row-interleaved form (docs/FORMAT.md): the same bytes, moved; src of an interleaved dtype (q4_kx8)
+ * goes back to the plain form.  rows % 8 == 0; dst and src of rows * colibri_row_bytes; they must
+ * not overlap.  COLIBRI_E_DTYPE for a dtype with no such form, COLIBRI_E_SHAPE for rows or cols
+ * that do not fit it. */
 colibri_status colibri_interleave_rows(void *dst, const void *src, colibri_dtype dtype, int64_t rows, int64_t cols,
                                        colibri_error *err);
 

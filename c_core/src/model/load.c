@@ -270,10 +270,11 @@ const colibri_tensor *colibri_layer_tensor(const colibri_model *m, int32_t layer
 
 colibri_dtype colibri_run_dtype(const colibri_model *m, const colibri_tensor *t)
 {
-    colibri_dtype x8;
+    colibri_dtype plain, fast;
     if (!m->fast_forms || t->n_dims < 2 || !colibri_slot_multiplied_whole(t->slot)) return t->dtype;
-    x8 = colibri_interleaved_form(t->dtype, 1);
-    return x8 != t->dtype && t->shape[t->n_dims - 2] % 8 == 0 ? x8 : t->dtype;
+    plain = colibri_dtype_plain(t->dtype);
+    fast = colibri_interleaved_form(plain, 1);   /* the plain form itself where the kernels here have no other */
+    return fast == plain || t->shape[t->n_dims - 2] % 8 == 0 ? fast : t->dtype;
 }
 
 void colibri_repack_in_place(uint8_t *bytes, colibri_dtype from, int64_t rows, int64_t cols, uint8_t *scratch)

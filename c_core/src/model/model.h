@@ -133,12 +133,15 @@ colibri_status colibri_expert_part(const colibri_model *model, int32_t layer, in
 
 /* What tensor t runs as when the model runs fast forms: its row-interleaved form when the forward
  * pass multiplies it whole, its (per-expert) rows come in groups of 8 and the kernels here multiply
- * that form faster (colibri_interleaved_form); else the dtype the file stores. */
+ * that form faster (colibri_interleaved_form); its plain form when it is stored interleaved and the
+ * kernels here have none for that form (they would run it through the reference); else the dtype
+ * the file stores. */
 colibri_dtype colibri_run_dtype(const colibri_model *m, const colibri_tensor *t);
 /* Bytes of scratch a rewrite of the tensors `what` (below) takes: 8 rows of the widest; 0: none. */
 size_t colibri_repack_scratch(const colibri_model *m, int what);
 /* The bytes of one matrix (rows, cols) of `from`, a plain block dtype, rewritten in place in its
- * row-interleaved form, 8 rows at a time through `scratch` (8 rows' bytes). */
+ * row-interleaved form (an interleaved one: in its plain form), 8 rows at a time through `scratch`
+ * (8 rows' bytes). */
 void colibri_repack_in_place(uint8_t *bytes, colibri_dtype from, int64_t rows, int64_t cols, uint8_t *scratch);
 /* The table of the fast forms that a hosted platform's open sets (moe/cache.c's
  * colibri_fast_forms_here), so that a firmware image, whose models run as stored, links none of

@@ -254,6 +254,19 @@ static void queue_reads(colibri_expert_cache *c, int32_t slot, int32_t layer, in
     }
 }
 
+/* Whether a slot's extent, read whole (an interleaved layout: one read), has the CRC-32 that the
+ * model's description gives it; *got and *want for a message. */
+static int extent_matches(const colibri_expert_cache *c, int32_t slot, uint32_t *got, uint32_t *want)
+{
+    int32_t owner = c->slot_owner[slot], layer = owner / c->n_experts;
+    const colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS];
+    *want = 0;
+    colibri_extent_checksum(c->model, layer, owner % c->n_experts, want);
+    *got = colibri_crc32(0, (const uint8_t *)io->dst + c->slot_shift[(size_t)slot * L_EXPERT_KINDS],
+                         (size_t)c->layers[layer].read[0].bytes);
+    return *got == *want;
+}
+
 /* Waits for a loading slot's reads (all of them, so none still writes into it), then READY, or
  * EMPTY with the first failed read reported. */
 static colibri_status settle(colibri_expert_cache *c, int32_t slot, colibri_error *err)
@@ -276,10 +289,8 @@ static colibri_status settle(colibri_expert_cache *c, int32_t slot, colibri_erro
     if (bad < 0 && c->model->fast_forms) c->model->fast_forms->prepare(c, slot);   /* checked there, if it can be */
     if (bad < 0 && c->verify && !c->verified[owner]) {   /* interleaved: one read, the whole extent */
         const colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS];
-        uint32_t want = 0, got = 0;
-        colibri_extent_checksum(c->model, layer, e, &want);
-        got = colibri_crc32(0, (const uint8_t *)io->dst + c->slot_shift[(size_t)slot * L_EXPERT_KINDS], (size_t)cl->read[0].bytes);
-        if (got != want) {
+        uint32_t want, got;
+        if (!extent_matches(c, slot, &got, &want)) {
             evict(c, slot);
             return colibri_fail(err, COLIBRI_E_CHECKSUM, "layer %d expert %d: the crc32 of its extent [%llu, %llu) of "
                                 "weights.bin is %x, colibri_model.json says %x", layer, e,
@@ -548,12 +559,9 @@ static void prepare_fast(colibri_expert_cache *c, int32_t slot)
         const colibri_io_read *io = &c->reads[(size_t)slot * L_EXPERT_KINDS + r];
         if (io->result < 0 || (uint64_t)io->result < io->need) return;
     }
-    if (c->verify && !c->verified[owner]) {   /* interleaved: one read, the whole extent */
-        uint32_t want = 0;
-        colibri_extent_checksum(c->model, layer, owner % c->n_experts, &want);
-        if (colibri_crc32(0, base + cl->read[0].at + c->slot_shift[(size_t)slot * L_EXPERT_KINDS],
-                          (size_t)cl->read[0].bytes) != want)
-            return;
+    if (c->verify && !c->verified[owner]) {
+        uint32_t got, want;
+        if (!extent_matches(c, slot, &got, &want)) return;
         c->verified[owner] = 1;
     }
     for (k = 0; k < L_EXPERT_KINDS; k++) {

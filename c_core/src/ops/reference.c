@@ -176,10 +176,12 @@ colibri_dtype colibri_dtype_x8(colibri_dtype dtype)
 colibri_status colibri_interleave_rows(void *dst, const void *src, colibri_dtype dtype, int64_t rows, int64_t cols,
                                        colibri_error *err)
 {
-    colibri_dtype x8 = (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtype_x8(dtype) : dtype;
+    colibri_dtype plain = (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtype_plain(dtype) : dtype;
+    colibri_dtype x8 = (unsigned)dtype < COLIBRI_DTYPE_COUNT ? colibri_dtype_x8(plain) : dtype;
+    int into_groups = dtype == plain;   /* plain -> interleaved; an interleaved dtype goes back */
     int64_t r, b, blocks;
     size_t bb;
-    if (x8 == dtype)
+    if (x8 == plain)
         return colibri_fail(err, COLIBRI_E_DTYPE, "dtype %d has no row-interleaved form", (int)dtype);
     if (rows < 0 || rows % 8 || cols <= 0 || cols % colibri_dtypes[dtype].block)
         return colibri_fail(err, COLIBRI_E_SHAPE, "%s: %lld rows of %lld weights are not groups of 8 rows of whole %d-weight blocks",
@@ -188,8 +190,10 @@ colibri_status colibri_interleave_rows(void *dst, const void *src, colibri_dtype
     blocks = cols / colibri_dtypes[dtype].block;
     for (r = 0; r < rows; r++)
         for (b = 0; b < blocks; b++) {
-            uint8_t *group = (uint8_t *)dst + ((size_t)(r / 8) * 8 * (size_t)blocks + (size_t)b * 8) * bb;
-            move_block(group, (const uint8_t *)src + ((size_t)r * (size_t)blocks + (size_t)b) * bb, fields_of(x8), (size_t)(r % 8), 1);
+            size_t at_group = ((size_t)(r / 8) * 8 * (size_t)blocks + (size_t)b * 8) * bb;
+            size_t at_block = ((size_t)r * (size_t)blocks + (size_t)b) * bb;
+            size_t to = into_groups ? at_group : at_block, from = into_groups ? at_block : at_group;
+            move_block((uint8_t *)dst + to, (const uint8_t *)src + from, fields_of(x8), (size_t)(r % 8), into_groups);
         }
     return COLIBRI_OK;
 }
