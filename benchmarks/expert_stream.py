@@ -317,12 +317,12 @@ def random_read_bandwidth(path, offset, size, extent, reads=64, seed=0):
     offset + size), O_DIRECT, one at a time: an expert miss's read, as the I/O thread issues it."""
     import mmap
     rng = np.random.default_rng(seed)
-    buf = mmap.mmap(-1, extent)   # page-aligned, as O_DIRECT wants
+    buf = mmap.mmap(-1, -(-extent // 4096) * 4096)   # page-aligned, whole pages, as O_DIRECT wants
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     try:
         start = time.perf_counter()
-        for _ in range(reads):
-            at = offset + int(rng.integers(0, (size - extent) // 4096)) * 4096
+        for _ in range(reads):   # offsets on 4 KiB (the extents' own need not be)
+            at = (offset + int(rng.integers(0, (size - extent) // 4096)) * 4096) // 4096 * 4096
             os.preadv(fd, [buf], at)
         return reads * extent / (time.perf_counter() - start)
     finally:
@@ -392,6 +392,8 @@ import colibri
 a = json.loads(sys.argv[1])
 def read_bytes():
     return next(int(l.split()[1]) for l in open("/proc/self/io") if l.startswith("read_bytes:"))
+def peak():   # this process's own peak resident bytes (VmHWM)
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 COUNTERS = ("hits", "misses", "prefetches", "prefetch_hits", "bytes_read", "reads", "io_wait_ns")
 def stats(s):
     return s.expert_cache_stats() if a["budget"] else {}
@@ -402,7 +404,7 @@ if a["budget"]:
 s = model.session(ctx=a["ctx"], batch=128, **opts)
 if a.get("plan"):
     print(json.dumps({"memory": s.memory(), "slots": list(model.expert_slots(**opts)),
-                      "tensors": model.tensors()}))
+                      "tensors": model.tensors(), "peak": peak()}))
     sys.exit(0)
 prompt = a["prompt"]
 s.prefill(prompt[:8]); s.reset()                       # warm, as benchmarks/vs_llamacpp.py does
@@ -421,7 +423,7 @@ r2, c2, f2 = read_bytes(), stats(s), resource.getrusage(resource.RUSAGE_SELF).ru
 print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "last": token, "read_open": r0,
                   "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1, "memory": s.memory(),
                   "cache": {k: c2[k] - c1[k] for k in COUNTERS} if c2 else {},
-                  "peak": int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024}))
+                  "peak": peak()}))
 """
 
 WORKER_LLAMA = r"""
@@ -432,6 +434,8 @@ import llama_cpp.llama_cpp as capi
 a = json.loads(sys.argv[1])
 def read_bytes():
     return next(int(l.split()[1]) for l in open("/proc/self/io") if l.startswith("read_bytes:"))
+def peak():   # this process's own peak resident bytes (VmHWM)
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 defaults = capi.llama_model_default_params
 def model_params():   # no repacked copy of the weights: they stay in the mapped file
     p = defaults(); p.use_extra_bufts = False; return p
@@ -456,7 +460,7 @@ tg = time.perf_counter() - t
 r2, f2 = read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "last": token, "read_open": r0,
                   "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1,
-                  "peak": int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024}))
+                  "peak": peak()}))
 """
 
 
@@ -469,7 +473,7 @@ def user_ticks():
 
 def run_worker(code, arg, limit=None, cgroup_parent=None, tag="run"):
     """One run in a fresh process, in a memory cgroup of `limit` bytes when given.  Returns the
-    worker's JSON plus rss (its peak, bytes), other_cpu (cores other processes used in user space), and with a
+    worker's JSON plus rss (its peak, bytes, where it reports one), other_cpu (cores other processes used in user space), and with a
     limit the cgroup's peak charge (page cache included) and whether it killed the run (oom)."""
     cmd = [sys.executable, "-c", code, json.dumps(arg)]
     group = None
@@ -499,7 +503,8 @@ def run_worker(code, arg, limit=None, cgroup_parent=None, tag="run"):
                 return {**result, "failed": "killed at the memory limit"}
             raise SystemExit(f"{tag} failed ({code_}):\n{stderr[-3000:]}")
         result.update(json.loads(out.decode().strip().splitlines()[-1]))
-        result["rss"] = result.pop("peak")   # the worker's own VmHWM: ru_maxrss would count the parent's at the fork
+        # the worker's own VmHWM, where it reports one: ru_maxrss would count the parent's at the fork
+        result["rss"] = result.pop("peak", None)
         result["other_cpu"] = max(0.0, ((busy1 - busy0) / tick - usage.ru_utime) / wall)
         return result
     finally:
