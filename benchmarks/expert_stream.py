@@ -386,14 +386,12 @@ def memory_cgroup_parent():
 
 # ---- 5. the runs --------------------------------------------------------------------------------
 
-WORKER_COLIBRI = r"""
+WORKER_COLIBRI = vs.PEAK + r"""
 import json, resource, sys, time
 import colibri
 a = json.loads(sys.argv[1])
 def read_bytes():
     return next(int(l.split()[1]) for l in open("/proc/self/io") if l.startswith("read_bytes:"))
-def peak():   # this process's own peak resident bytes (VmHWM)
-    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 COUNTERS = ("hits", "misses", "prefetches", "prefetch_hits", "bytes_read", "reads", "io_wait_ns")
 def stats(s):
     return s.expert_cache_stats() if a["budget"] else {}
@@ -404,7 +402,7 @@ if a["budget"]:
 s = model.session(ctx=a["ctx"], batch=128, **opts)
 if a.get("plan"):
     print(json.dumps({"memory": s.memory(), "slots": list(model.expert_slots(**opts)),
-                      "tensors": model.tensors(), "peak": peak()}))
+                      "tensors": model.tensors(), "peak": PEAK()}))
     sys.exit(0)
 prompt = a["prompt"]
 s.prefill(prompt[:8]); s.reset()                       # warm, as benchmarks/vs_llamacpp.py does
@@ -423,10 +421,10 @@ r2, c2, f2 = read_bytes(), stats(s), resource.getrusage(resource.RUSAGE_SELF).ru
 print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "last": token, "read_open": r0,
                   "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1, "memory": s.memory(),
                   "cache": {k: c2[k] - c1[k] for k in COUNTERS} if c2 else {},
-                  "peak": peak()}))
+                  "peak": PEAK()}))
 """
 
-WORKER_LLAMA = r"""
+WORKER_LLAMA = vs.PEAK + r"""
 import json, resource, sys, time
 import numpy as np
 import llama_cpp
@@ -434,8 +432,6 @@ import llama_cpp.llama_cpp as capi
 a = json.loads(sys.argv[1])
 def read_bytes():
     return next(int(l.split()[1]) for l in open("/proc/self/io") if l.startswith("read_bytes:"))
-def peak():   # this process's own peak resident bytes (VmHWM)
-    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 defaults = capi.llama_model_default_params
 def model_params():   # no repacked copy of the weights: they stay in the mapped file
     p = defaults(); p.use_extra_bufts = False; return p
@@ -460,7 +456,7 @@ tg = time.perf_counter() - t
 r2, f2 = read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 print(json.dumps({"pp": len(prompt) / pp, "tg": done / tg, "decoded": done, "last": token, "read_open": r0,
                   "read_prompt": r1 - r0, "read_decode": r2 - r1, "majflt_decode": f2 - f1,
-                  "peak": peak()}))
+                  "peak": PEAK()}))
 """
 
 

@@ -185,8 +185,10 @@ def test_interleaved_forms_the_kernels_here_lack_run_plain(gguf_root, cache, tmp
     experts are rewritten at open or in their slots."""
     path = case_gguf("glm4_moe", "q4_k_m", gguf_root)
     x8_path = convert(path, tmp_path / "x8", progress=False, repack=True)   # every form that has one
-    plain = colibri.Model(convert(path, tmp_path / "plain", progress=False, repack=False))
+    plain_path = convert(path, tmp_path / "plain", progress=False, repack=False)
     monkeypatch.setenv("COLIBRI_KERNELS", "reference-int8")   # what sessions and the open pick here
+    plain = colibri.Model(plain_path)   # nothing to rewrite: these kernels have no interleaved form
+    assert all(t["run_dtype"] == t["dtype"] for t in plain.tensors())
     data = (Path(x8_path) / "weights.bin").read_bytes()
     stored = {t["name"]: t["dtype"] for t in colibri.Model(x8_path, repack=False).tensors()}
     assert {d for d in stored.values() if d.endswith("x8")} >= {"q4_kx8", "q6_kx8"}
@@ -195,15 +197,19 @@ def test_interleaved_forms_the_kernels_here_lack_run_plain(gguf_root, cache, tmp
     assert {t["name"]: t["run_dtype"] for t in model.tensors()} == {t["name"]: t["dtype"] for t in plain.tensors()}
     tokens = np.random.default_rng(7).integers(0, plain.config["vocab_size"], N_TOKENS)
 
+    sessions = []
+
     def run(m, **options):
-        s = m.session(ctx=64, **options)
-        return [s.forward(tokens), s.forward([3])]
+        sessions.append(m.session(ctx=64, **options))
+        return [sessions[-1].forward(tokens), sessions[-1].forward([3])]
 
     reference = run(plain)
-    for ours in (run(model), run(colibri.Model(x8_path, stream_experts=True), expert_budget=experts.routed_bytes(model) // 2),
+    streamed = colibri.Model(x8_path, stream_experts=True)   # half the experts in slots: each read, then rewritten
+    for ours in (run(model), run(streamed, expert_budget=experts.routed_bytes(model) // 2),
                  run(colibri.Model(x8_path, repack=False))):   # as stored: the reference computes the plain sums
         for a, b in zip(ours, reference):
             assert np.array_equal(a, b), f"max |x8 file - plain file| {np.abs(a - b).max()}"
+    assert sessions[2].expert_cache_stats()["misses"] > 0   # the slots' rewrite ran
     assert (Path(x8_path) / "weights.bin").read_bytes() == data   # never written
 
 
